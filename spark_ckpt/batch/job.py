@@ -1,0 +1,217 @@
+"""Declare a batch job as a DAG of vertices, then run it with recovery.
+
+    job = BatchJob("orders-daily", work_dir="/data/ckpt")
+    orders = job.read_files("orders", "/data/orders", parallelism=16)
+    customers = job.read_files("customers", "/data/customers", parallelism=1)
+    enriched = job.vertex("enriched", lambda o, c: o.join(c, "customer_id"),
+                          orders, customers.broadcast())
+    daily = job.vertex("daily", lambda e: e.groupBy("region", "day").agg(F.sum("amount")),
+                       enriched.by("region", "day"), parallelism=8)
+    job.write_delta(daily, "/data/out/daily")
+    result = job.run()
+
+A vertex function takes one DataFrame per input and returns a DataFrame. Partition *i* of a
+vertex sees only the rows of its inputs that belong to partition *i*; when the function shuffles
+(a ``groupBy`` or a join on the key), each output row must keep the key columns, so the row can
+be attributed to its partition. Submitting the same job id again after a crash runs only what
+is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from spark_ckpt.batch.sources import DataFrameSource, FileFormat, FileSource
+from spark_ckpt.errors import JobDefinitionError
+from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex, SinkSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from spark_ckpt.batch.runner import JobResult
+    from spark_ckpt.options import Settings
+
+__all__ = ["BatchJob", "Input", "VertexRef"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """A vertex input: an upstream vertex and how its output reaches the consumer."""
+
+    vertex: VertexRef
+    kind: Literal["hash", "forward", "broadcast", "default"]
+    columns: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class VertexRef:
+    """Handle to a declared vertex, used as an input of later vertices and sinks."""
+
+    job: BatchJob
+    id: str
+
+    @property
+    def parallelism(self) -> int:
+        return self.job.graph.vertices[self.id].parallelism
+
+    def by(self, *columns: str) -> Input:
+        """Hash-partition this vertex's output by ``columns`` for the consumer."""
+        if not columns:
+            raise JobDefinitionError(f"{self.id}.by() needs at least one column")
+        return Input(self, "hash", tuple(columns))
+
+    def forward(self) -> Input:
+        """Consumer partition *i* reads this vertex's partition *i* (equal parallelism)."""
+        return Input(self, "forward")
+
+    def broadcast(self) -> Input:
+        """Every consumer partition reads all of this vertex's output (a small table)."""
+        return Input(self, "broadcast")
+
+
+class BatchJob:
+    """A batch job with a stable id; see the module docstring.
+
+    Args:
+        job_id: stable across resubmissions; the same id resumes the same job.
+        spark: the session to run on (default: the active one, else one from defaults).
+        work_dir: overrides ``spark.ckpt.workDir``.
+        settings: overrides every ``spark.ckpt.*`` value read from the Spark conf.
+    """
+
+    def __init__(self, job_id: str, *, spark: SparkSession | None = None,
+                 work_dir: str | None = None, settings: Settings | None = None) -> None:
+        if not job_id or "/" in job_id or job_id.startswith((".", "_")):
+            raise JobDefinitionError(
+                f"job id must be a non-empty name without '/' that does not start with '.' "
+                f"or '_', found {job_id!r}"
+            )
+        self.job_id = job_id
+        self.graph = JobGraph(job_id)
+        self._spark = spark
+        self._work_dir = work_dir
+        self._settings = settings
+
+    # -- sources ---------------------------------------------------------------------------
+    def read_files(self, name: str, path: str, *, format: FileFormat = "parquet",
+                   parallelism: int | None = None, schema: Any = None,
+                   options: dict[str, str] | None = None) -> VertexRef:
+        """A source vertex over the files under ``path``, one split per partition.
+
+        ``parallelism`` defaults to one split per file and is capped at the number of files.
+        """
+        if format not in ("parquet", "csv", "json"):
+            raise JobDefinitionError(
+                f"source {name}: expected format parquet, csv or json, found {format!r}"
+            )
+        source = FileSource(path, format, dict(options or {}), schema)
+        # The split count is decided now so later vertices can default to it; the splits
+        # themselves are recorded at run time (or taken from an earlier attempt's record).
+        splits = source.discover(parallelism)
+        self.graph.add(JobVertex(name, len(splits), source=source))
+        return VertexRef(self, name)
+
+    def source(self, name: str, build: Callable[[SparkSession], DataFrame] | DataFrame, *,
+               parallelism: int = 1, split_by: tuple[str, ...] | list[str] = ()) -> VertexRef:
+        """A source vertex over any DataFrame (or a function building it from the session)."""
+        builder = build if callable(build) else (lambda _spark, df=build: df)
+        if parallelism > 1 and not split_by:
+            raise JobDefinitionError(
+                f"source {name}: parallelism {parallelism} needs split_by=columns to split rows"
+            )
+        source = DataFrameSource(builder, tuple(split_by), label=name)
+        self.graph.add(JobVertex(name, parallelism, source=source, key=tuple(split_by)))
+        return VertexRef(self, name)
+
+    # -- transformations -------------------------------------------------------------------
+    def vertex(self, name: str, fn: Callable[..., DataFrame], *inputs: VertexRef | Input,
+               parallelism: int | None = None, key: tuple[str, ...] | list[str] = (),
+               version: str = "") -> VertexRef:
+        """A vertex computing ``fn(*input_dataframes)`` per partition.
+
+        Args:
+            inputs: upstream vertices (``ref``, ``ref.by(cols)``, ``ref.forward()``,
+                ``ref.broadcast()``). A bare ``ref`` is hashed by ``key`` when given, else
+                forwarded.
+            parallelism: defaults to the first non-broadcast input's parallelism.
+            key: output columns that identify a row's partition; defaults to the columns of
+                the first hash input. Needed when ``fn`` shuffles.
+            version: change it when ``fn`` changes, so earlier finished work is not reused.
+        """
+        if not inputs:
+            raise JobDefinitionError(f"vertex {name} has no inputs; use read_files or source")
+        specs = [i if isinstance(i, Input) else Input(i, "default") for i in inputs]
+        main = [s for s in specs if s.kind != "broadcast"]
+        if not main:
+            raise JobDefinitionError(f"vertex {name}: every input is broadcast; one must not be")
+        if parallelism is None:
+            parallelism = main[0].vertex.parallelism
+        key = tuple(key)
+        if not key:
+            hashed = [s for s in specs if s.kind == "hash"]
+            key = hashed[0].columns if hashed else ()
+        edges = []
+        for spec in specs:
+            kind = spec.kind
+            columns = spec.columns
+            if kind == "default":
+                if key:
+                    kind, columns = "hash", key
+                elif spec.vertex.parallelism == parallelism:
+                    kind = "forward"
+                else:
+                    raise JobDefinitionError(
+                        f"vertex {name} (parallelism {parallelism}) reads {spec.vertex.id} "
+                        f"(parallelism {spec.vertex.parallelism}) without a key: use "
+                        f"{spec.vertex.id}.by(columns) or give key="
+                    )
+            edges.append(Edge(spec.vertex.id, kind, tuple(columns)))
+        self.graph.add(JobVertex(name, parallelism, inputs=tuple(edges), fn=fn, key=key,
+                                 version=version))
+        return VertexRef(self, name)
+
+    # -- sinks -----------------------------------------------------------------------------
+    def write_delta(self, vertex: VertexRef, path: str, *,
+                    mode: Literal["append", "overwrite"] = "append",
+                    partition_by: tuple[str, ...] | list[str] = (),
+                    name: str | None = None) -> None:
+        """Commit the vertex's output to a Delta table once, when the job completes."""
+        if mode not in ("append", "overwrite"):
+            raise JobDefinitionError(f"Delta sink: expected mode append or overwrite, "
+                                     f"found {mode!r}")
+        self._add_sink(vertex, SinkSpec(name or f"{vertex.id}-delta", "delta", path, mode,
+                                        tuple(partition_by)))
+
+    def write_parquet(self, vertex: VertexRef, path: str, *,
+                      partition_by: tuple[str, ...] | list[str] = (),
+                      name: str | None = None) -> None:
+        """Move the vertex's output into a Parquet directory once, when the job completes."""
+        self._add_sink(vertex, SinkSpec(name or f"{vertex.id}-parquet", "parquet", path,
+                                        "append", tuple(partition_by)))
+
+    def _add_sink(self, vertex: VertexRef, spec: SinkSpec) -> None:
+        if vertex.job is not self:
+            raise JobDefinitionError(f"vertex {vertex.id} belongs to another job")
+        names = {s.name for v in self.graph.vertices.values() for s in v.sinks}
+        if spec.name in names:
+            raise JobDefinitionError(f"job {self.job_id}: sink name {spec.name!r} is used twice")
+        self.graph.vertices[vertex.id].sinks.append(spec)
+
+    # -- running ---------------------------------------------------------------------------
+    def run(self, *, fresh: bool = False) -> JobResult:
+        """Run the job; resume from the event log when this job id ran before.
+
+        Args:
+            fresh: archive any earlier event log and results of this job id and start over.
+        """
+        from spark_ckpt.batch.runner import JobRunner
+        from spark_ckpt.options import Settings
+        from spark_ckpt.session import get_or_create_session
+
+        spark = self._spark or get_or_create_session(f"spark_ckpt:{self.job_id}")
+        settings = self._settings or Settings.from_conf(spark.conf)
+        if self._work_dir:
+            settings = dataclasses.replace(settings, work_dir=self._work_dir)
+        return JobRunner(self, spark, settings).run(fresh=fresh)

@@ -1,0 +1,386 @@
+"""The driver of one attempt at a batch job: claim, replay, recover, run, commit.
+
+Per attempt:
+
+1. claim attempt *n* with a create-if-absent marker (a newer attempt fences the older one);
+2. replay the event log (tolerating a damaged tail; an unreadable log is set aside);
+3. log ``JobAttemptStarted`` and ``JobVertexInitialized`` for new or changed vertices;
+4. plan recovery (batch.recovery): validate, invalidate, walk upstream;
+5. run the vertices in topological order, only the partitions the plan names
+   (batch.vertex_runner), logging ``ExecutionVertexFinished`` as partitions finish;
+6. commit every sink once (``SinkCommitStarted`` is durable before the commit);
+7. log ``JobAttemptFinished``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.batch.progress import JobProgress
+from spark_ckpt.batch.recovery import plan_recovery
+from spark_ckpt.batch.sinks import Sink, make_sink
+from spark_ckpt.batch.sources import FileSource, decode_splits
+from spark_ckpt.batch.vertex_runner import VertexRunner
+from spark_ckpt.errors import JobDefinitionError, JobFencedError
+from spark_ckpt.eventlog.events import Event, EventType
+from spark_ckpt.eventlog.reader import EventLogUnreadable, read_events
+from spark_ckpt.eventlog.replay import FinishedPartition, JobHistory, replay
+from spark_ckpt.eventlog.writer import EventLogWriter
+from spark_ckpt.execution.attempts import ExecutionRegistry
+from spark_ckpt.execution.result_partition import PartitionManifest
+from spark_ckpt.execution.state import ExecutionState
+from spark_ckpt.faults import fault_point
+from spark_ckpt.formats import dump_record
+from spark_ckpt.storage import Storage, join
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from spark_ckpt.batch.job import BatchJob
+    from spark_ckpt.options import Settings
+
+__all__ = ["JobResult", "JobRunner", "VertexSummary", "job_paths"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class VertexSummary:
+    partitions: int
+    reused: int
+    ran: int
+
+
+@dataclasses.dataclass(frozen=True)
+class JobResult:
+    """What one ``run()`` did. ``ran`` counts partitions computed by this attempt."""
+
+    job_id: str
+    attempt: int
+    status: str
+    vertices: dict[str, VertexSummary]
+    sinks: dict[str, int]
+    duration_s: float
+    lost: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ran(self) -> int:
+        return sum(v.ran for v in self.vertices.values())
+
+    @property
+    def reused(self) -> int:
+        return sum(v.reused for v in self.vertices.values())
+
+
+def job_paths(storage: Storage, job_id: str) -> dict[str, str]:
+    job_dir = storage.path(job_id)
+    return {
+        "job": job_dir,
+        "events": join(job_dir, "events"),
+        "attempts": join(job_dir, "attempts"),
+        "results": join(job_dir, "results"),
+    }
+
+
+class JobRunner:
+    def __init__(self, job: BatchJob, spark: SparkSession, settings: Settings) -> None:
+        self.job = job
+        self.graph = job.graph
+        self.spark = spark
+        self.settings = settings
+        self.storage = Storage(settings.work_dir)
+        self.paths = job_paths(self.storage, job.job_id)
+        self.registry = ExecutionRegistry()
+        self.finished: dict[tuple[str, int], FinishedPartition] = {}
+        self._finished_lock = threading.Lock()
+        self.ran: dict[str, int] = {}
+        self.attempt = 0
+        self.writer: EventLogWriter | None = None
+        self.problems: list[str] = []
+
+    # -- attempt claim and fencing ---------------------------------------------------------
+    def _attempt_marker(self, n: int) -> str:
+        return join(self.paths["attempts"], f"{n:05d}.json")
+
+    def _claim_attempt(self) -> int:
+        existing = [int(i.base_name[:5]) for i in
+                    self.storage.list_files(self.paths["attempts"], recursive=False)
+                    if i.base_name[:5].isdigit() and i.base_name.endswith(".json")]
+        n = max(existing, default=0) + 1
+        while True:
+            body = {"job_id": self.job.job_id, "attempt": n, "host": socket.gethostname(),
+                    "pid": os.getpid(), "started_ms": int(time.time() * 1000)}
+            if self.storage.create_exclusive(self._attempt_marker(n),
+                                             dump_record("job-attempt", 1, body)):
+                return n
+            n += 1
+
+    def _is_fenced(self) -> bool:
+        return self.storage.exists(self._attempt_marker(self.attempt + 1))
+
+    def _archive(self, path: str, reason: str) -> None:
+        target = f"{path}.{reason}-{int(time.time())}"
+        if self.storage.exists(path):
+            self.storage.move(path, target)
+            log.warning("Job %s: moved %s to %s (%s)", self.job.job_id, path, target, reason)
+
+    # -- events ----------------------------------------------------------------------------
+    def _emit(self, event: Event) -> None:
+        assert self.writer is not None
+        self.writer.append(event)
+
+    def _on_flush(self, batch: list[Event]) -> None:
+        if any(e.type is EventType.EXECUTION_VERTEX_FINISHED for e in batch):
+            fault_point("partition.finished")
+
+    # -- the attempt -----------------------------------------------------------------------
+    def run(self, *, fresh: bool = False) -> JobResult:
+        started = time.perf_counter()
+        job_id = self.job.job_id
+        self.graph.validate()
+        if fresh:
+            self._archive(self.paths["job"], "archived")
+        self.attempt = self._claim_attempt()
+        history = self._load_history()
+        if history.completed:
+            log.info("Job %s already completed in attempt %d; nothing to do (attempt %d)",
+                     job_id, max(a.attempt for a in history.attempts.values()
+                                 if a.status == "succeeded"), self.attempt)
+            return JobResult(job_id, self.attempt, "already-complete", {},
+                             dict(history.sink_committed), time.perf_counter() - started,
+                             problems=self.problems)
+        self.writer = EventLogWriter(
+            self.storage, self.paths["events"], job_id=job_id, job_attempt=self.attempt,
+            flush_interval_ms=self.settings.event_log_flush_interval_ms,
+            flush_max_events=self.settings.event_log_flush_max_events,
+            is_fenced=self._is_fenced, on_flush=self._on_flush,
+        )
+        self.writer.start()
+        progress = JobProgress(job_id, self.settings.progress)
+        try:
+            result = self._run_attempt(history, progress, started)
+        except BaseException as exc:
+            progress.close()
+            self._fail(exc)
+            raise
+        progress.close()
+        return result
+
+    def _load_history(self) -> JobHistory:
+        try:
+            read = read_events(self.storage, self.paths["events"])
+        except EventLogUnreadable as exc:
+            self.problems.append(str(exc))
+            log.error("Job %s: %s; keeping it aside and starting fresh", self.job.job_id, exc)
+            self._archive(self.paths["events"], "unreadable")
+            self._archive(self.paths["results"], "orphaned")
+            return JobHistory()
+        self.problems.extend(read.problems)
+        return replay(read.events)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.writer is None:
+            return
+        if not isinstance(exc, JobFencedError):
+            try:
+                self._emit(Event(EventType.JOB_ATTEMPT_FINISHED,
+                                 {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}))
+                self.writer.close()
+            except Exception as close_exc:  # the log may be what failed
+                log.warning("Job %s attempt %d: could not log the failure: %s",
+                            self.job.job_id, self.attempt, close_exc)
+        log.error("Job %s attempt %d failed: %s", self.job.job_id, self.attempt, exc)
+
+    def _run_attempt(self, history: JobHistory, progress: JobProgress,
+                     started: float) -> JobResult:
+        job_id = self.job.job_id
+        mode = "recovery" if history.events else "fresh"
+        self._emit(Event(EventType.JOB_ATTEMPT_STARTED, {
+            "mode": mode, "spark_app_id": self.spark.sparkContext.applicationId,
+            "host": socket.gethostname(), "pid": os.getpid(),
+            "previous_attempts": sorted(history.attempts),
+        }))
+        assert self.writer is not None
+        self.writer.flush()
+        fault_point("attempt.started")
+        log.info("Job %s attempt %d started (%s; %d events replayed)", job_id, self.attempt,
+                 mode, history.events)
+
+        splits = self._initialize_vertices(history)
+        fault_point("vertex.initialized")
+
+        committing = set(history.sink_started) | set(history.sink_committed)
+        fingerprints = {v.id: v.fingerprint() for v in self.graph.topological()}
+        plan = plan_recovery(self.graph, history, fingerprints, committing)
+        for key in plan.lost:
+            self._emit(Event(EventType.EXECUTION_VERTEX_RESET, {"reason": "output missing"},
+                             vertex_id=key[0], partition=key[1]))
+        for key in plan.invalidated:
+            self._emit(Event(EventType.EXECUTION_VERTEX_RESET,
+                             {"reason": "upstream output lost or vertex changed"},
+                             vertex_id=key[0], partition=key[1]))
+        self.finished = dict(plan.finished)
+        total_to_run = sum(len(p) for p in plan.to_run.values())
+        log.info("Job %s attempt %d: reusing %d finished partitions, running %d (%s)", job_id,
+                 self.attempt, plan.reused, total_to_run,
+                 ", ".join(f"{v}: {len(p)}" for v, p in plan.to_run.items()) or "nothing")
+
+        sinks = {s.name: make_sink(s, job_id) for v in self.graph.live_vertices()
+                 for s in v.sinks}
+        runner = VertexRunner(self, splits, sinks, progress)
+        if plan.to_run:  # the sources read now must be the files recorded at first
+            for vertex in self.graph.live_vertices():
+                if isinstance(vertex.source, FileSource):
+                    for split in splits[vertex.id]:
+                        vertex.source.validate_split(vertex.id, split)
+        for vertex in self.graph.live_vertices():
+            if self.graph.is_virtual(vertex.id):
+                continue
+            reused = sum(1 for p in range(vertex.parallelism) if (vertex.id, p) in self.finished)
+            progress.vertex(vertex.id, vertex.parallelism, reused)
+            parts = plan.to_run.get(vertex.id, [])
+            if not parts:
+                continue
+            runner.run(vertex, parts)
+            self.ran[vertex.id] = len(parts)
+            self.writer.flush()
+            fault_point("vertex.finished")
+
+        committed = self._commit_sinks(history, sinks)
+        summaries = {
+            v.id: VertexSummary(
+                partitions=v.parallelism,
+                reused=sum(1 for p in range(v.parallelism) if (v.id, p) in plan.finished),
+                ran=self.ran.get(v.id, 0),
+            )
+            for v in self.graph.live_vertices() if not self.graph.is_virtual(v.id)
+        }
+        ran = sum(s.ran for s in summaries.values())
+        self._emit(Event(EventType.JOB_ATTEMPT_FINISHED, {
+            "status": "succeeded", "ran": ran, "reused": plan.reused,
+            "lost": len(plan.lost), "invalidated": len(plan.invalidated),
+        }))
+        self.writer.close()
+        fault_point("attempt.finished")
+        duration = time.perf_counter() - started
+        log.info("Job %s attempt %d succeeded in %.1f s: ran %d partitions, reused %d",
+                 job_id, self.attempt, duration, ran, plan.reused)
+        if self.settings.batch_cleanup_on_success:
+            self.storage.delete_dir(self.paths["results"])
+        return JobResult(job_id, self.attempt, "succeeded", summaries, committed, duration,
+                         lost=plan.lost, problems=self.problems)
+
+    def _initialize_vertices(self, history: JobHistory) -> dict[str, list[Any]]:
+        """Log JobVertexInitialized for new or changed vertices; decide file source splits."""
+        splits: dict[str, list[Any]] = {}
+        for vertex in self.graph.live_vertices():
+            fingerprint = vertex.fingerprint()
+            recorded = history.vertices.get(vertex.id)
+            same = recorded is not None and recorded.get("fingerprint") == fingerprint
+            state: dict[str, Any] = {"checkpoint_id": -1}
+            if isinstance(vertex.source, FileSource):
+                if same and recorded is not None:
+                    splits[vertex.id] = decode_splits(recorded["coordinator_state"]["splits"])
+                else:
+                    splits[vertex.id] = vertex.source.discover(vertex.parallelism)
+                if len(splits[vertex.id]) != vertex.parallelism:
+                    raise JobDefinitionError(
+                        f"source {vertex.id}: expected {vertex.parallelism} splits, found "
+                        f"{len(splits[vertex.id])} (input files were removed since the job "
+                        "was declared)"
+                    )
+                state["splits"] = splits[vertex.id]
+            if same:
+                continue
+            if recorded is not None:
+                log.warning("Job %s: vertex %s changed since attempt that recorded it; its "
+                            "finished partitions and everything downstream will run again",
+                            self.job.job_id, vertex.id)
+            self._emit(Event(
+                EventType.JOB_VERTEX_INITIALIZED,
+                {"fingerprint": fingerprint, "parallelism": vertex.parallelism,
+                 "descriptor": vertex.descriptor(), "coordinator_state": state},
+                vertex_id=vertex.id,
+            ))
+        assert self.writer is not None
+        self.writer.flush()
+        return splits
+
+    # -- partitions finishing (called from poller and wave threads) ------------------------
+    def partition_finished(self, manifest: PartitionManifest) -> bool:
+        """Record a finished partition once; False for duplicates and stale attempts."""
+        key = (manifest.vertex_id, manifest.partition)
+        execution = self.registry.get(manifest.attempt_id)
+        if execution is None:
+            return False  # a manifest of an earlier driver attempt
+        with self._finished_lock:
+            if key in self.finished:
+                return False
+            if not execution.machine.move_to(ExecutionState.FINISHED):
+                return False
+            self.finished[key] = FinishedPartition(
+                manifest.vertex_id, manifest.partition, manifest.attempt_id, self.attempt,
+                manifest.outputs, manifest.rows, manifest.finished_ms - manifest.started_ms,
+                manifest.schema,
+            )
+        payload = manifest.body()
+        payload["coordinator_state"] = {"checkpoint_id": -1}
+        payload["io"] = {"output_rows": manifest.rows, "output_bytes": manifest.bytes}
+        payload["accumulators"] = {}
+        self._emit(Event(
+            EventType.EXECUTION_VERTEX_FINISHED, payload, vertex_id=manifest.vertex_id,
+            partition=manifest.partition, attempt_id=manifest.attempt_id, rows=manifest.rows,
+            bytes=manifest.bytes, duration_ms=manifest.finished_ms - manifest.started_ms,
+        ))
+        log.debug("Job %s attempt %d: partition %s/%d finished (%s, %d rows)",
+                  self.job.job_id, self.attempt, manifest.vertex_id, manifest.partition,
+                  manifest.attempt_id, manifest.rows)
+        return True
+
+    # -- sinks -----------------------------------------------------------------------------
+    def _commit_sinks(self, history: JobHistory, sinks: dict[str, Sink]) -> dict[str, int]:
+        assert self.writer is not None
+        committed: dict[str, int] = {}
+        for vertex in self.graph.live_vertices():
+            for spec in vertex.sinks:
+                sink = sinks[spec.name]
+                if spec.name in history.sink_committed:
+                    committed[spec.name] = history.sink_committed[spec.name]
+                    continue
+                version = history.sink_started.get(spec.name)
+                if version is not None and sink.is_committed(version):
+                    log.info("Job %s: sink %s commit v%d had landed before the crash",
+                             self.job.job_id, spec.name, version)
+                    details: dict[str, Any] = {"recovered": True}
+                else:
+                    if version is None:
+                        version = sink.next_version()
+                    files = [o for p in range(vertex.parallelism)
+                             for o in self.finished[(vertex.id, p)].outputs
+                             if o.kind == "sink" and o.target == spec.name]
+                    self._emit(Event(EventType.SINK_COMMIT_STARTED,
+                                     {"sink": spec.name, "version": version,
+                                      "files": len(files), "kind": spec.kind,
+                                      "path": spec.path},
+                                     vertex_id=vertex.id))
+                    self.writer.flush()  # durable before the table changes
+                    fault_point("sink.commit.started")
+                    t0 = time.perf_counter()
+                    details = sink.commit(files, version)
+                    details["duration_ms"] = int((time.perf_counter() - t0) * 1000)
+                    fault_point("sink.committed")
+                    log.info("Job %s attempt %d: committed sink %s v%d (%d files)",
+                             self.job.job_id, self.attempt, spec.name, version, len(files))
+                self._emit(Event(EventType.SINK_COMMITTED,
+                                 {"sink": spec.name, "version": version, **details},
+                                 vertex_id=vertex.id))
+                self.writer.flush()
+                committed[spec.name] = version
+        return committed

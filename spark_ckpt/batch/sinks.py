@@ -1,0 +1,244 @@
+"""Sinks commit a job's output once, idempotently, after every partition has staged its files.
+
+* Delta (delta-rs): tasks write data files into the table directory, invisible until the
+  commit adds them. The commit is one Delta transaction carrying the app transaction
+  ``(spark_ckpt/<job>/<sink>, version)``; delta-rs does not skip a repeated version by itself,
+  so :meth:`DeltaSink.is_committed` checks ``transaction_version`` first.
+* Parquet directory: tasks write into ``_spark_ckpt_staging/<job>/``. The commit creates the
+  marker ``_spark_ckpt_commits/<job>-v<version>.json`` create-if-absent (only one driver can),
+  moves the files into place, and marks the marker committed. A crash in between is finished by
+  the next attempt from the marker's file list, as MapReduce's committer recovers.
+
+The version used is logged in ``SinkCommitStarted`` before the commit, so a recovered driver
+asks the sink whether *that* version landed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.parse
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from spark_ckpt.errors import CommitError, JobDefinitionError
+from spark_ckpt.execution.graph import SinkSpec
+from spark_ckpt.execution.result_partition import OutputFile
+from spark_ckpt.faults import fault_point
+from spark_ckpt.formats import dump_record, load_record
+from spark_ckpt.storage import Storage, join, stat_any
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+__all__ = ["DeltaSink", "ParquetSink", "Sink", "make_sink"]
+
+log = logging.getLogger(__name__)
+
+
+def arrow_schema_for(schema: StructType) -> pa.Schema:
+    from spark_ckpt.arrowtypes import to_arrow
+
+    fields = []
+    for field in to_arrow(schema):
+        if pa.types.is_timestamp(field.type) and field.type.tz is not None:
+            field = field.with_type(pa.timestamp("us", tz="UTC"))
+        fields.append(field)
+    return pa.schema(fields)
+
+
+def _check_files(sink: str, files: list[OutputFile]) -> None:
+    """delta-rs accepts an AddAction for a file that does not exist; never commit one."""
+    sizes = stat_any(f.path for f in files)
+    for f, size in zip(files, sizes, strict=True):
+        if size != f.size:
+            found = "missing" if size is None else f"{size} bytes"
+            raise CommitError(
+                f"sink {sink}: staged file {f.path} should be {f.size} bytes, found {found}; "
+                "refusing to commit (the partition will be re-run on the next attempt)"
+            )
+
+
+class Sink:
+    def __init__(self, spec: SinkSpec, job_id: str) -> None:
+        self.spec = spec
+        self.job_id = job_id
+        self.app_id = f"spark_ckpt/{job_id}/{spec.name}"
+
+    def prepare(self, schema: StructType) -> str:
+        """Check or create the target; return the staging directory URI for the tasks."""
+        raise NotImplementedError
+
+    def next_version(self) -> int:
+        raise NotImplementedError
+
+    def is_committed(self, version: int) -> bool:
+        raise NotImplementedError
+
+    def commit(self, files: list[OutputFile], version: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class DeltaSink(Sink):
+    def __init__(self, spec: SinkSpec, job_id: str) -> None:
+        super().__init__(spec, job_id)
+        self.store = Storage(spec.path)
+        self.uri = self.store.spark_path(self.store.root)
+        self._schema: pa.Schema | None = None
+
+    def prepare(self, schema: StructType) -> str:
+        from deltalake import DeltaTable
+
+        arrow = arrow_schema_for(schema)
+        self._schema = arrow
+        if DeltaTable.is_deltatable(self.uri):
+            table = DeltaTable(self.uri)
+            existing = pa.schema(table.schema())
+            found = {f.name: f.type for f in existing}
+            expected = {f.name: f.type for f in arrow}
+            if found != expected:
+                raise JobDefinitionError(
+                    f"Delta sink {self.spec.name} at {self.uri}: the job writes columns "
+                    f"{_fmt(expected)}, the table has {_fmt(found)}"
+                )
+            parts = list(table.metadata().partition_columns)
+            if parts != list(self.spec.partition_by):
+                raise JobDefinitionError(
+                    f"Delta sink {self.spec.name}: the job partitions by "
+                    f"{list(self.spec.partition_by)}, the table by {parts}"
+                )
+        else:
+            DeltaTable.create(self.uri, arrow, mode="ignore",
+                              partition_by=list(self.spec.partition_by) or None)
+        return self.uri
+
+    def _txn_version(self) -> int:
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.uri).transaction_version(self.app_id) or 0
+
+    def next_version(self) -> int:
+        return self._txn_version() + 1
+
+    def is_committed(self, version: int) -> bool:
+        return self._txn_version() >= version
+
+    def commit(self, files: list[OutputFile], version: int) -> dict[str, Any]:
+        from deltalake import CommitProperties, DeltaTable, Transaction
+        from deltalake.transaction import AddAction
+
+        if self.is_committed(version):
+            return {"skipped": True}
+        _check_files(self.spec.name, files)
+        root = self.uri.rstrip("/") + "/"
+        now = int(time.time() * 1000)
+        actions = [
+            AddAction(
+                path=urllib.parse.quote(f.path[len(root):] if f.path.startswith(root) else f.path,
+                                        safe="/="),
+                size=f.size,
+                partition_values=f.partition_values,
+                modification_time=now,
+                data_change=True,
+                stats=json.dumps({"numRecords": f.rows}),
+            )
+            for f in files
+        ]
+        table = DeltaTable(self.uri)
+        table.create_write_transaction(
+            actions,
+            mode=self.spec.mode,
+            schema=self._schema or pa.schema(table.schema()),
+            partition_by=list(self.spec.partition_by) or None,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(app_id=self.app_id, version=version)],
+                custom_metadata={"spark_ckpt.job_id": self.job_id},
+            ),
+        )
+        table.update_incremental()
+        return {"table_version": table.version(), "files": len(files)}
+
+
+class ParquetSink(Sink):
+    def __init__(self, spec: SinkSpec, job_id: str) -> None:
+        super().__init__(spec, job_id)
+        if spec.mode != "append":
+            raise JobDefinitionError(
+                f"Parquet sink {spec.name}: expected mode 'append', found {spec.mode!r}; a "
+                "Parquet directory cannot be replaced atomically (use a Delta sink)"
+            )
+        self.store = Storage(spec.path)
+        self.staging = join(self.store.root, "_spark_ckpt_staging", job_id)
+        self.commits = join(self.store.root, "_spark_ckpt_commits")
+
+    def prepare(self, schema: StructType) -> str:
+        self.store.makedirs(self.staging)
+        return self.store.spark_path(self.staging)
+
+    def _marker(self, version: int) -> str:
+        return join(self.commits, f"{self.job_id}-v{version:05d}.json")
+
+    def next_version(self) -> int:
+        prefix = f"{self.job_id}-v"
+        versions = [int(i.base_name[len(prefix):-5]) for i in
+                    self.store.list_files(self.commits, recursive=False)
+                    if i.base_name.startswith(prefix) and i.base_name.endswith(".json")]
+        return max(versions, default=0) + 1
+
+    def _read_marker(self, version: int) -> dict[str, Any] | None:
+        path = self._marker(version)
+        if not self.store.exists(path):
+            return None
+        return load_record(self.store.read_bytes(path), "parquet-sink-commit", (1,))
+
+    def is_committed(self, version: int) -> bool:
+        marker = self._read_marker(version)
+        return marker is not None and marker["status"] == "committed"
+
+    def commit(self, files: list[OutputFile], version: int) -> dict[str, Any]:
+        moves = []
+        staging_uri = self.store.spark_path(self.staging).rstrip("/") + "/"
+        for f in files:
+            relative = f.path[len(staging_uri):]
+            moves.append([self.store.fs_path(f.path), join(self.store.root, relative), f.size])
+        body = {"job_id": self.job_id, "version": version, "status": "committing",
+                "moves": moves}
+        marker = self._marker(version)
+        if self.store.create_exclusive(marker, dump_record("parquet-sink-commit", 1, body)):
+            _check_files(self.spec.name, files)
+        else:
+            existing = self._read_marker(version)
+            assert existing is not None
+            if existing["status"] == "committed":
+                return {"skipped": True}
+            moves = existing["moves"]  # finish the commit an earlier attempt began
+            log.warning("Parquet sink %s: finishing commit v%d begun by an earlier attempt of "
+                        "job %s", self.spec.name, version, self.job_id)
+        for i, (src, dst, size) in enumerate(moves):
+            src_exists, dst_exists = self.store.exists(src), self.store.exists(dst)
+            if src_exists:
+                self.store.move(src, dst)
+            elif not dst_exists:
+                raise CommitError(
+                    f"Parquet sink {self.spec.name}: commit v{version} lost {src}; it is "
+                    f"neither staged nor at {dst}"
+                )
+            if i == 0:
+                fault_point("sink.commit.files")
+        self.store.write_atomic(
+            marker, dump_record("parquet-sink-commit", 1, body | {"status": "committed",
+                                                                    "moves": moves}))
+        self.store.delete_dir(self.staging)
+        return {"files": len(moves)}
+
+
+def make_sink(spec: SinkSpec, job_id: str) -> Sink:
+    if spec.kind == "delta":
+        return DeltaSink(spec, job_id)
+    return ParquetSink(spec, job_id)
+
+
+def _fmt(columns: dict[str, Any]) -> str:
+    return "(" + ", ".join(f"{k} {v}" for k, v in columns.items()) + ")"

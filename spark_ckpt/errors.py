@@ -1,0 +1,70 @@
+"""The one error tree of spark_ckpt.
+
+Every error names what was expected, what was found and, where there is one, what to do.
+Expected races (late acknowledgements, duplicate manifests) are returned outcomes, not errors.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CommitError",
+    "ConfigurationError",
+    "EnvironmentError_",
+    "EventLogError",
+    "FormatVersionError",
+    "IllegalStateTransition",
+    "InputChangedError",
+    "JobDefinitionError",
+    "JobFencedError",
+    "SparkCkptError",
+    "TaskExecutionError",
+]
+
+
+class SparkCkptError(Exception):
+    """Base class of every error raised by spark_ckpt."""
+
+
+class ConfigurationError(SparkCkptError, ValueError):
+    """A ``spark.ckpt.*`` option has a value of the wrong type or outside its range."""
+
+
+class EnvironmentError_(SparkCkptError, RuntimeError):
+    """The machine cannot run Spark as configured (Java missing or too old, bad JAVA_HOME)."""
+
+
+class JobDefinitionError(SparkCkptError, ValueError):
+    """A job graph is malformed: unknown vertex, cycle, mismatched parallelism, bad key."""
+
+
+class IllegalStateTransition(SparkCkptError, RuntimeError):
+    """A lifecycle state machine was asked for a transition its table does not allow."""
+
+    def __init__(self, what: str, current: object, target: object) -> None:
+        super().__init__(f"{what}: illegal transition {current} -> {target}")
+        self.current = current
+        self.target = target
+
+
+class FormatVersionError(SparkCkptError, ValueError):
+    """A persisted record has a format version this release cannot read."""
+
+
+class EventLogError(SparkCkptError, RuntimeError):
+    """The job event log could not be written (reading tolerates damage instead)."""
+
+
+class JobFencedError(SparkCkptError, RuntimeError):
+    """Another driver started an attempt of the same job; this driver must not commit."""
+
+
+class CommitError(SparkCkptError, RuntimeError):
+    """A sink could not commit its staged output."""
+
+
+class InputChangedError(SparkCkptError, RuntimeError):
+    """A source file recorded by an earlier attempt changed or vanished before recovery."""
+
+
+class TaskExecutionError(SparkCkptError, RuntimeError):
+    """A Spark job that ran part of a vertex failed."""

@@ -1,0 +1,156 @@
+"""Buffered appends of job events to the Delta event log, as Flink's job-event store does.
+
+Events are buffered and appended as one Delta commit per flush: every
+``spark.ckpt.eventLog.flushIntervalMs`` by a background thread, at once when the buffer holds
+``spark.ckpt.eventLog.flushMaxEvents``, and synchronously when the driver needs an event to be
+durable before it goes on (attempt start, before a sink commit, at the end).
+
+Fencing: before every flush the writer checks that no newer driver attempt of the same job has
+claimed its attempt marker; if one has, the flush fails with JobFencedError and nothing more is
+written by this driver.
+
+Thread ownership: ``append`` may be called from any thread; ``_buffer`` and ``_seq`` are guarded
+by ``_lock``; Delta commits happen under ``_flush_lock`` only (one at a time, in order).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from deltalake import DeltaTable, write_deltalake
+
+from spark_ckpt.errors import EventLogError, JobFencedError
+from spark_ckpt.eventlog.events import EVENT_SCHEMA, Event, events_to_table
+from spark_ckpt.storage import Storage
+
+__all__ = ["EventLogWriter"]
+
+log = logging.getLogger(__name__)
+
+# Delta writes a log checkpoint every N commits, so loading a long log stays fast.
+_TABLE_CONFIG = {"delta.checkpointInterval": "50", "delta.appendOnly": "true"}
+
+
+class EventLogWriter:
+    def __init__(
+        self,
+        storage: Storage,
+        table_path: str,
+        *,
+        job_id: str,
+        job_attempt: int,
+        flush_interval_ms: int,
+        flush_max_events: int,
+        is_fenced: Callable[[], bool] = lambda: False,
+        on_flush: Callable[[list[Event]], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._storage = storage
+        self._path = table_path
+        self._uri = storage.spark_path(table_path)
+        self.job_id = job_id
+        self.job_attempt = job_attempt
+        self._interval = flush_interval_ms / 1000.0
+        self._max = flush_max_events
+        self._is_fenced = is_fenced
+        self._on_flush = on_flush
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._buffer: list[Event] = []
+        self._seq = 0
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self.commits = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        if not DeltaTable.is_deltatable(self._uri):
+            DeltaTable.create(
+                self._uri, EVENT_SCHEMA, mode="ignore", name="spark_ckpt_events",
+                configuration=_TABLE_CONFIG,
+            )
+        self._thread = threading.Thread(
+            target=self._run, name=f"spark-ckpt-eventlog-{self.job_id}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Flush what is buffered and stop the background thread."""
+        self._closed.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.flush()
+
+    # -- appending -------------------------------------------------------------------------
+    def append(self, event: Event) -> None:
+        self._raise_if_failed()
+        with self._lock:
+            self._seq += 1
+            stamped = _stamp(event, self.job_id, self.job_attempt, self._seq, self._clock())
+            self._buffer.append(stamped)
+            full = len(self._buffer) >= self._max
+        if full:
+            self._wake.set()
+
+    def flush(self) -> None:
+        """Make every event appended so far durable, or raise."""
+        self._raise_if_failed()
+        self._flush_once()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            try:
+                self._flush_once()
+            except BaseException as exc:  # kept and re-raised on the driver's next call
+                self._error = exc
+                log.error("Job %s attempt %d: event log flush failed: %s",
+                          self.job_id, self.job_attempt, exc)
+                return
+
+    def _flush_once(self) -> None:
+        with self._flush_lock:
+            with self._lock:
+                batch, self._buffer = self._buffer, []
+            if not batch:
+                return
+            if self._is_fenced():
+                error = JobFencedError(
+                    f"job {self.job_id}: driver attempt {self.job_attempt} was fenced off by a "
+                    "newer attempt of the same job; this driver stops without committing"
+                )
+                self._error = error
+                raise error
+            started = time.perf_counter()
+            try:
+                write_deltalake(self._uri, events_to_table(batch), mode="append")
+            except Exception as exc:
+                with self._lock:  # keep the events: a later flush may succeed
+                    self._buffer = batch + self._buffer
+                raise EventLogError(
+                    f"job {self.job_id}: could not append {len(batch)} events to the event log "
+                    f"at {self._uri}: {exc}"
+                ) from exc
+            self.commits += 1
+            log.debug("Job %s attempt %d: flushed %d events in %.0f ms", self.job_id,
+                      self.job_attempt, len(batch), (time.perf_counter() - started) * 1000)
+        if self._on_flush is not None:
+            self._on_flush(batch)
+
+
+def _stamp(event: Event, job_id: str, attempt: int, seq: int, now: float) -> Event:
+    from dataclasses import replace
+
+    return replace(event, job_id=job_id, job_attempt=attempt, seq=seq, time_us=int(now * 1e6))

@@ -1,0 +1,19 @@
+"""The execution model both capabilities share: job graph, task attempts, result partitions."""
+
+from spark_ckpt.execution.attempts import Execution, ExecutionRegistry
+from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex, SinkSpec
+from spark_ckpt.execution.result_partition import OutputFile, PartitionManifest
+from spark_ckpt.execution.state import ExecutionState, StateMachine
+
+__all__ = sorted([
+    "Edge",
+    "Execution",
+    "ExecutionRegistry",
+    "ExecutionState",
+    "JobGraph",
+    "JobVertex",
+    "OutputFile",
+    "PartitionManifest",
+    "SinkSpec",
+    "StateMachine",
+])

@@ -1,0 +1,245 @@
+"""The job graph both capabilities share: vertices with a parallelism, joined by edges.
+
+A vertex is split into ``parallelism`` partitions (execution vertices). An edge says which of
+the producer's partitions the consumer's partition *i* reads:
+
+* ``hash`` by columns: sub-partition *i* of every producer partition (the producer splits its
+  output by ``pmod(hash(columns), consumer parallelism)``),
+* ``forward``: producer partition *i* only (equal parallelism),
+* ``broadcast``: every producer partition, whole.
+
+The graph is built once per job submission and never mutated after :meth:`JobGraph.validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
+
+from spark_ckpt.errors import JobDefinitionError
+
+__all__ = ["Edge", "EdgeKind", "JobGraph", "JobVertex", "SinkSpec"]
+
+EdgeKind = Literal["hash", "forward", "broadcast"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Edge:
+    """An input of a vertex: which upstream vertex, and how its output is partitioned."""
+
+    upstream: str
+    kind: EdgeKind
+    columns: tuple[str, ...] = ()
+
+    def producer_partitions(self, consumer_partition: int, producer_parallelism: int) -> range:
+        """Producer partitions whose output the consumer's ``consumer_partition`` reads."""
+        if self.kind == "forward":
+            return range(consumer_partition, consumer_partition + 1)
+        return range(producer_parallelism)
+
+    def consumer_partitions(self, producer_partition: int, consumer_parallelism: int) -> range:
+        """Consumer partitions that read anything of producer partition ``producer_partition``."""
+        if self.kind == "forward":
+            return range(producer_partition, producer_partition + 1)
+        return range(consumer_parallelism)
+
+    def describe(self) -> dict[str, Any]:
+        return {"upstream": self.upstream, "kind": self.kind, "columns": list(self.columns)}
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkSpec:
+    """Where a vertex's final output goes; committed once per job (see batch.sinks)."""
+
+    name: str
+    kind: Literal["delta", "parquet"]
+    path: str
+    mode: Literal["append", "overwrite"] = "append"
+    partition_by: tuple[str, ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"partition_by": list(self.partition_by)}
+
+
+@dataclasses.dataclass(eq=False)
+class JobVertex:
+    """One vertex. ``fn`` maps the input DataFrames (in ``inputs`` order) to the output.
+
+    Attributes:
+        id: stable name, unique in the job; used in paths and events.
+        parallelism: number of partitions.
+        inputs: edges from upstream vertices (empty for sources).
+        fn: DataFrame function; None for sources (their reader is ``source``).
+        key: columns of the output that identify a row's partition when ``fn`` shuffles.
+        source: a batch.sources.Source for source vertices.
+        sinks: sinks fed with this vertex's output.
+        version: user-chosen code version; changing it invalidates earlier finished work.
+    """
+
+    id: str
+    parallelism: int
+    inputs: tuple[Edge, ...] = ()
+    fn: Callable[..., Any] | None = None
+    key: tuple[str, ...] = ()
+    source: Any = None
+    sinks: list[SinkSpec] = dataclasses.field(default_factory=list)
+    version: str = ""
+
+    @property
+    def is_source(self) -> bool:
+        return self.source is not None
+
+    def descriptor(self) -> dict[str, Any]:
+        """What identifies this vertex's partitioning and output across driver attempts."""
+        return {
+            "id": self.id,
+            "parallelism": self.parallelism,
+            "inputs": [e.describe() for e in self.inputs],
+            "key": list(self.key),
+            "source": self.source.describe() if self.source is not None else None,
+            "sinks": [s.describe() for s in self.sinks],
+            "version": self.version,
+            "fn": _function_identity(self.fn),
+        }
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(self.descriptor(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _function_identity(fn: Callable[..., Any] | None) -> str | None:
+    if fn is None:
+        return None
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+class JobGraph:
+    """Vertices in insertion order plus the reverse (consumer) edges, computed on validate."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.vertices: dict[str, JobVertex] = {}
+        self._consumers: dict[str, list[tuple[str, Edge]]] = {}
+
+    def add(self, vertex: JobVertex) -> JobVertex:
+        if vertex.id in self.vertices:
+            raise JobDefinitionError(f"job {self.job_id}: vertex {vertex.id!r} is defined twice")
+        if not vertex.id or "/" in vertex.id or vertex.id.startswith(("_", ".")):
+            raise JobDefinitionError(
+                f"vertex id must be a non-empty name without '/' that does not start with "
+                f"'_' or '.', found {vertex.id!r}"
+            )
+        if vertex.parallelism < 1:
+            raise JobDefinitionError(
+                f"vertex {vertex.id!r}: parallelism must be >= 1, found {vertex.parallelism}"
+            )
+        for edge in vertex.inputs:
+            if edge.upstream not in self.vertices:
+                raise JobDefinitionError(
+                    f"vertex {vertex.id!r} reads {edge.upstream!r}, which is not a vertex of job "
+                    f"{self.job_id} (known: {', '.join(self.vertices) or 'none'})"
+                )
+            upstream = self.vertices[edge.upstream]
+            if edge.kind == "forward" and upstream.parallelism != vertex.parallelism:
+                raise JobDefinitionError(
+                    f"forward edge {edge.upstream!r} -> {vertex.id!r} needs equal parallelism, "
+                    f"found {upstream.parallelism} and {vertex.parallelism}"
+                )
+            if edge.kind == "hash" and not edge.columns:
+                raise JobDefinitionError(
+                    f"hash edge {edge.upstream!r} -> {vertex.id!r} names no columns"
+                )
+        self.vertices[vertex.id] = vertex
+        return vertex
+
+    def validate(self) -> None:
+        """Compute consumers; refuse a graph with no sink. Cycles are impossible by construction
+        (a vertex can only read vertices added before it)."""
+        self._consumers = {v: [] for v in self.vertices}
+        for vertex in self.vertices.values():
+            for edge in vertex.inputs:
+                self._consumers[edge.upstream].append((vertex.id, edge))
+        if not any(v.sinks for v in self.vertices.values()):
+            raise JobDefinitionError(f"job {self.job_id} has no sink; nothing would be written")
+
+    def consumers(self, vertex_id: str) -> list[tuple[str, Edge]]:
+        return self._consumers[vertex_id]
+
+    def is_virtual(self, vertex_id: str) -> bool:
+        """A replayable source read in place: no sinks and only forward or broadcast consumers.
+
+        Its partitions are never run and always finished; consumers read its splits directly.
+        A source read through a hash edge is run like any vertex (the map side of a shuffle).
+        """
+        vertex = self.vertices[vertex_id]
+        return (
+            vertex.is_source
+            and getattr(vertex.source, "replayable", False)
+            and not vertex.sinks
+            and all(e.kind in ("forward", "broadcast") for _, e in self._consumers[vertex_id])
+        )
+
+    def topological(self) -> list[JobVertex]:
+        return list(self.vertices.values())  # insertion order is topological
+
+    def live_vertices(self) -> list[JobVertex]:
+        """Vertices some sink depends on; the rest are never computed (like DStreamGraph)."""
+        live: set[str] = set()
+        stack = [v.id for v in self.vertices.values() if v.sinks]
+        while stack:
+            vid = stack.pop()
+            if vid in live:
+                continue
+            live.add(vid)
+            stack.extend(e.upstream for e in self.vertices[vid].inputs)
+        return [v for v in self.vertices.values() if v.id in live]
+
+    def downstream_closure(self, seeds: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
+        """Every (vertex, partition) that read, directly or not, one of ``seeds``."""
+        seen: set[tuple[str, int]] = set()
+        stack = list(seeds)
+        while stack:
+            vid, p = stack.pop()
+            for consumer_id, edge in self._consumers[vid]:
+                consumer = self.vertices[consumer_id]
+                for q in edge.consumer_partitions(p, consumer.parallelism):
+                    if (consumer_id, q) not in seen:
+                        seen.add((consumer_id, q))
+                        stack.append((consumer_id, q))
+        return seen
+
+    def restart_set(self, finished: set[tuple[str, int]]) -> dict[str, list[int]]:
+        """Partitions to run so every sink partition is finished (FLIP-383, step 4).
+
+        From every unfinished partition of a sink vertex, walk upstream through the edges and
+        collect every unfinished producer partition it needs.
+        """
+        needed: set[tuple[str, int]] = set()
+        stack: list[tuple[str, int]] = []
+        for vertex in self.live_vertices():
+            if vertex.sinks:
+                for p in range(vertex.parallelism):
+                    if (vertex.id, p) not in finished:
+                        stack.append((vertex.id, p))
+        while stack:
+            vid, p = stack.pop()
+            if (vid, p) in needed:
+                continue
+            needed.add((vid, p))
+            for edge in self.vertices[vid].inputs:
+                upstream = self.vertices[edge.upstream]
+                for q in edge.producer_partitions(p, upstream.parallelism):
+                    if (upstream.id, q) not in finished and (upstream.id, q) not in needed:
+                        stack.append((upstream.id, q))
+        plan: dict[str, list[int]] = {}
+        for vertex in self.topological():
+            parts = sorted(p for (vid, p) in needed if vid == vertex.id)
+            if parts:
+                plan[vertex.id] = parts
+        return plan
+
+    def ids(self) -> Sequence[str]:
+        return list(self.vertices)

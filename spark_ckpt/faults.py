@@ -1,0 +1,64 @@
+"""Named fault points, for the recovery tests that kill a real driver at an exact moment.
+
+``SPARK_CKPT_FAULT`` holds ``point[:n][:action]``: when the driver passes ``point`` for the
+``n``-th time (default 1), the action runs. Actions: ``kill`` (SIGKILL the driver's whole process
+group, JVM and Python workers included: a crash, not a shutdown) and ``pause`` (sleep for an
+hour, so a test can race a second driver against this one). Unset, a fault point costs one dict
+lookup. The points are listed in :data:`POINTS` and in docs/recovery.md.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+__all__ = ["POINTS", "fault_point"]
+
+POINTS = (
+    "attempt.started",  # after JobAttemptStarted is durable
+    "vertex.initialized",  # after the JobVertexInitialized events are durable
+    "partition.finished",  # after a flush that made ExecutionVertexFinished events durable
+    "partition.written",  # a task wrote its manifest; its event is not yet logged
+    "vertex.finished",  # after every partition of a vertex is durable
+    "sink.commit.started",  # SinkCommitStarted durable, table not yet committed
+    "sink.commit.files",  # Parquet sink: marker created, some files moved
+    "sink.committed",  # sink table committed, SinkCommitted not yet logged
+    "attempt.finished",  # JobAttemptFinished durable
+)
+
+_lock = threading.Lock()
+_counts: dict[str, int] = {}
+
+
+def _spec() -> tuple[str, int, str] | None:
+    raw = os.environ.get("SPARK_CKPT_FAULT")
+    if not raw:
+        return None
+    parts = raw.split(":")
+    point = parts[0]
+    nth = int(parts[1]) if len(parts) > 1 and parts[1] else 1
+    action = parts[2] if len(parts) > 2 else "kill"
+    return point, nth, action
+
+
+def fault_point(name: str) -> None:
+    """Pass the fault point ``name``; crash or pause here if the environment asks for it."""
+    spec = _spec()
+    if spec is None or spec[0] != name:
+        return
+    with _lock:
+        _counts[name] = _counts.get(name, 0) + 1
+        hit = _counts[name] == spec[1]
+    if not hit:
+        return
+    if spec[2] == "pause":
+        time.sleep(3600)
+        return
+    # A crash: the driver, its JVM and the Python workers die together, mid-write if need be.
+    # The whole group only when this driver leads its own (a test started it in a new session);
+    # never the group of whoever launched it.
+    if os.getpgid(0) != os.getpgid(os.getppid()):
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)

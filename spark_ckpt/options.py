@@ -1,0 +1,220 @@
+"""Every ``spark.ckpt.*`` option, declared once: key, type, default and documentation.
+
+Options are read from the Spark conf (``spark-defaults.conf``, ``--conf``, ``spark.conf.set``),
+validated once into an immutable :class:`Settings`, and documented by
+``python -m spark_ckpt.options`` which generates ``docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+from spark_ckpt.errors import ConfigurationError
+
+__all__ = ["OPTIONS", "ConfigOption", "Settings", "render_markdown"]
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigOption(Generic[T]):
+    """One declared option.
+
+    Attributes:
+        key: the full Spark conf key, ``spark.ckpt.…``.
+        field: the attribute name on :class:`Settings`.
+        type_name: ``int``, ``bool``, ``str`` or ``choice``.
+        default: the value used when the key is not set.
+        doc: one line for ``docs/configuration.md``.
+        choices: allowed values for ``choice`` options.
+        minimum: smallest allowed value for ``int`` options.
+    """
+
+    key: str
+    field: str
+    type_name: str
+    default: T
+    doc: str
+    choices: tuple[str, ...] = ()
+    minimum: int | None = None
+
+    def parse(self, raw: Any) -> T:
+        """Turn a raw conf value (usually a string) into the option's type, or raise."""
+        if self.type_name == "int":
+            try:
+                value = int(str(raw).strip())
+            except ValueError:
+                raise ConfigurationError(
+                    f"{self.key}: expected an integer, found {raw!r}"
+                ) from None
+            if self.minimum is not None and value < self.minimum:
+                raise ConfigurationError(
+                    f"{self.key}: expected an integer >= {self.minimum}, found {value}"
+                )
+            return value  # type: ignore[return-value]
+        if self.type_name == "bool":
+            text = str(raw).strip().lower()
+            if text in ("true", "1", "yes"):
+                return True  # type: ignore[return-value]
+            if text in ("false", "0", "no"):
+                return False  # type: ignore[return-value]
+            raise ConfigurationError(f"{self.key}: expected true or false, found {raw!r}")
+        if self.type_name == "choice":
+            text = str(raw).strip().lower()
+            if text not in self.choices:
+                raise ConfigurationError(
+                    f"{self.key}: expected one of {', '.join(self.choices)}, found {raw!r}"
+                )
+            return text  # type: ignore[return-value]
+        text = str(raw).strip()
+        if not text:
+            raise ConfigurationError(f"{self.key}: expected a non-empty string, found {raw!r}")
+        return text  # type: ignore[return-value]
+
+
+def _opt(key: str, type_name: str, default: Any, doc: str, **kw: Any) -> ConfigOption[Any]:
+    field = key.removeprefix("spark.ckpt.").replace(".", "_")
+    snake = "".join("_" + c.lower() if c.isupper() else c for c in field)
+    return ConfigOption(key, snake, type_name, default, doc, **kw)
+
+
+OPTIONS: tuple[ConfigOption[Any], ...] = (
+    _opt(
+        "spark.ckpt.workDir",
+        "str",
+        "spark-ckpt-work",
+        "Root directory (any URI pyarrow understands) for event logs and durable result "
+        "partitions; one sub-directory per job id.",
+    ),
+    _opt(
+        "spark.ckpt.eventLog.flushIntervalMs",
+        "int",
+        1000,
+        "Buffered job events are appended to the Delta event log at least this often.",
+        minimum=10,
+    ),
+    _opt(
+        "spark.ckpt.eventLog.flushMaxEvents",
+        "int",
+        500,
+        "A buffer holding this many events is flushed at once, before the interval ends.",
+        minimum=1,
+    ),
+    _opt(
+        "spark.ckpt.batch.partitionsPerWave",
+        "int",
+        0,
+        "Partitions of a shuffling vertex run per Spark job (a wave); each wave's partitions "
+        "become durable when it ends. 0 picks max(2 x default parallelism, partitions / 6).",
+        minimum=0,
+    ),
+    _opt(
+        "spark.ckpt.batch.concurrentWaves",
+        "int",
+        2,
+        "Waves of one vertex that may run at the same time (driver threads submitting jobs).",
+        minimum=1,
+    ),
+    _opt(
+        "spark.ckpt.batch.pollIntervalMs",
+        "int",
+        300,
+        "How often the driver looks for partitions finished by running tasks.",
+        minimum=10,
+    ),
+    _opt(
+        "spark.ckpt.batch.cleanupOnSuccess",
+        "bool",
+        True,
+        "Delete a job's durable result partitions once its sinks have committed.",
+    ),
+    _opt(
+        "spark.ckpt.progress",
+        "choice",
+        "auto",
+        "Show a progress display: always, never, or auto (when stderr is a terminal).",
+        choices=("auto", "always", "never"),
+    ),
+)
+
+_BY_KEY = {o.key: o for o in OPTIONS}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Validated, immutable ``spark.ckpt.*`` settings. Build with :meth:`from_conf`."""
+
+    work_dir: str = "spark-ckpt-work"
+    event_log_flush_interval_ms: int = 1000
+    event_log_flush_max_events: int = 500
+    batch_partitions_per_wave: int = 0
+    batch_concurrent_waves: int = 2
+    batch_poll_interval_ms: int = 300
+    batch_cleanup_on_success: bool = True
+    progress: str = "auto"
+
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, Any] | Callable[[str], Any] | None = None,
+                  **overrides: Any) -> Settings:
+        """Read every declared key from ``conf`` and apply keyword ``overrides``.
+
+        Args:
+            conf: a mapping of key to raw value, a ``get(key)`` callable returning None when
+                unset, or a SparkSession's ``spark.conf`` (anything with ``get``).
+            overrides: field names of :class:`Settings` with already-typed values.
+
+        Raises:
+            ConfigurationError: an unknown ``spark.ckpt.`` key in a mapping, or a bad value.
+        """
+        values: dict[str, Any] = {}
+        if isinstance(conf, Mapping):
+            for key in conf:
+                if key.startswith("spark.ckpt.") and key not in _BY_KEY:
+                    known = ", ".join(sorted(_BY_KEY))
+                    raise ConfigurationError(f"unknown option {key}; known options: {known}")
+            getter: Callable[[str], Any] = conf.get
+        elif conf is None:
+            getter = lambda _k: None  # noqa: E731
+        elif hasattr(conf, "get"):
+            runtime = conf
+
+            def getter(key: str) -> Any:
+                return runtime.get(key, None)  # type: ignore[union-attr]
+        else:
+            getter = conf
+        for option in OPTIONS:
+            raw = getter(option.key)
+            if raw is not None:
+                values[option.field] = option.parse(raw)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for name, value in overrides.items():
+            if name not in fields:
+                raise ConfigurationError(f"unknown setting {name!r}; known: {sorted(fields)}")
+            values[name] = value
+        return cls(**values)
+
+
+def render_markdown() -> str:
+    """The body of ``docs/configuration.md``, generated from :data:`OPTIONS`."""
+    lines = [
+        "# Configuration",
+        "",
+        "Generated by `python -m spark_ckpt.options > docs/configuration.md`; do not edit.",
+        "",
+        "Every option is a Spark conf key: set it in `spark-defaults.conf`, with",
+        "`spark-submit --conf`, or with `spark.conf.set` in a notebook before the job runs.",
+        "",
+        "| key | type | default | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for o in OPTIONS:
+        type_name = "one of " + ", ".join(o.choices) if o.type_name == "choice" else o.type_name
+        default = str(o.default).lower() if isinstance(o.default, bool) else o.default
+        lines.append(f"| `{o.key}` | {type_name} | `{default}` | {o.doc} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_markdown(), end="")

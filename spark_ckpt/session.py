@@ -1,0 +1,90 @@
+"""The SparkSession spark_ckpt runs on: the active one in notebooks, else one from defaults.
+
+The library never creates a second session. Outside a notebook it builds one from a
+``spark-defaults.conf`` (the argument, ``$SPARK_CKPT_DEFAULTS``, or ``./spark-defaults.conf``),
+with the quiet log4j2 configuration from ``conf/`` beside that file when there is one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from spark_ckpt.errors import ConfigurationError
+from spark_ckpt.javacheck import check_java
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["get_or_create_session", "read_defaults"]
+
+log = logging.getLogger(__name__)
+
+# Used when no defaults file is found, so `python job.py` works from any directory.
+EMBEDDED_DEFAULTS: dict[str, str] = {
+    "spark.master": "local[*]",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+}
+
+
+def read_defaults(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Parse a ``spark-defaults.conf``: ``key value`` per line, ``#`` comments."""
+    conf: dict[str, str] = {}
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split(None, 1)
+        if len(parts) != 2:
+            raise ConfigurationError(
+                f"{path}:{number}: expected 'key value', found {line!r}"
+            )
+        conf[parts[0]] = parts[1].strip()
+    return conf
+
+
+def _find_defaults(explicit: str | os.PathLike[str] | None) -> Path | None:
+    for candidate in (explicit, os.environ.get("SPARK_CKPT_DEFAULTS"), "spark-defaults.conf"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate).resolve()
+    if explicit:
+        raise ConfigurationError(f"defaults file {explicit} does not exist")
+    return None
+
+
+def get_or_create_session(
+    app_name: str = "spark_ckpt",
+    *,
+    defaults: str | os.PathLike[str] | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """Return the active SparkSession, or build one from the defaults file plus ``conf``."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    check_java()
+    # Python workers must run this interpreter, or they cannot import pyarrow and spark_ckpt.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    settings = dict(EMBEDDED_DEFAULTS)
+    path = _find_defaults(defaults)
+    if path is not None:
+        settings.update(read_defaults(path))
+        log4j = path.parent / "conf" / "log4j2.properties"
+        if log4j.is_file() and "spark.driver.extraJavaOptions" not in settings:
+            settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j}"
+    settings.update(conf or {})
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    log.info("Starting SparkSession %s (defaults: %s)", app_name, path or "embedded")
+    return builder.getOrCreate()

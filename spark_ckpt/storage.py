@@ -1,0 +1,164 @@
+"""File-system access for everything spark_ckpt persists, on any URI pyarrow understands.
+
+Local paths, ``file:`` URIs, ``s3://``, ``abfss://`` and ``/Volumes/...`` all resolve through
+``pyarrow.fs``. Two operations need more than pyarrow offers and are exact only on local
+storage: *create-if-absent* (``O_EXCL``) and *rename without overwrite*; on object stores they
+fall back to check-then-write, which the fencing of the event log backs up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+
+__all__ = ["FileStat", "Storage", "join", "stat_any"]
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path segments with ``/`` whatever the scheme."""
+    out = base.rstrip("/")
+    for part in parts:
+        out = out + "/" + part.strip("/")
+    return out
+
+
+@dataclass(frozen=True)
+class FileStat:
+    path: str
+    size: int | None  # None when the file does not exist
+
+
+class Storage:
+    """A resolved file system plus the URI prefix its paths are relative to."""
+
+    def __init__(self, uri: str) -> None:
+        if "://" not in uri and not uri.startswith("file:"):
+            uri = os.path.abspath(uri)
+        self.fs, root = pafs.FileSystem.from_uri(uri)
+        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.root = root.rstrip("/") or "/"
+        self.uri = uri
+
+    # Paths handed to Spark and delta-rs must be URIs or absolute local paths.
+    def spark_path(self, path: str) -> str:
+        return path if self.local else self._uri_for(path)
+
+    def _uri_for(self, path: str) -> str:
+        scheme = self.uri.split("://", 1)[0]
+        return f"{scheme}://{path.lstrip('/')}"
+
+    def fs_path(self, path_or_uri: str) -> str:
+        """The path this file system takes for a path or URI it handed out."""
+        if "://" in path_or_uri:
+            return path_or_uri.split("://", 1)[1] if not self.local else \
+                path_or_uri.removeprefix("file://")
+        return path_or_uri
+
+    def path(self, *parts: str) -> str:
+        return join(self.root, *parts)
+
+    def makedirs(self, path: str) -> None:
+        self.fs.create_dir(path, recursive=True)
+
+    def exists(self, path: str) -> bool:
+        return self.fs.get_file_info(path).type != pafs.FileType.NotFound
+
+    def stat_many(self, paths: Iterable[str]) -> list[FileStat]:
+        paths = list(paths)
+        if not paths:
+            return []
+        infos = self.fs.get_file_info(paths)
+        return [
+            FileStat(i.path, None if i.type == pafs.FileType.NotFound else i.size) for i in infos
+        ]
+
+    def list_files(self, path: str, *, recursive: bool = True) -> list[pafs.FileInfo]:
+        selector = pafs.FileSelector(path, allow_not_found=True, recursive=recursive)
+        return [i for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File]
+
+    def read_bytes(self, path: str) -> bytes:
+        with self.fs.open_input_stream(path) as stream:
+            return stream.read()
+
+    def read_json(self, path: str) -> Any:
+        return json.loads(self.read_bytes(path))
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Write ``data`` so that readers see either nothing or all of it."""
+        parent = path.rsplit("/", 1)[0]
+        self.makedirs(parent)
+        if self.local:
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            return
+        # Object stores publish a PUT atomically.
+        with self.fs.open_output_stream(path) as out:
+            out.write(data)
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` holding ``data`` only if it does not exist; True if this call made it."""
+        parent = path.rsplit("/", 1)[0]
+        self.makedirs(parent)
+        if self.local:
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)  # atomic, fails if path exists
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+            return True
+        if self.exists(path):
+            return False
+        with self.fs.open_output_stream(path) as out:
+            out.write(data)
+        return True
+
+    def move(self, src: str, dst: str) -> None:
+        self.makedirs(dst.rsplit("/", 1)[0])
+        self.fs.move(src, dst)
+
+    def delete_dir(self, path: str) -> None:
+        if self.exists(path):
+            self.fs.delete_dir(path)
+
+    def delete_file(self, path: str) -> None:
+        try:
+            self.fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+
+
+def stat_any(paths: Iterable[str]) -> list[int | None]:
+    """Sizes (None if missing) of absolute local paths or URIs, one listing call per file system."""
+    paths = list(paths)
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(paths):
+        prefix = p.split("://", 1)[0] + "://" + p.split("://", 1)[1].split("/", 1)[0] \
+            if "://" in p and not p.startswith("file://") else ""
+        groups.setdefault(prefix, []).append(i)
+    sizes: list[int | None] = [None] * len(paths)
+    for prefix, indexes in groups.items():
+        if prefix:
+            fs, _ = pafs.FileSystem.from_uri(paths[indexes[0]])
+            names = [paths[i].split("://", 1)[1] for i in indexes]
+        else:
+            fs = pafs.LocalFileSystem()
+            names = [paths[i].removeprefix("file://") for i in indexes]
+        for i, info in zip(indexes, fs.get_file_info(names), strict=True):
+            sizes[i] = None if info.type == pafs.FileType.NotFound else info.size
+    return sizes

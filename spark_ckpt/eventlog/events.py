@@ -7,6 +7,7 @@ object whose fields depend on ``event_type``. ``format_version`` is per row.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import enum
 import json
 from typing import Any
@@ -104,8 +105,19 @@ class Event:
             job_id=row["job_id"],
             job_attempt=row["job_attempt"],
             seq=row["seq"],
-            time_us=row["event_time"],
+            time_us=_micros(row["event_time"]),
         )
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _micros(value: Any) -> int:
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return (value - _EPOCH) // dt.timedelta(microseconds=1)
+    return int(value)
 
 
 def events_to_table(events: list[Event]) -> pa.Table:

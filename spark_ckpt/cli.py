@@ -1,0 +1,173 @@
+"""``spark-ckpt``: inspect jobs from their event logs (no Spark needed).
+
+    spark-ckpt jobs                      # every job under the work directory
+    spark-ckpt history JOB               # attempts, vertices, partitions finished/reused/re-run
+    spark-ckpt events JOB --type ExecutionVertexFinished --limit 20
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+from collections import Counter, defaultdict
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from spark_ckpt.batch.runner import job_paths
+from spark_ckpt.eventlog.events import EventType
+from spark_ckpt.eventlog.reader import EventLogUnreadable, read_events
+from spark_ckpt.eventlog.replay import replay
+from spark_ckpt.options import OPTIONS, Settings
+from spark_ckpt.storage import Storage
+
+__all__ = ["main"]
+
+_WORK_DIR_KEY = next(o.key for o in OPTIONS if o.field == "work_dir")
+
+
+def _default_work_dir() -> str:
+    if os.path.isfile("spark-defaults.conf"):
+        from spark_ckpt.session import read_defaults
+
+        value = read_defaults("spark-defaults.conf").get(_WORK_DIR_KEY)
+        if value:
+            return value
+    return Settings().work_dir
+
+
+def _time(us: int | None) -> str:
+    if not us:
+        return "-"
+    return dt.datetime.fromtimestamp(us / 1e6, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+work_dir_option = click.option(
+    "--work-dir", default=None,
+    help=f"The {_WORK_DIR_KEY} the jobs ran with (default: from ./spark-defaults.conf, "
+         "else spark-ckpt-work).",
+)
+
+
+@click.group()
+def main() -> None:
+    """Inspect spark_ckpt jobs and their event logs."""
+
+
+def _load(work_dir: str | None, job_id: str):  # noqa: ANN202
+    storage = Storage(work_dir or _default_work_dir())
+    paths = job_paths(storage, job_id)
+    if not storage.exists(paths["events"]):
+        raise click.ClickException(
+            f"no event log for job {job_id!r} under {storage.uri} (expected {paths['events']})"
+        )
+    try:
+        return read_events(storage, paths["events"])
+    except EventLogUnreadable as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@work_dir_option
+def jobs(work_dir: str | None) -> None:
+    """List the jobs under the work directory."""
+    storage = Storage(work_dir or _default_work_dir())
+    console = Console()
+    table = Table("job", "attempts", "status", "last event (UTC)", "finished partitions")
+    if storage.exists(storage.root):
+        infos = storage.fs.get_file_info(
+            __import__("pyarrow.fs", fromlist=["FileSelector"]).FileSelector(storage.root))
+        for info in sorted(infos, key=lambda i: i.base_name):
+            if info.type.name != "Directory" or "." in info.base_name:
+                continue
+            try:
+                read = read_events(storage, job_paths(storage, info.base_name)["events"])
+            except EventLogUnreadable:
+                table.add_row(info.base_name, "?", "[red]log unreadable", "-", "-")
+                continue
+            if not read.events:
+                continue
+            history = replay(read.events)
+            status = "completed" if history.completed else (
+                history.attempts[history.last_attempt].status if history.attempts else "?")
+            table.add_row(info.base_name, str(len(history.attempts)), status,
+                          _time(read.events[-1].time_us), str(len(history.finished)))
+    console.print(table)
+
+
+@main.command()
+@click.argument("job_id")
+@work_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead.")
+def history(job_id: str, work_dir: str | None, as_json: bool) -> None:
+    """Attempts, vertices and partitions of JOB_ID: finished, reused and re-run."""
+    read = _load(work_dir, job_id)
+    h = replay(read.events)
+    finished_by: dict[str, Counter[int]] = defaultdict(Counter)
+    durations: dict[str, list[int]] = defaultdict(list)
+    for e in read.events:
+        if e.type is EventType.EXECUTION_VERTEX_FINISHED and e.vertex_id:
+            finished_by[e.vertex_id][e.job_attempt] += 1
+            durations[e.vertex_id].append(e.duration_ms or 0)
+    if as_json:
+        click.echo(json.dumps({
+            "job_id": job_id, "completed": h.completed, "events": h.events,
+            "attempts": [vars(a) for a in h.attempts.values()],
+            "vertices": {v: {"parallelism": d.get("parallelism"),
+                             "finished_per_attempt": dict(finished_by[v])}
+                         for v, d in h.vertices.items()},
+            "sinks": h.sink_committed, "problems": read.problems,
+        }, indent=2, default=str))
+        return
+    console = Console()
+    console.print(f"[bold]Job {job_id}[/]: {'completed' if h.completed else 'not completed'}, "
+                  f"{h.events} events, {h.resets} partition resets")
+    attempts = Table("attempt", "mode", "started (UTC)", "status", "duration", "ran",
+                     "reused", title="Attempts")
+    for a in sorted(h.attempts.values(), key=lambda a: a.attempt):
+        duration = f"{(a.finished_us - a.started_us) / 1e6:.1f} s" if a.finished_us else "-"
+        attempts.add_row(str(a.attempt), a.mode, _time(a.started_us), a.status, duration,
+                         str(sum(c[a.attempt] for c in finished_by.values())),
+                         str(a.reused) if a.finished_us else "-")
+    console.print(attempts)
+    vertices = Table("vertex", "partitions", "finished now", "finished per attempt",
+                     "median task ms", title="Vertices")
+    for vid, desc in h.vertices.items():
+        per = ", ".join(f"a{k}: {n}" for k, n in sorted(finished_by[vid].items())) or "-"
+        done = sum(1 for (v, _p) in h.finished if v == vid)
+        ds = sorted(durations[vid])
+        vertices.add_row(vid, str(desc.get("parallelism")), str(done), per,
+                         str(ds[len(ds) // 2]) if ds else "-")
+    console.print(vertices)
+    if h.sink_started or h.sink_committed:
+        sinks = Table("sink", "commit version", "state", title="Sinks")
+        for name, version in sorted(h.sink_started.items()):
+            state = "committed" if name in h.sink_committed else "commit in progress"
+            sinks.add_row(name, str(version), state)
+        console.print(sinks)
+    for problem in read.problems:
+        console.print(f"[yellow]warning:[/] {problem}")
+
+
+@main.command()
+@click.argument("job_id")
+@work_dir_option
+@click.option("--type", "event_type", type=click.Choice([t.value for t in EventType]),
+              help="Only events of this type.")
+@click.option("--limit", type=int, default=50, show_default=True, help="Newest N events.")
+def events(job_id: str, work_dir: str | None, event_type: str | None, limit: int) -> None:
+    """Print JOB_ID's events as JSON lines, oldest first."""
+    read = _load(work_dir, job_id)
+    chosen = [e for e in read.events if event_type is None or e.type.value == event_type]
+    for e in chosen[-limit:]:
+        row = e.row()
+        row["event_time"] = _time(e.time_us)
+        row["payload"] = json.loads(row["payload"])
+        click.echo(json.dumps(row, default=str))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Shared fixtures: one local SparkSession for the whole run, and small generated inputs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "jobs"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("spark_ckpt-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions",
+                f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def orders_input(tmp_path_factory) -> str:
+    """20,000 orders in 4 files, payments in 4 files, 500 customers."""
+    import orders_data
+
+    directory = tmp_path_factory.mktemp("orders-input")
+    orders_data.generate(str(directory), orders=20_000, files=4, customers=500, seed=11)
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
+def expected_daily(spark, orders_input):
+    """The daily report computed by plain Spark, as a pandas frame sorted by key."""
+    import orders_report as report
+
+    orders = spark.read.parquet(f"{orders_input}/orders")
+    customers = spark.read.parquet(f"{orders_input}/customers")
+    payments = spark.read.parquet(f"{orders_input}/payments")
+    settled = report.settle(report.enrich(orders, customers), payments)
+    daily = report.daily_revenue(settled)
+    return {
+        "daily": daily.toPandas().sort_values(["region", "day"]).reset_index(drop=True),
+        "settled_rows": settled.count(),
+        "settled_ids": sorted(r.order_id for r in settled.select("order_id").collect()),
+    }

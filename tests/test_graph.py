@@ -1,0 +1,108 @@
+import pytest
+
+from spark_ckpt.errors import JobDefinitionError
+from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex, SinkSpec
+
+
+class _Replayable:
+    replayable = True
+
+    def describe(self):
+        return {"kind": "files"}
+
+
+def diamond() -> JobGraph:
+    """src(4) -hash-> a(4) -forward-> b(4) -hash-> c(2) [sink]; d(4) is dead code."""
+    g = JobGraph("j")
+    g.add(JobVertex("src", 4, source=_Replayable()))
+    g.add(JobVertex("a", 4, inputs=(Edge("src", "hash", ("k",)),), fn=lambda d: d))
+    g.add(JobVertex("b", 4, inputs=(Edge("a", "forward"),), fn=lambda d: d))
+    g.add(JobVertex("c", 2, inputs=(Edge("b", "hash", ("k",)),), fn=lambda d: d,
+                    sinks=[SinkSpec("out", "delta", "/tmp/x")]))
+    g.add(JobVertex("d", 4, inputs=(Edge("a", "forward"),), fn=lambda d: d))
+    g.validate()
+    return g
+
+
+def all_parts(g, vid):
+    return {(vid, p) for p in range(g.vertices[vid].parallelism)}
+
+
+def test_nothing_finished_runs_every_live_partition_but_never_dead_code():
+    g = diamond()
+    plan = g.restart_set(set())
+    assert plan == {"src": [0, 1, 2, 3], "a": [0, 1, 2, 3], "b": [0, 1, 2, 3], "c": [0, 1]}
+    assert "d" not in plan
+
+
+def test_finished_upstream_is_not_rerun():
+    g = diamond()
+    finished = all_parts(g, "src") | all_parts(g, "a") | {("b", 0), ("b", 1)}
+    assert g.restart_set(finished) == {"b": [2, 3], "c": [0, 1]}
+
+
+def test_forward_edge_needs_only_its_own_partition():
+    g = diamond()
+    finished = all_parts(g, "src") | {("a", 0), ("a", 1), ("a", 3)} | {("b", 0), ("b", 1),
+                                                                       ("b", 3)}
+    assert g.restart_set(finished) == {"a": [2], "b": [2], "c": [0, 1]}
+
+
+def test_hash_edge_needs_every_producer_partition():
+    g = diamond()
+    finished = {("src", 0), ("src", 1)}  # src 2, 3 unfinished; a needs all of src
+    assert g.restart_set(finished)["src"] == [2, 3]
+
+
+def test_finished_sink_partitions_need_nothing():
+    g = diamond()
+    finished = {("c", 0), ("c", 1)}
+    assert g.restart_set(finished) == {}
+
+
+def test_downstream_closure_follows_edge_kinds():
+    g = diamond()
+    assert g.downstream_closure([("b", 1)]) == {("c", 0), ("c", 1)}
+    closure = g.downstream_closure([("a", 2)])
+    assert ("b", 2) in closure and ("b", 1) not in closure and ("d", 2) in closure
+    assert {("c", 0), ("c", 1)} <= closure
+
+
+def test_virtual_source_only_for_forward_or_broadcast_consumers():
+    g = diamond()
+    assert not g.is_virtual("src")  # read through a hash edge: it runs (map side)
+    g2 = JobGraph("j2")
+    g2.add(JobVertex("src", 2, source=_Replayable()))
+    g2.add(JobVertex("a", 2, inputs=(Edge("src", "forward"),), fn=lambda d: d,
+                     sinks=[SinkSpec("o", "parquet", "/tmp/o")]))
+    g2.validate()
+    assert g2.is_virtual("src")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda g: g.add(JobVertex("x", 1, inputs=(Edge("nope", "forward"),))), "not a vertex"),
+    (lambda g: g.add(JobVertex("src", 1)), "defined twice"),
+    (lambda g: g.add(JobVertex("y", 0)), "parallelism must be >= 1"),
+    (lambda g: g.add(JobVertex("z", 3, inputs=(Edge("src", "forward"),))), "equal parallelism"),
+    (lambda g: g.add(JobVertex("w", 2, inputs=(Edge("src", "hash"),))), "names no columns"),
+    (lambda g: g.add(JobVertex("_x", 1)), "vertex id"),
+])
+def test_malformed_graphs_are_refused_with_a_clear_message(make, message):
+    g = JobGraph("j")
+    g.add(JobVertex("src", 2, source=_Replayable()))
+    with pytest.raises(JobDefinitionError, match=message):
+        make(g)
+
+
+def test_graph_without_sink_is_refused():
+    g = JobGraph("j")
+    g.add(JobVertex("src", 2, source=_Replayable()))
+    with pytest.raises(JobDefinitionError, match="no sink"):
+        g.validate()
+
+
+def test_fingerprint_changes_with_parallelism_and_version():
+    a = JobVertex("v", 2, fn=len, version="1")
+    assert a.fingerprint() == JobVertex("v", 2, fn=len, version="1").fingerprint()
+    assert a.fingerprint() != JobVertex("v", 3, fn=len, version="1").fingerprint()
+    assert a.fingerprint() != JobVertex("v", 2, fn=len, version="2").fingerprint()

@@ -2,8 +2,9 @@
 
 ``SPARK_CKPT_FAULT`` holds ``point[:n][:action]``: when the driver passes ``point`` for the
 ``n``-th time (default 1), the action runs. Actions: ``kill`` (SIGKILL the driver's whole process
-group, JVM and Python workers included: a crash, not a shutdown) and ``pause`` (sleep for an
-hour, so a test can race a second driver against this one). Unset, a fault point costs one dict
+group, JVM and Python workers included: a crash, not a shutdown) and ``pause`` (sleep for
+``SPARK_CKPT_FAULT_PAUSE_S`` seconds, default an hour, so a test can race a second driver
+against this one). Unset, a fault point costs one dict
 lookup. The points are listed in :data:`POINTS` and in docs/recovery.md.
 """
 
@@ -54,7 +55,7 @@ def fault_point(name: str) -> None:
     if not hit:
         return
     if spec[2] == "pause":
-        time.sleep(3600)
+        time.sleep(float(os.environ.get("SPARK_CKPT_FAULT_PAUSE_S", "3600")))
         return
     # A crash: the driver, its JVM and the Python workers die together, mid-write if need be.
     # The whole group only when this driver leads its own (a test started it in a new session);

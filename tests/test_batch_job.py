@@ -1,0 +1,149 @@
+"""Batch jobs on a real SparkSession with real Delta tables and Parquet files."""
+
+from __future__ import annotations
+
+import pytest
+from chispa import assert_df_equality
+from deltalake import DeltaTable
+from pyspark.sql import functions as F
+
+import orders_report as report
+from helpers import TOTAL_PARTITIONS, assert_outputs_equal, delta_writes, finished_in_log
+from spark_ckpt import BatchJob, JobDefinitionError, Settings
+from spark_ckpt.eventlog.reader import read_events
+from spark_ckpt.storage import Storage
+
+SETTINGS = Settings(progress="never", event_log_flush_interval_ms=200)
+
+
+def build(spark, orders_input, tmp_path, job_id="orders"):
+    job = report.build_job(job_id, orders_input, str(tmp_path / "out"), parallelism=4,
+                           agg_parallelism=2, work_dir=str(tmp_path / "work"), spark=spark)
+    job._settings = SETTINGS
+    return job
+
+
+def test_job_output_equals_plain_spark_and_every_partition_is_logged(
+        spark, orders_input, expected_daily, tmp_path):
+    result = build(spark, orders_input, tmp_path).run()
+    assert result.status == "succeeded"
+    assert (result.ran, result.reused) == (TOTAL_PARTITIONS, 0)
+    assert {v: s.partitions for v, s in result.vertices.items()} == {
+        "payments": 4, "enriched": 4, "settled": 4, "daily": 2}
+    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
+    assert result.sinks == {"settled-parquet": 1, "daily-delta": 1}
+    assert len(finished_in_log(str(tmp_path / "work"))) == TOTAL_PARTITIONS
+
+    events = read_events(Storage(str(tmp_path / "work")), str(tmp_path / "work/orders/events"))
+    types = [e.type.value for e in events.events]
+    assert types[0] == "JobAttemptStarted" and types[-1] == "JobAttemptFinished"
+    assert types.count("JobVertexInitialized") == 6  # virtual sources too: their splits
+    finished = [e for e in events.events if e.type.value == "ExecutionVertexFinished"]
+    for e in finished:
+        assert e.attempt_id and e.duration_ms is not None and e.bytes > 0
+        assert e.payload["coordinator_state"] == {"checkpoint_id": -1}
+        for out in e.payload["outputs"]:
+            assert out["size"] > 0 and out["path"]
+    assert sum(e.rows for e in finished if e.vertex_id == "settled") == \
+        expected_daily["settled_rows"]
+    splits = next(e for e in events.events if e.vertex_id == "orders").payload
+    assert len(splits["coordinator_state"]["splits"]) == 4
+
+
+def test_resubmitting_a_completed_job_runs_and_writes_nothing(
+        spark, orders_input, tmp_path):
+    build(spark, orders_input, tmp_path).run()
+    again = build(spark, orders_input, tmp_path).run()
+    assert again.status == "already-complete" and again.ran == 0
+    assert delta_writes(str(tmp_path / "out")) == 1
+
+
+def test_fresh_run_archives_the_old_log_and_appends_again(spark, orders_input, tmp_path):
+    build(spark, orders_input, tmp_path).run()
+    result = build(spark, orders_input, tmp_path).run(fresh=True)
+    assert result.status == "succeeded" and result.ran == TOTAL_PARTITIONS
+    assert result.sinks == {"settled-parquet": 2, "daily-delta": 2}
+    assert delta_writes(str(tmp_path / "out")) == 2
+    assert any(p.name.startswith("orders.archived-") for p in (tmp_path / "work").iterdir())
+
+
+def test_dataframe_source_and_partitioned_delta_sink(spark, tmp_path):
+    job = BatchJob("numbers", spark=spark, work_dir=str(tmp_path / "work"), settings=SETTINGS)
+    numbers = job.source("numbers", lambda s: s.range(0, 1000).withColumn(
+        "bucket", (F.col("id") % 7).cast("int")), parallelism=3, split_by=["id"])
+    sums = job.vertex("sums", lambda df: df.groupBy("bucket").agg(F.sum("id").alias("total")),
+                      numbers.by("bucket"), parallelism=2)
+    job.write_delta(sums, str(tmp_path / "sums"), partition_by=["bucket"])
+    result = job.run()
+    assert result.ran == 5
+    got = DeltaTable(str(tmp_path / "sums")).to_pandas().sort_values("bucket")
+    want = spark.range(0, 1000).groupBy((F.col("id") % 7).cast("int").alias("bucket")).agg(
+        F.sum("id").alias("total")).toPandas().sort_values("bucket")
+    assert got["total"].tolist() == want["total"].tolist()
+    assert DeltaTable(str(tmp_path / "sums")).metadata().partition_columns == ["bucket"]
+
+
+def test_csv_and_json_sources_read_with_the_declared_schema(spark, tmp_path):
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "a.csv").write_text("id,name\n1,x\n2,y\n")
+    (tmp_path / "csv" / "b.csv").write_text("id,name\n3,z\n")
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "a.json").write_text('{"id": 1, "score": 0.5}\n{"id": 3, "score": 2.0}\n')
+    job = BatchJob("mixed", spark=spark, work_dir=str(tmp_path / "work"), settings=SETTINGS)
+    names = job.read_files("names", str(tmp_path / "csv"), format="csv",
+                           schema="id long, name string", options={"header": "true"},
+                           parallelism=2)
+    scores = job.read_files("scores", str(tmp_path / "json"), format="json",
+                            schema="id long, score double")
+    joined = job.vertex("joined", lambda n, s: n.join(s, "id", "left"), names,
+                        scores.broadcast())
+    job.write_parquet(joined, str(tmp_path / "out"))
+    job.run()
+    got = spark.read.parquet(str(tmp_path / "out"))
+    want = spark.createDataFrame([(1, "x", 0.5), (2, "y", None), (3, "z", 2.0)],
+                                 "id long, name string, score double")
+    assert_df_equality(got, want, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_malformed_source_file_fails_naming_the_file(spark, tmp_path):
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "bad.csv").write_text("id,name\nnot-a-number,x\n")
+    job = BatchJob("bad", spark=spark, work_dir=str(tmp_path / "work"), settings=SETTINGS)
+    rows = job.read_files("rows", str(tmp_path / "csv"), format="csv",
+                          schema="id long, name string", options={"header": "true"})
+    doubled = job.vertex("doubled", lambda df: df.withColumn("id2", F.col("id") * 2), rows)
+    job.write_parquet(doubled, str(tmp_path / "out"))
+    with pytest.raises(Exception, match="bad.csv"):
+        job.run()
+
+
+def test_shuffling_function_that_drops_its_key_is_refused_clearly(spark, orders_input, tmp_path):
+    job = BatchJob("nokey", spark=spark, work_dir=str(tmp_path / "work"), settings=SETTINGS)
+    orders = job.read_files("orders", f"{orders_input}/orders", parallelism=2)
+    totals = job.vertex("totals", lambda df: df.groupBy("customer_id").agg(
+        F.sum("amount").alias("total")).select("total"), orders.by("customer_id"))
+    job.write_parquet(totals, str(tmp_path / "out"))
+    with pytest.raises(JobDefinitionError, match=r"expected key columns \['customer_id'\]"):
+        job.run()
+
+
+def test_delta_sink_with_another_schema_is_refused_naming_both(spark, orders_input, tmp_path):
+    import pyarrow as pa
+
+    DeltaTable.create(str(tmp_path / "out" / "daily"), pa.schema([("x", pa.int64())]))
+    with pytest.raises(JobDefinitionError, match=r"the job writes columns .* the table has "
+                                                 r"\(x int64\)"):
+        build(spark, orders_input, tmp_path).run()
+
+
+def test_job_definition_errors(spark, tmp_path):
+    with pytest.raises(JobDefinitionError, match="job id"):
+        BatchJob("a/b")
+    job = BatchJob("defs", spark=spark, work_dir=str(tmp_path))
+    with pytest.raises(JobDefinitionError, match="found none"):
+        job.read_files("x", str(tmp_path / "nothing"))
+    src = job.source("src", lambda s: s.range(3))
+    with pytest.raises(JobDefinitionError, match="every input is broadcast"):
+        job.vertex("v", lambda d: d, src.broadcast())
+    with pytest.raises(JobDefinitionError, match="needs split_by"):
+        job.source("src2", lambda s: s.range(3), parallelism=2)

@@ -1,0 +1,134 @@
+"""The Delta event log: buffered writes, fencing, and tolerant reads of damaged logs."""
+
+import time
+
+import pytest
+from deltalake import DeltaTable
+
+from spark_ckpt.errors import JobFencedError
+from spark_ckpt.eventlog.events import Event, EventType
+from spark_ckpt.eventlog.reader import EventLogUnreadable, read_events
+from spark_ckpt.eventlog.replay import replay
+from spark_ckpt.eventlog.writer import EventLogWriter
+from spark_ckpt.storage import Storage
+
+
+def writer(tmp_path, **kw):
+    storage = Storage(str(tmp_path))
+    options = dict(job_id="j", job_attempt=1, flush_interval_ms=60_000, flush_max_events=1000)
+    options.update(kw)
+    w = EventLogWriter(storage, storage.path("events"), **options)
+    w.start()
+    return storage, w
+
+
+def finished(p):
+    return Event(EventType.EXECUTION_VERTEX_FINISHED, {"outputs": []}, vertex_id="v",
+                 partition=p, attempt_id=f"a{p}", rows=p)
+
+
+def test_events_are_buffered_and_one_flush_is_one_commit(tmp_path):
+    storage, w = writer(tmp_path)
+    for p in range(10):
+        w.append(finished(p))
+    assert read_events(storage, storage.path("events")).events == []
+    w.flush()
+    assert w.commits == 1
+    events = read_events(storage, storage.path("events")).events
+    assert [e.partition for e in events] == list(range(10))
+    assert [e.seq for e in events] == list(range(1, 11))
+    w.close()
+
+
+def test_full_buffer_flushes_without_waiting_for_the_interval(tmp_path):
+    storage, w = writer(tmp_path, flush_max_events=5)
+    for p in range(5):
+        w.append(finished(p))
+    assert _eventually(lambda: len(read_events(storage, storage.path("events")).events) == 5)
+    w.close()
+
+
+def test_interval_flushes_in_the_background(tmp_path):
+    storage, w = writer(tmp_path, flush_interval_ms=100)
+    w.append(finished(1))
+    assert _eventually(lambda: len(read_events(storage, storage.path("events")).events) == 1)
+    w.close()
+
+
+def test_fenced_writer_refuses_to_write(tmp_path):
+    fenced = {"now": False}
+    storage, w = writer(tmp_path, is_fenced=lambda: fenced["now"])
+    w.append(finished(0))
+    w.flush()
+    fenced["now"] = True
+    w.append(finished(1))
+    with pytest.raises(JobFencedError, match="fenced off by a newer attempt"):
+        w.flush()
+    with pytest.raises(JobFencedError):
+        w.append(finished(2))
+    assert [e.partition for e in read_events(storage, storage.path("events")).events] == [0]
+
+
+def test_truncated_last_commit_is_tolerated_and_set_aside(tmp_path):
+    storage, w = writer(tmp_path)
+    for p in range(3):
+        w.append(finished(p))
+        w.flush()
+    w.close()
+    log_dir = tmp_path / "events" / "_delta_log"
+    last = sorted(log_dir.glob("*.json"))[-1]
+    last.write_text(last.read_text()[: len(last.read_text()) // 2])  # a torn write
+    result = read_events(storage, storage.path("events"))
+    assert [e.partition for e in result.events] == [0, 1]
+    assert any("unreadable" in p for p in result.problems)
+    # The next writer appends again at the version the torn commit had.
+    storage, w2 = writer(tmp_path, job_attempt=2)
+    w2.append(finished(2))
+    w2.flush()
+    w2.close()
+    assert [e.partition for e in read_events(storage, storage.path("events")).events] == [0, 1, 2]
+
+
+def test_unreadable_data_file_is_skipped_with_a_warning(tmp_path):
+    storage, w = writer(tmp_path)
+    w.append(finished(0))
+    w.flush()
+    w.append(finished(1))
+    w.flush()
+    w.close()
+    newest = max((tmp_path / "events").glob("*.parquet"), key=lambda p: p.stat().st_mtime_ns)
+    newest.write_bytes(b"PAR1 garbage")
+    result = read_events(storage, storage.path("events"))
+    assert len(result.events) == 1
+    assert any("unreadable and was skipped" in p for p in result.problems)
+
+
+def test_a_log_that_cannot_load_at_all_raises_unreadable(tmp_path):
+    storage, w = writer(tmp_path)
+    w.append(finished(0))
+    w.close()
+    for f in (tmp_path / "events" / "_delta_log").glob("*.json"):
+        f.write_text("{broken")
+    with pytest.raises(EventLogUnreadable):
+        read_events(storage, storage.path("events"))
+
+
+def test_users_can_query_the_log_with_pandas(tmp_path):
+    storage, w = writer(tmp_path)
+    for p in range(4):
+        w.append(finished(p))
+    w.close()
+    frame = DeltaTable(str(tmp_path / "events")).to_pandas()
+    assert set(frame.event_type) == {"ExecutionVertexFinished"}
+    assert frame.rows.sum() == 6
+    assert replay(read_events(storage, storage.path("events")).events).finished.keys() == {
+        ("v", p) for p in range(4)}
+
+
+def _eventually(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False

@@ -106,3 +106,19 @@ def test_fingerprint_changes_with_parallelism_and_version():
     assert a.fingerprint() == JobVertex("v", 2, fn=len, version="1").fingerprint()
     assert a.fingerprint() != JobVertex("v", 3, fn=len, version="1").fingerprint()
     assert a.fingerprint() != JobVertex("v", 2, fn=len, version="2").fingerprint()
+
+
+def test_function_identity_ignores_module_but_sees_the_body():
+    from spark_ckpt.execution.graph import _function_identity
+
+    def f(df):
+        return df.where("x > 1")
+
+    same = _function_identity(f)
+    f.__module__ = "__main__"
+    assert _function_identity(f) == same
+
+    def f(df):  # noqa: F811 - same name, other body
+        return df.where("x > 2")
+
+    assert _function_identity(f) != same

@@ -111,9 +111,29 @@ class JobVertex:
 
 
 def _function_identity(fn: Callable[..., Any] | None) -> str | None:
+    """Name and code of ``fn``: the same under ``spark-submit`` (``__main__``) and import.
+
+    An edited body changes the identity, so its earlier finished partitions run again. Values
+    captured from the enclosing scope are not seen: change ``version=`` when they change.
+    """
     if fn is None:
         return None
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return name
+    digest = hashlib.sha256()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        digest.update(c.co_code)
+        for const in c.co_consts:
+            if hasattr(const, "co_code"):
+                stack.append(const)
+            else:
+                digest.update(repr(const).encode())
+        digest.update(repr(c.co_names).encode())
+    return f"{name}:{digest.hexdigest()[:12]}"
 
 
 class JobGraph:

@@ -1,0 +1,213 @@
+"""Recovery after real driver crashes: a driver process (Python + JVM + workers) is SIGKILLed
+at a named moment, or from outside at an arbitrary one; the job is submitted again and must
+produce exactly an uninterrupted run's output, re-running exactly the partitions that had to."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+import orders_report as report
+from helpers import (
+    TOTAL_PARTITIONS,
+    assert_outputs_equal,
+    delta_writes,
+    finished_in_log,
+    kill_group,
+    run_driver,
+    start_driver,
+    wait_for,
+)
+from spark_ckpt import InputChangedError, Settings
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = Settings(progress="never", event_log_flush_interval_ms=200)
+KILLED = -signal.SIGKILL
+
+
+def crash(orders_input, tmp_path, fault, job_id="orders"):
+    proc = run_driver(orders_input, str(tmp_path / "out"), str(tmp_path / "work"), fault=fault,
+                      job_id=job_id)
+    assert proc.returncode == KILLED, (
+        f"driver was not killed at {fault} (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
+        f"\n{proc.stderr[-3000:]}"
+    )
+
+
+def resubmit(spark, orders_input, tmp_path, job_id="orders"):
+    job = report.build_job(job_id, orders_input, str(tmp_path / "out"), parallelism=4,
+                           agg_parallelism=2, work_dir=str(tmp_path / "work"), spark=spark)
+    job._settings = SETTINGS
+    return job.run()
+
+
+def durable(work_dir) -> int:
+    return len(finished_in_log(str(work_dir)))
+
+
+@pytest.mark.parametrize("fault, expected_ran", [
+    ("attempt.started", TOTAL_PARTITIONS),  # before any vertex was initialized
+    ("vertex.initialized", TOTAL_PARTITIONS),  # vertices recorded, nothing finished
+    ("partition.written:7", None),  # a task's manifest exists, its event is not logged yet
+    ("partition.finished:2", None),  # right after finished events became durable
+    ("vertex.finished:1", TOTAL_PARTITIONS - 4),  # payments done
+    ("vertex.finished:3", 2),  # everything but daily done
+    ("vertex.finished:4", 0),  # all partitions done, no sink committed
+])
+def test_kill_before_and_after_each_kind_of_event(
+        spark, orders_input, expected_daily, tmp_path, fault, expected_ran):
+    crash(orders_input, tmp_path, fault)
+    durable_before = durable(tmp_path / "work")
+    if expected_ran is None:
+        expected_ran = TOTAL_PARTITIONS - durable_before
+        assert 0 < durable_before < TOTAL_PARTITIONS
+    else:
+        assert durable_before == TOTAL_PARTITIONS - expected_ran
+    result = resubmit(spark, orders_input, tmp_path)
+    assert result.status == "succeeded"
+    assert result.ran == expected_ran
+    assert result.reused == TOTAL_PARTITIONS - expected_ran
+    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
+    assert delta_writes(str(tmp_path / "out")) == 1
+
+
+@pytest.mark.parametrize("fault", [
+    "sink.commit.started",  # SinkCommitStarted durable, Parquet marker not yet created
+    "sink.commit.files",  # Parquet commit: marker created, one file moved
+    "sink.committed:1",  # Parquet sink committed, not logged
+    "sink.commit.started:2",  # Delta commit logged as started, table untouched
+    "sink.committed:2",  # Delta table committed, SinkCommitted not logged
+])
+def test_kill_during_a_sink_commit_commits_exactly_once(
+        spark, orders_input, expected_daily, tmp_path, fault):
+    crash(orders_input, tmp_path, fault)
+    result = resubmit(spark, orders_input, tmp_path)
+    assert result.status == "succeeded" and result.ran == 0
+    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
+    assert delta_writes(str(tmp_path / "out")) == 1
+    markers = list((tmp_path / "out" / "settled" / "_spark_ckpt_commits").glob("*.json"))
+    assert [m.name for m in markers] == ["orders-v00001.json"]
+
+
+def test_kill_after_the_job_finished_is_already_complete(
+        spark, orders_input, expected_daily, tmp_path):
+    crash(orders_input, tmp_path, "attempt.finished")
+    result = resubmit(spark, orders_input, tmp_path)
+    assert result.status == "already-complete" and result.ran == 0
+    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
+    assert delta_writes(str(tmp_path / "out")) == 1
+
+
+def test_killed_twice_in_a_row_then_recovered(spark, orders_input, expected_daily, tmp_path):
+    crash(orders_input, tmp_path, "partition.finished:2")
+    first = durable(tmp_path / "work")
+    crash(orders_input, tmp_path, "vertex.finished:2")  # the recovery attempt dies too
+    second = durable(tmp_path / "work")
+    assert first < second < TOTAL_PARTITIONS
+    result = resubmit(spark, orders_input, tmp_path)
+    assert result.attempt == 3
+    assert result.ran == TOTAL_PARTITIONS - second
+    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
+
+
+def test_killed_from_outside_mid_vertex(spark, orders_input, expected_daily, tmp_path):
+    proc = start_driver(orders_input, str(tmp_path / "out"), str(tmp_path / "work"))
+    try:
+        assert wait_for(lambda: durable(tmp_path / "work") >= 6, timeout=240), proc.stdout
+    finally:
+        kill_group(proc)
+    done = durable(tmp_path / "work")
+    result = resubmit(spark, orders_input, tmp_path)
+    assert result.ran == TOTAL_PARTITIONS - done
+    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
+
+
+def test_deleted_result_file_reruns_its_partition_and_everything_that_read_it(
+        spark, orders_input, expected_daily, tmp_path):
+    crash(orders_input, tmp_path, "vertex.finished:2")  # payments and enriched finished
+    victim = sorted((tmp_path / "work" / "orders" / "results" / "enriched" / "to-settled")
+                    .glob("p-00002-*.parquet"))
+    assert len(victim) == 1
+    victim[0].unlink()
+    result = resubmit(spark, orders_input, tmp_path)
+    # enriched 2 again, then settled (all 4 read it) and daily; payments reused.
+    assert {v: s.ran for v, s in result.vertices.items()} == {
+        "payments": 0, "enriched": 1, "settled": 4, "daily": 2}
+    assert result.lost == [("enriched", 2)]
+    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
+
+
+def test_deleted_file_of_a_consumed_partition_invalidates_its_consumers(
+        spark, orders_input, expected_daily, tmp_path):
+    crash(orders_input, tmp_path, "vertex.finished:3")  # all but daily finished
+    victim = next((tmp_path / "work" / "orders" / "results" / "payments" / "to-settled")
+                  .glob("p-00001-*.parquet"))
+    victim.unlink()
+    result = resubmit(spark, orders_input, tmp_path)
+    # payments 1 lost; settled read it (hash edge: every settled partition), so all of
+    # settled re-runs, then daily; enriched is upstream of nothing lost and is reused.
+    assert {v: s.ran for v, s in result.vertices.items()} == {
+        "payments": 1, "enriched": 0, "settled": 4, "daily": 2}
+    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
+
+
+def test_torn_event_log_tail_is_tolerated(spark, orders_input, expected_daily, tmp_path):
+    crash(orders_input, tmp_path, "vertex.finished:2")
+    log_dir = tmp_path / "work" / "orders" / "events" / "_delta_log"
+    commits = sorted(log_dir.glob("*.json"))
+    previous = int(commits[-2].stem)
+    path = str(tmp_path / "work" / "orders" / "events")
+    frame = DeltaTable(path, version=previous).to_pandas()
+    durable_then = frame[frame.event_type == "ExecutionVertexFinished"].shape[0]
+    commits[-1].write_text(commits[-1].read_text()[:40])  # a torn last commit
+    result = resubmit(spark, orders_input, tmp_path)
+    assert result.ran == TOTAL_PARTITIONS - durable_then
+    assert any("unreadable" in p for p in result.problems)
+    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
+
+
+def test_unreadable_event_log_starts_fresh_and_keeps_the_old_log(
+        spark, orders_input, expected_daily, tmp_path):
+    crash(orders_input, tmp_path, "vertex.finished:2")
+    events = tmp_path / "work" / "orders" / "events"
+    for commit in (events / "_delta_log").glob("*"):
+        commit.write_text("garbage")
+    result = resubmit(spark, orders_input, tmp_path)
+    assert result.ran == TOTAL_PARTITIONS
+    kept = [p.name for p in (tmp_path / "work" / "orders").iterdir()
+            if p.name.startswith("events.unreadable-")]
+    assert len(kept) == 1
+    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
+
+
+def test_changed_input_file_after_a_crash_is_refused(spark, orders_input, tmp_path):
+    import shutil
+
+    local_input = tmp_path / "input"
+    shutil.copytree(orders_input, local_input)
+    crash(str(local_input), tmp_path, "vertex.finished:1")
+    victim = sorted((local_input / "orders").glob("*.parquet"))[1]
+    victim.write_bytes(victim.read_bytes() + b"\0")
+    with pytest.raises(InputChangedError, match=victim.name):
+        resubmit(spark, str(local_input), tmp_path)
+
+
+def test_second_driver_fences_the_first(spark, orders_input, expected_daily, tmp_path):
+    slow = start_driver(orders_input, str(tmp_path / "out"), str(tmp_path / "work"),
+                        fault="vertex.finished:1:pause", SPARK_CKPT_FAULT_PAUSE_S="25")
+    try:
+        assert wait_for(lambda: durable(tmp_path / "work") >= 4, timeout=240)
+        result = resubmit(spark, orders_input, tmp_path)  # attempt 2 fences attempt 1
+        assert result.attempt == 2 and result.status == "succeeded"
+        output, _ = slow.communicate(timeout=240)
+    finally:
+        if slow.poll() is None:
+            kill_group(slow)
+    assert slow.returncode != 0
+    assert "JobFencedError" in output and "fenced off by a newer attempt" in output
+    assert delta_writes(str(tmp_path / "out")) == 1
+    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)

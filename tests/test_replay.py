@@ -59,3 +59,34 @@ def test_event_row_round_trip_keeps_every_field():
               attempt_id="x", rows=5, bytes=6, duration_ms=7, job_id="j", job_attempt=2, seq=9,
               time_us=1_700_000_000_000_000)
     assert Event.from_row(e.row()) == e
+
+
+def test_columnar_replay_of_a_table_equals_event_by_event_replay():
+    import random
+
+    from spark_ckpt.eventlog.events import events_to_table
+    from spark_ckpt.eventlog.replay import replay_table
+
+    rng = random.Random(5)
+    events, seq = [], {1: 0, 2: 0, 3: 0}
+    for attempt in (1, 2, 3):
+        events.append(ev(T.JOB_ATTEMPT_STARTED, attempt, 0, payload={"mode": "x"}))
+        for _ in range(200):
+            seq[attempt] += 1
+            vertex, p = rng.choice("abc"), rng.randrange(6)
+            if rng.random() < 0.15:
+                whole = rng.random() < 0.2
+                events.append(ev(T.EXECUTION_VERTEX_RESET, attempt, seq[attempt],
+                                 vertex_id=vertex, partition=None if whole else p))
+            else:
+                events.append(finished(attempt, seq[attempt], vertex, p, f"{attempt}-{seq}"))
+    events.append(ev(T.SINK_COMMIT_STARTED, 3, 999, payload={"sink": "s", "version": 2}))
+    rng.shuffle(events)  # the log holds rows in no order; (attempt, seq) orders them
+    one = replay(sorted(events, key=lambda e: (e.job_attempt, e.seq)))
+    two = replay_table(events_to_table(events))
+    assert {k: f.attempt_id for k, f in one.finished.items()} == \
+        {k: f.attempt_id for k, f in two.finished.items()}
+    assert [f.outputs for f in one.finished.values()] == \
+        [two.finished[k].outputs for k in one.finished]
+    assert (one.resets, one.sink_started, one.events) == (two.resets, two.sink_started, two.events)
+    assert one.attempts.keys() == two.attempts.keys()

@@ -29,8 +29,8 @@ from spark_ckpt.batch.sources import FileSource, decode_splits
 from spark_ckpt.batch.vertex_runner import VertexRunner
 from spark_ckpt.errors import JobDefinitionError, JobFencedError
 from spark_ckpt.eventlog.events import Event, EventType
-from spark_ckpt.eventlog.reader import EventLogUnreadable, read_events
-from spark_ckpt.eventlog.replay import FinishedPartition, JobHistory, replay
+from spark_ckpt.eventlog.reader import EventLogUnreadable, read_table
+from spark_ckpt.eventlog.replay import FinishedPartition, JobHistory, replay_table
 from spark_ckpt.eventlog.writer import EventLogWriter
 from spark_ckpt.execution.attempts import ExecutionRegistry
 from spark_ckpt.execution.result_partition import PartitionManifest
@@ -175,15 +175,15 @@ class JobRunner:
 
     def _load_history(self) -> JobHistory:
         try:
-            read = read_events(self.storage, self.paths["events"])
+            table, _version, problems = read_table(self.storage, self.paths["events"])
         except EventLogUnreadable as exc:
             self.problems.append(str(exc))
             log.error("Job %s: %s; keeping it aside and starting fresh", self.job.job_id, exc)
             self._archive(self.paths["events"], "unreadable")
             self._archive(self.paths["results"], "orphaned")
             return JobHistory()
-        self.problems.extend(read.problems)
-        return replay(read.events)
+        self.problems.extend(problems)
+        return replay_table(table)
 
     def _fail(self, exc: BaseException) -> None:
         if self.writer is None:
@@ -327,8 +327,8 @@ class JobRunner:
                 return False
             self.finished[key] = FinishedPartition(
                 manifest.vertex_id, manifest.partition, manifest.attempt_id, self.attempt,
-                manifest.outputs, manifest.rows, manifest.finished_ms - manifest.started_ms,
-                manifest.schema,
+                manifest.rows, manifest.finished_ms - manifest.started_ms,
+                outputs=manifest.outputs, schema=manifest.schema,
             )
         payload = manifest.body()
         payload["coordinator_state"] = {"checkpoint_id": -1}

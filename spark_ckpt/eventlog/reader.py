@@ -14,13 +14,14 @@ import logging
 import re
 import time
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from spark_ckpt.eventlog.events import Event
+from spark_ckpt.eventlog.events import EVENT_FORMAT_VERSION, EVENT_SCHEMA, Event
 from spark_ckpt.storage import Storage, join
 
-__all__ = ["EventLogUnreadable", "LogReadResult", "read_events"]
+__all__ = ["EventLogUnreadable", "LogReadResult", "read_events", "read_table"]
 
 log = logging.getLogger(__name__)
 
@@ -70,29 +71,34 @@ def _load_newest(storage: Storage, path: str, problems: list[str]) -> DeltaTable
     raise EventLogUnreadable(f"event log at {uri} cannot be loaded: {first_error}") from first_error
 
 
-def read_events(storage: Storage, path: str) -> LogReadResult:
-    """All readable events, in (job_attempt, seq) order. Empty when the log does not exist."""
+def read_table(storage: Storage, path: str) -> tuple[pa.Table, int | None, list[str]]:
+    """Every readable event row as one Arrow table (unsorted), the version, and problems."""
     if not storage.exists(join(path, "_delta_log")):
-        return LogReadResult([], None, [])
+        return EVENT_SCHEMA.empty_table(), None, []
     problems: list[str] = []
     table = _load_newest(storage, path, problems)
-    events: list[Event] = []
+    pieces: list[pa.Table] = []
     for uri in table.file_uris():
         try:
-            rows = pq.read_table(storage.fs.normalize_path(_local(uri)) if storage.local
-                                 else uri).to_pylist()
+            piece = pq.read_table(_local(uri) if storage.local else uri)
+            versions = set(piece.column("format_version").unique().to_pylist())
+            if versions - {EVENT_FORMAT_VERSION}:
+                raise ValueError(f"event format_version {sorted(versions)} is not supported "
+                                 f"(this release reads {EVENT_FORMAT_VERSION})")
+            pieces.append(piece.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA))
         except Exception as exc:
             problems.append(f"event file {uri} is unreadable and was skipped: {exc}")
-            continue
-        for row in rows:
-            try:
-                events.append(Event.from_row(row))
-            except (ValueError, KeyError) as exc:
-                problems.append(f"event row in {uri} skipped: {exc}")
-    events.sort(key=lambda e: (e.job_attempt, e.seq))
     for problem in problems:
         log.warning("Event log %s: %s", path, problem)
-    return LogReadResult(events, table.version(), problems)
+    events = pa.concat_tables(pieces) if pieces else EVENT_SCHEMA.empty_table()
+    return events, table.version(), problems
+
+
+def read_events(storage: Storage, path: str) -> LogReadResult:
+    """All readable events as Event objects, in (job_attempt, seq) order."""
+    table, version, problems = read_table(storage, path)
+    table = table.sort_by([("job_attempt", "ascending"), ("seq", "ascending")])
+    return LogReadResult([Event.from_row(r) for r in table.to_pylist()], version, problems)
 
 
 def _local(uri: str) -> str:

@@ -23,6 +23,7 @@ import logging
 import math
 import re
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.batch.datasource import read_plan
@@ -195,6 +196,7 @@ class VertexRunner:
 
     # -- running ---------------------------------------------------------------------------
     def run(self, vertex: JobVertex, parts: list[int]) -> None:
+        started = time.perf_counter()
         probe = self._dataframe(vertex, parts)
         data_columns = probe.columns
         self.schemas[vertex.id] = probe.schema.json()
@@ -218,6 +220,7 @@ class VertexRunner:
                  self.job.job.job_id, self.job.attempt, vertex.id, len(parts),
                  vertex.parallelism, len(waves), " (re-attributed by key)" if key_mode else "")
 
+        planned = time.perf_counter()
         stop = threading.Event()
         poller = threading.Thread(target=self._poll, args=(vertex, stop),
                                   name=f"spark-ckpt-poll-{vertex.id}", daemon=True)
@@ -249,6 +252,10 @@ class VertexRunner:
             raise TaskExecutionError(
                 f"vertex {vertex.id}: Spark jobs ended but partitions {missing} wrote no manifest"
             )
+        done = time.perf_counter()
+        log.info("Job %s attempt %d: vertex %s finished %d partitions (planned in %.1f s, ran "
+                 "in %.1f s)", self.job.job.job_id, self.job.attempt, vertex.id, len(parts),
+                 planned - started, done - planned)
 
     def _waves(self, vertex: JobVertex, parts: list[int], key_mode: bool) -> list[list[int]]:
         if not key_mode or isinstance(vertex.source, DataFrameSource):
@@ -256,7 +263,7 @@ class VertexRunner:
         size = self.job.settings.batch_partitions_per_wave
         if size <= 0:
             cores = self.spark.sparkContext.defaultParallelism
-            size = max(2 * cores, math.ceil(len(parts) / 6))
+            size = max(2 * cores, math.ceil(len(parts) / 4))
         return [parts[i:i + size] for i in range(0, len(parts), size)]
 
     def _run_wave(self, vertex: JobVertex, parts: list[int], df: DataFrame,

@@ -1,6 +1,7 @@
 """The SparkSession spark_ckpt runs on: the active one in notebooks, else one from defaults.
 
-The library never creates a second session. Outside a notebook it builds one from a
+The library never creates a second session. Under ``spark-submit`` it takes the session
+spark-submit configured. Run as a plain ``python`` script it builds one from a
 ``spark-defaults.conf`` (the argument, ``$SPARK_CKPT_DEFAULTS``, or ``./spark-defaults.conf``),
 with the quiet log4j2 configuration from ``conf/`` beside that file when there is one.
 """
@@ -71,6 +72,13 @@ def get_or_create_session(
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        # Launched by spark-submit (or a notebook kernel with a gateway): it configured the
+        # JVM already; defaults here would override its --master and --properties-file.
+        builder = SparkSession.builder.appName(app_name)
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
     check_java()
     # Python workers must run this interpreter, or they cannot import pyarrow and spark_ckpt.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -107,7 +107,7 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "int",
         0,
         "Partitions of a shuffling vertex run per Spark job (a wave); each wave's partitions "
-        "become durable when it ends. 0 picks max(2 x default parallelism, partitions / 4).",
+        "become durable when it ends. 0 picks max(default parallelism, partitions / 10).",
         minimum=0,
     ),
     _opt(

@@ -134,4 +134,4 @@ def read_plan(spark: Any, schema: StructType, partitions: list[list[dict[str, An
     """A DataFrame with one Spark partition per entry of ``partitions``."""
     register(spark)
     plan = {"schema": schema.jsonValue(), "partitions": partitions, "label": label}
-    return spark.read.format(NAME).option("plan", json.dumps(plan)).load()
+    return spark.read.format(NAME).schema(schema).option("plan", json.dumps(plan)).load()

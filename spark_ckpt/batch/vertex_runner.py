@@ -263,7 +263,7 @@ class VertexRunner:
         size = self.job.settings.batch_partitions_per_wave
         if size <= 0:
             cores = self.spark.sparkContext.defaultParallelism
-            size = max(2 * cores, math.ceil(len(parts) / 4))
+            size = max(cores, math.ceil(len(parts) / 10))
         return [parts[i:i + size] for i in range(0, len(parts), size)]
 
     def _run_wave(self, vertex: JobVertex, parts: list[int], df: DataFrame,

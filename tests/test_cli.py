@@ -1,0 +1,54 @@
+"""spark-ckpt on a real job's event log (no Spark needed to inspect)."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import orders_report as report
+from spark_ckpt import Settings
+from spark_ckpt.cli import main
+
+
+@pytest.fixture(scope="module")
+def finished_job(spark, orders_input, tmp_path_factory):
+    base = tmp_path_factory.mktemp("cli")
+    job = report.build_job("cli-job", orders_input, str(base / "out"), parallelism=4,
+                           agg_parallelism=2, work_dir=str(base / "work"), spark=spark)
+    job._settings = Settings(progress="never")
+    job.run()
+    return str(base / "work")
+
+
+def test_jobs_lists_the_job_as_completed(finished_job):
+    result = CliRunner().invoke(main, ["jobs", "--work-dir", finished_job])
+    assert result.exit_code == 0, result.output
+    assert "cli-job" in result.output and "completed" in result.output
+
+
+def test_history_shows_attempts_vertices_and_sinks(finished_job):
+    result = CliRunner().invoke(main, ["history", "cli-job", "--work-dir", finished_job])
+    assert result.exit_code == 0, result.output
+    for text in ("Attempts", "succeeded", "settled", "daily", "daily-delta", "committed"):
+        assert text in result.output
+
+
+def test_history_json_counts_partitions_per_attempt(finished_job):
+    result = CliRunner().invoke(main, ["history", "cli-job", "--work-dir", finished_job,
+                                       "--json"])
+    data = json.loads(result.output)
+    assert data["completed"] is True
+    assert data["vertices"]["settled"]["finished_per_attempt"] == {"1": 4}
+
+
+def test_events_filters_by_type(finished_job):
+    result = CliRunner().invoke(main, ["events", "cli-job", "--work-dir", finished_job,
+                                       "--type", "SinkCommitted"])
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    assert {line["payload"]["sink"] for line in lines} == {"daily-delta", "settled-parquet"}
+
+
+def test_unknown_job_is_a_clear_error(tmp_path):
+    result = CliRunner().invoke(main, ["history", "nope", "--work-dir", str(tmp_path)])
+    assert result.exit_code != 0
+    assert "no event log for job 'nope'" in result.output

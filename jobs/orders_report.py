@@ -72,7 +72,8 @@ def main() -> None:
     parser.add_argument("--agg-parallelism", type=int, default=4)
     parser.add_argument("--fresh", action="store_true", help="ignore earlier attempts")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spark = get_or_create_session(f"orders-report:{args.job_id}")
     job = build_job(args.job_id, args.input, args.output, parallelism=args.parallelism,
                     agg_parallelism=args.agg_parallelism, work_dir=args.work_dir, spark=spark)

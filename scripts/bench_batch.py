@@ -133,7 +133,7 @@ def bench_replay(events: int, directory: str) -> dict:
             writer.append(Event(
                 EventType.EXECUTION_VERTEX_FINISHED,
                 {"outputs": [{"kind": "result", "target": "next", "size": 123456, "rows": 1000,
-                              "path": f"/w/replay/results/{vertex}/to-next/p-{partition:05d}.parquet",
+                              "path": f"/w/replay/results/{vertex}/p-{partition:05d}.parquet",
                               "groups": {str(s): [s, 1, 20] for s in range(8)},
                               "partition_values": {}}],
                  "coordinator_state": {"checkpoint_id": -1}, "io": {"output_rows": 1000}},
@@ -213,7 +213,8 @@ def main() -> None:
                   flush=True)
         full_ckpt = ckpt
         figures["overhead"] = {"plain_seconds": plain, "ckpt_seconds": ckpt,
-                               "ratio_of_medians": statistics.median(ckpt) / statistics.median(plain)}
+                               "ratio_of_medians":
+                                   statistics.median(ckpt) / statistics.median(plain)}
         print(f"overhead: spark_ckpt / plain = {figures['overhead']['ratio_of_medians']:.3f}")
 
     if "recovery" not in skip:

@@ -26,10 +26,12 @@ sys.path.insert(0, str(ROOT / "jobs"))
 
 
 def submit_command(data: Path, output: Path, work: Path) -> list[str]:
-    spark_submit = shutil.which("spark-submit") or str(Path(sys.executable).parent / "spark-submit")
+    spark_submit = (shutil.which("spark-submit")
+                    or str(Path(sys.executable).parent / "spark-submit"))
     return [
         spark_submit, "--properties-file", str(ROOT / "spark-defaults.conf"),
-        "--driver-java-options", f"-Dlog4j2.configurationFile=file:{ROOT / 'conf/log4j2.properties'}",
+        "--driver-java-options",
+        f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}",
         str(ROOT / "jobs" / "orders_report.py"), "--input", str(data / "input"),
         "--output", str(output), "--work-dir", str(work), "--job-id", "orders-demo",
         "--parallelism", "16", "--agg-parallelism", "4",

@@ -22,15 +22,15 @@ from spark_ckpt.session import get_or_create_session
 
 __version__ = "0.1.0"
 
-__all__ = sorted([
+__all__ = [
     "BatchJob",
     "CommitError",
     "ConfigurationError",
     "EventLogError",
     "FormatVersionError",
     "IllegalStateTransition",
-    "InputChangedError",
     "Input",
+    "InputChangedError",
     "JobDefinitionError",
     "JobFencedError",
     "JobResult",
@@ -40,4 +40,4 @@ __all__ = sorted([
     "VertexRef",
     "VertexSummary",
     "get_or_create_session",
-])
+]

@@ -8,12 +8,10 @@ fall back to check-then-write, which the fencing of the event log backs up.
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -86,35 +84,29 @@ class Storage:
         with self.fs.open_input_stream(path) as stream:
             return stream.read()
 
-    def read_json(self, path: str) -> Any:
-        return json.loads(self.read_bytes(path))
+    def _local_temp(self, path: str, data: bytes) -> str:
+        """Write ``data`` durably to a temporary file beside ``path``; return its name."""
+        self.makedirs(path.rsplit("/", 1)[0])
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """Write ``data`` so that readers see either nothing or all of it."""
-        parent = path.rsplit("/", 1)[0]
-        self.makedirs(parent)
         if self.local:
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            os.replace(self._local_temp(path, data), path)
             return
-        # Object stores publish a PUT atomically.
-        with self.fs.open_output_stream(path) as out:
+        self.makedirs(path.rsplit("/", 1)[0])
+        with self.fs.open_output_stream(path) as out:  # object stores publish a PUT whole
             out.write(data)
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Create ``path`` holding ``data`` only if it does not exist; True if this call made it."""
-        parent = path.rsplit("/", 1)[0]
-        self.makedirs(parent)
         if self.local:
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            tmp = self._local_temp(path, data)
             try:
                 os.link(tmp, path)  # atomic, fails if path exists
             except FileExistsError:
@@ -124,6 +116,7 @@ class Storage:
             return True
         if self.exists(path):
             return False
+        self.makedirs(path.rsplit("/", 1)[0])
         with self.fs.open_output_stream(path) as out:
             out.write(data)
         return True

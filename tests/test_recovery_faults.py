@@ -5,7 +5,6 @@ produce exactly an uninterrupted run's output, re-running exactly the partitions
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable

@@ -3,4 +3,4 @@
 from spark_ckpt.batch.job import BatchJob, Input, VertexRef
 from spark_ckpt.batch.runner import JobResult, VertexSummary
 
-__all__ = sorted(["BatchJob", "Input", "JobResult", "VertexRef", "VertexSummary"])
+__all__ = ["BatchJob", "Input", "JobResult", "VertexRef", "VertexSummary"]

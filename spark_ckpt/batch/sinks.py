@@ -216,7 +216,7 @@ class ParquetSink(Sink):
             moves = existing["moves"]  # finish the commit an earlier attempt began
             log.warning("Parquet sink %s: finishing commit v%d begun by an earlier attempt of "
                         "job %s", self.spec.name, version, self.job_id)
-        for i, (src, dst, size) in enumerate(moves):
+        for i, (src, dst, _size) in enumerate(moves):
             src_exists, dst_exists = self.store.exists(src), self.store.exists(dst)
             if src_exists:
                 self.store.move(src, dst)

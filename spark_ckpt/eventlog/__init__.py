@@ -5,7 +5,7 @@ from spark_ckpt.eventlog.reader import EventLogUnreadable, read_events
 from spark_ckpt.eventlog.replay import JobHistory, replay
 from spark_ckpt.eventlog.writer import EventLogWriter
 
-__all__ = sorted([
+__all__ = [
     "EVENT_SCHEMA",
     "Event",
     "EventLogUnreadable",
@@ -14,4 +14,4 @@ __all__ = sorted([
     "JobHistory",
     "read_events",
     "replay",
-])
+]

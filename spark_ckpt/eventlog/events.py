@@ -19,7 +19,7 @@ __all__ = ["EVENT_FORMAT_VERSION", "EVENT_SCHEMA", "Event", "EventType"]
 EVENT_FORMAT_VERSION = 1
 
 
-class EventType(str, enum.Enum):
+class EventType(enum.StrEnum):
     JOB_ATTEMPT_STARTED = "JobAttemptStarted"
     JOB_VERTEX_INITIALIZED = "JobVertexInitialized"
     EXECUTION_VERTEX_FINISHED = "ExecutionVertexFinished"
@@ -27,9 +27,6 @@ class EventType(str, enum.Enum):
     SINK_COMMIT_STARTED = "SinkCommitStarted"
     SINK_COMMITTED = "SinkCommitted"
     JOB_ATTEMPT_FINISHED = "JobAttemptFinished"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 EVENT_SCHEMA = pa.schema(

@@ -5,7 +5,7 @@ from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex, SinkSpec
 from spark_ckpt.execution.result_partition import OutputFile, PartitionManifest
 from spark_ckpt.execution.state import ExecutionState, StateMachine
 
-__all__ = sorted([
+__all__ = [
     "Edge",
     "Execution",
     "ExecutionRegistry",
@@ -16,4 +16,4 @@ __all__ = sorted([
     "PartitionManifest",
     "SinkSpec",
     "StateMachine",
-])
+]

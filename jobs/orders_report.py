@@ -46,8 +46,8 @@ def daily_revenue(settled: DataFrame) -> DataFrame:
 
 def build_job(job_id: str, input_dir: str, output: str, *, parallelism: int = 8,
               agg_parallelism: int = 4, work_dir: str | None = None,
-              spark=None) -> BatchJob:  # noqa: ANN001
-    job = BatchJob(job_id, spark=spark, work_dir=work_dir)
+              spark=None, settings=None) -> BatchJob:  # noqa: ANN001
+    job = BatchJob(job_id, spark=spark, work_dir=work_dir, settings=settings)
     orders = job.read_files("orders", f"{input_dir}/orders", parallelism=parallelism)
     customers = job.read_files("customers", f"{input_dir}/customers", parallelism=1)
     payments = job.read_files("payments", f"{input_dir}/payments", parallelism=parallelism)

@@ -61,8 +61,8 @@ def child(mode: str, input_dir: str, output: str, work_dir: str, parallelism: in
         import orders_report as report
 
         job = report.build_job("bench", input_dir, output, parallelism=parallelism,
-                               agg_parallelism=agg_parallelism, work_dir=work_dir, spark=spark)
-        job._settings = Settings.from_conf(spark.conf, progress="never")
+                               agg_parallelism=agg_parallelism, work_dir=work_dir, spark=spark,
+                               settings=Settings.from_conf(spark.conf, progress="never"))
         result = job.run()
         info = {"ran": result.ran, "reused": result.reused, "attempt": result.attempt}
     print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0, **info}), flush=True)

@@ -14,6 +14,7 @@ import sys
 from collections import Counter, defaultdict
 
 import click
+from pyarrow.fs import FileSelector, FileType
 from rich.console import Console
 from rich.table import Table
 
@@ -78,10 +79,9 @@ def jobs(work_dir: str | None) -> None:
     console = Console()
     table = Table("job", "attempts", "status", "last event (UTC)", "finished partitions")
     if storage.exists(storage.root):
-        infos = storage.fs.get_file_info(
-            __import__("pyarrow.fs", fromlist=["FileSelector"]).FileSelector(storage.root))
+        infos = storage.fs.get_file_info(FileSelector(storage.root))
         for info in sorted(infos, key=lambda i: i.base_name):
-            if info.type.name != "Directory" or "." in info.base_name:
+            if info.type != FileType.Directory or "." in info.base_name:
                 continue
             try:
                 read = read_events(storage, job_paths(storage, info.base_name)["events"])

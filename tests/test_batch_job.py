@@ -18,8 +18,8 @@ SETTINGS = Settings(progress="never", event_log_flush_interval_ms=200)
 
 def build(spark, orders_input, tmp_path, job_id="orders"):
     job = report.build_job(job_id, orders_input, str(tmp_path / "out"), parallelism=4,
-                           agg_parallelism=2, work_dir=str(tmp_path / "work"), spark=spark)
-    job._settings = SETTINGS
+                           agg_parallelism=2, work_dir=str(tmp_path / "work"), spark=spark,
+                           settings=SETTINGS)
     return job
 
 

@@ -14,8 +14,8 @@ from spark_ckpt.cli import main
 def finished_job(spark, orders_input, tmp_path_factory):
     base = tmp_path_factory.mktemp("cli")
     job = report.build_job("cli-job", orders_input, str(base / "out"), parallelism=4,
-                           agg_parallelism=2, work_dir=str(base / "work"), spark=spark)
-    job._settings = Settings(progress="never")
+                           agg_parallelism=2, work_dir=str(base / "work"), spark=spark,
+                           settings=Settings(progress="never"))
     job.run()
     return str(base / "work")
 

@@ -39,8 +39,8 @@ def crash(orders_input, tmp_path, fault, job_id="orders"):
 
 def resubmit(spark, orders_input, tmp_path, job_id="orders"):
     job = report.build_job(job_id, orders_input, str(tmp_path / "out"), parallelism=4,
-                           agg_parallelism=2, work_dir=str(tmp_path / "work"), spark=spark)
-    job._settings = SETTINGS
+                           agg_parallelism=2, work_dir=str(tmp_path / "work"), spark=spark,
+                           settings=SETTINGS)
     return job.run()
 
 

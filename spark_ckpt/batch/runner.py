@@ -238,8 +238,7 @@ class JobRunner:
         if plan.to_run:  # the sources read now must be the files recorded at first
             for vertex in self.graph.live_vertices():
                 if isinstance(vertex.source, FileSource):
-                    for split in splits[vertex.id]:
-                        vertex.source.validate_split(vertex.id, split)
+                    vertex.source.validate_splits(vertex.id, splits[vertex.id])
         for vertex in self.graph.live_vertices():
             if self.graph.is_virtual(vertex.id):
                 continue

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from spark_ckpt.errors import InputChangedError, JobDefinitionError
-from spark_ckpt.storage import Storage
+from spark_ckpt.storage import Storage, stat_any
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -80,16 +80,15 @@ class FileSource:
         return [{"kind": self.format, "path": path, "size": size, "options": self.options}
                 for path, size in split]
 
-    def validate_split(self, vertex_id: str, split: Split) -> None:
-        """Before re-reading a recorded split, check its files are the ones recorded."""
-        store = Storage(self.path)
-        stats = store.stat_many(store.fs_path(path) for path, _ in split)
-        for (path, size), stat in zip(split, stats, strict=True):
-            if stat.size != size:
-                found = "missing" if stat.size is None else f"{stat.size} bytes"
+    def validate_splits(self, vertex_id: str, splits: list[Split]) -> None:
+        """Before re-reading recorded splits, check their files are the ones recorded."""
+        files = [f for split in splits for f in split]
+        for (path, size), found in zip(files, stat_any(p for p, _ in files), strict=True):
+            if found != size:
+                what = "missing" if found is None else f"{found} bytes"
                 raise InputChangedError(
                     f"source vertex {vertex_id}: input file {path} was {size} bytes when the "
-                    f"job first read it, found {found}. The job's input changed; run it again "
+                    f"job first read it, found {what}. The job's input changed; run it again "
                     f"with fresh=True (or a new job id) to start over."
                 )
 

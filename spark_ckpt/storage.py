@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-__all__ = ["FileStat", "Storage", "join", "stat_any"]
+__all__ = ["Storage", "join", "stat_any"]
 
 
 def join(base: str, *parts: str) -> str:
@@ -24,12 +23,6 @@ def join(base: str, *parts: str) -> str:
     for part in parts:
         out = out + "/" + part.strip("/")
     return out
-
-
-@dataclass(frozen=True)
-class FileStat:
-    path: str
-    size: int | None  # None when the file does not exist
 
 
 class Storage:
@@ -66,15 +59,6 @@ class Storage:
 
     def exists(self, path: str) -> bool:
         return self.fs.get_file_info(path).type != pafs.FileType.NotFound
-
-    def stat_many(self, paths: Iterable[str]) -> list[FileStat]:
-        paths = list(paths)
-        if not paths:
-            return []
-        infos = self.fs.get_file_info(paths)
-        return [
-            FileStat(i.path, None if i.type == pafs.FileType.NotFound else i.size) for i in infos
-        ]
 
     def list_files(self, path: str, *, recursive: bool = True) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(path, allow_not_found=True, recursive=recursive)
@@ -128,12 +112,6 @@ class Storage:
     def delete_dir(self, path: str) -> None:
         if self.exists(path):
             self.fs.delete_dir(path)
-
-    def delete_file(self, path: str) -> None:
-        try:
-            self.fs.delete_file(path)
-        except FileNotFoundError:
-            pass
 
 
 def stat_any(paths: Iterable[str]) -> list[int | None]:

@@ -60,7 +60,3 @@ class ExecutionRegistry:
     def get(self, attempt_id: str) -> Execution | None:
         with self._lock:
             return self._by_id.get(attempt_id)
-
-    def in_state(self, state: ExecutionState) -> list[Execution]:
-        with self._lock:
-            return [e for e in self._by_id.values() if e.state is state]

@@ -16,6 +16,8 @@ __all__ = [
     "InputChangedError",
     "JobDefinitionError",
     "JobFencedError",
+    "PipelineFailedError",
+    "SourceError",
     "SparkCkptError",
     "TaskExecutionError",
 ]
@@ -68,3 +70,12 @@ class InputChangedError(SparkCkptError, RuntimeError):
 
 class TaskExecutionError(SparkCkptError, RuntimeError):
     """A Spark job that ran part of a vertex failed."""
+
+
+class SourceError(SparkCkptError, RuntimeError):
+    """A streaming source cannot be read as declared: a malformed file, a schema mismatch, a
+    non-append change to a Delta table. Nothing is allocated from it until it is fixed."""
+
+
+class PipelineFailedError(SparkCkptError, RuntimeError):
+    """A streaming batch failed; the pipeline stopped and the batch reruns on restart."""

@@ -131,6 +131,36 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "Delete a job's durable result partitions once its sinks have committed.",
     ),
     _opt(
+        "spark.ckpt.stream.maxBatchesInFlight",
+        "int",
+        2,
+        "Batches allocated but not yet finished; the JobGenerator waits while this many are "
+        "queued or running (batches run one after another, in order).",
+        minimum=1,
+    ),
+    _opt(
+        "spark.ckpt.stream.skipEmptyBatches",
+        "bool",
+        False,
+        "Allocate no batch on a tick that found no new input (Structured Streaming's default); "
+        "false keeps the DStream rhythm of one batch per interval, windows counting every tick.",
+    ),
+    _opt(
+        "spark.ckpt.stream.minBatchesToRetain",
+        "int",
+        100,
+        "Allocation, commit and driver-state records, and received blocks, kept for this many "
+        "batches behind the last committed one (at least the longest window).",
+        minimum=1,
+    ),
+    _opt(
+        "spark.ckpt.stream.receiverBlockIntervalMs",
+        "int",
+        200,
+        "A receiver writes what it got as one write-ahead-log block this often.",
+        minimum=10,
+    ),
+    _opt(
         "spark.ckpt.progress",
         "choice",
         "auto",
@@ -153,6 +183,10 @@ class Settings:
     batch_concurrent_waves: int = 2
     batch_poll_interval_ms: int = 300
     batch_cleanup_on_success: bool = True
+    stream_max_batches_in_flight: int = 2
+    stream_skip_empty_batches: bool = False
+    stream_min_batches_to_retain: int = 100
+    stream_receiver_block_interval_ms: int = 200
     progress: str = "auto"
 
     @classmethod

@@ -1,0 +1,8 @@
+"""Streaming: a DStream-like template over DataFrames, run batch by batch with durable input
+allocation and exactly-once Delta/Parquet outputs per batch."""
+
+from spark_ckpt.streaming.context import StreamingContext
+from spark_ckpt.streaming.progress import StreamingListener
+from spark_ckpt.streaming.stream import InputStream, Output, Stream
+
+__all__ = ["InputStream", "Output", "Stream", "StreamingContext", "StreamingListener"]

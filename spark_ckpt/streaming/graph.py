@@ -1,0 +1,85 @@
+"""The graph of a pipeline's streams: its inputs and outputs, and what each batch computes.
+
+As Spark's DStreamGraph, the graph keeps every input stream (so sources need no search) and
+every output stream. Each batch, a breadth-first search from the outputs over the parents
+gives the streams that batch needs; a stream no output reaches is never computed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from spark_ckpt.errors import JobDefinitionError
+
+if TYPE_CHECKING:
+    from spark_ckpt.streaming.stream import InputStream, Output, Stream
+
+__all__ = ["StreamGraph"]
+
+
+class StreamGraph:
+    def __init__(self) -> None:
+        self.streams: list[Stream] = []
+        self.inputs: list[InputStream] = []
+        self.outputs: list[Output] = []
+        self.remember_batches = 1  # the longest window: how far back batches are read again
+
+    def add_stream(self, stream: Stream) -> None:
+        from spark_ckpt.streaming.stream import InputStream
+
+        self.streams.append(stream)
+        if isinstance(stream, InputStream):
+            if any(i.source.name == stream.source.name for i in self.inputs):
+                raise JobDefinitionError(
+                    f"a source named {stream.source.name!r} already exists in this pipeline; "
+                    "source names must be unique (they name its offsets and received data)"
+                )
+            self.inputs.append(stream)
+
+    def add_output(self, output: Output) -> None:
+        if any(o.name == output.name for o in self.outputs):
+            raise JobDefinitionError(
+                f"an output named {output.name!r} already exists in this pipeline; pass "
+                "name= to tell outputs apart (names key their exactly-once commits)"
+            )
+        self.outputs.append(output)
+
+    def remember(self, batches: int) -> None:
+        self.remember_batches = max(self.remember_batches, batches)
+
+    def validate(self) -> None:
+        """Refuse a graph without outputs, or with a cycle (found by a depth-first search)."""
+        if not self.outputs:
+            raise JobDefinitionError(
+                "the pipeline has no outputs; add one with foreach_batch, write_parquet or "
+                "write_delta (streams no output reaches are never computed)"
+            )
+        state: dict[int, int] = {}  # 1: on the current path, 2: done
+
+        def visit(stream: Stream, path: list[str]) -> None:
+            state[stream.id] = 1
+            for parent in stream.parents:
+                mark = state.get(parent.id)
+                if mark == 1:
+                    cycle = " -> ".join([*path, stream.name, parent.name])
+                    raise JobDefinitionError(f"the stream graph has a cycle: {cycle}")
+                if mark is None:
+                    visit(parent, [*path, stream.name])
+            state[stream.id] = 2
+
+        for output in self.outputs:
+            if output.id not in state:
+                visit(output, [])
+
+    def reachable(self) -> list[Stream]:
+        """Every stream some output needs, found by BFS from the outputs (each once)."""
+        seen: dict[int, Stream] = {}
+        queue: deque[Stream] = deque(self.outputs)
+        while queue:
+            stream = queue.popleft()
+            if stream.id in seen:
+                continue
+            seen[stream.id] = stream
+            queue.extend(stream.parents)
+        return list(seen.values())

@@ -1,0 +1,241 @@
+"""Per-batch sinks, in two phases: *stage* the batch's files invisibly, then *commit* them once.
+
+The commit of batch ``b`` is keyed by ``b``, so a batch run again after a crash never shows
+its rows twice:
+
+* :class:`DeltaBatchSink`: Spark writes the batch's Parquet files into a fresh directory of the
+  table; one Delta transaction adds them, carrying the app transaction
+  ``(spark_ckpt/<pipeline>/<output>, b + 1)``. A batch whose version the table already has is
+  skipped (delta-rs does not skip a repeat itself, so the version is checked first).
+* :class:`ParquetBatchSink`: Spark writes into a staging directory; the commit creates the
+  marker ``_spark_ckpt_commits/<pipeline>-<output>-v<b + 1>.json`` if absent, moves the files
+  into place and marks it committed; a crash in between is finished from the marker.
+* :class:`ForeachBatchSink`: calls the user's function; at-least-once, as Spark's foreachBatch.
+
+The staging/commit split is the seam for the two-phase-commit sinks of checkpointing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.batch.sinks import DeltaSink, ParquetSink
+from spark_ckpt.errors import JobDefinitionError
+from spark_ckpt.execution.graph import SinkSpec
+from spark_ckpt.execution.result_partition import OutputFile
+from spark_ckpt.storage import Storage, join
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from spark_ckpt.streaming.context import StreamingContext
+
+__all__ = ["BatchSink", "DeadLetters", "DeltaBatchSink", "ForeachBatchSink", "ParquetBatchSink",
+           "micros_timestamps"]
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def micros_timestamps(spark: Any) -> Iterator[None]:
+    """Spark writes INT96 timestamps unless told otherwise; Delta wants microseconds."""
+    key = "spark.sql.parquet.outputTimestampType"
+    before = spark.conf.get(key, None)
+    if before == "TIMESTAMP_MICROS":
+        yield
+        return
+    spark.conf.set(key, "TIMESTAMP_MICROS")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
+def staged_files(store: Storage, directory: str, target: str) -> list[OutputFile]:
+    """The data files Spark wrote under ``directory``, with sizes, rows and partition values."""
+    import pyarrow.parquet as pq
+
+    files = []
+    for info in store.list_files(directory, recursive=True):
+        relative = info.path[len(directory.rstrip("/")) + 1:]
+        if any(part.startswith((".", "_")) for part in relative.split("/")):
+            continue  # _SUCCESS, .crc checksums, _temporary leftovers
+        values: dict[str, str | None] = {}
+        for segment in relative.split("/")[:-1]:
+            key, _, value = segment.partition("=")
+            value = urllib.parse.unquote(value)
+            values[key] = None if value == "__HIVE_DEFAULT_PARTITION__" else value
+        rows = pq.read_metadata(info.path, filesystem=store.fs).num_rows
+        files.append(OutputFile("sink", target, store.spark_path(info.path), info.size, rows,
+                                {}, values))
+    return files
+
+
+class BatchSink:
+    kind = "sink"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind}
+
+    def prepare(self, df: DataFrame) -> None:
+        """Check or create the target for the batch's schema (each batch, cheap when known)."""
+
+    def is_committed(self, batch_id: int) -> bool:
+        return False
+
+    def finish_pending(self, batch_id: int) -> dict[str, Any] | None:
+        """Finish a commit of ``batch_id`` an earlier driver began; None if there is none."""
+        return None
+
+    def stage(self, df: DataFrame, batch_id: int) -> Any:
+        raise NotImplementedError
+
+    def commit(self, batch_id: int, staged: Any) -> dict[str, Any]:
+        return {}
+
+
+class ForeachBatchSink(BatchSink):
+    kind = "foreach_batch"
+
+    def __init__(self, name: str, fn: Callable[[DataFrame, int], Any]) -> None:
+        super().__init__(name)
+        self.fn = fn
+
+    def stage(self, df: DataFrame, batch_id: int) -> Any:
+        self.fn(df, batch_id)
+        return None
+
+
+class _FileSink(BatchSink):
+    def __init__(self, name: str, path: str, partition_by: Sequence[str],
+                 ctx: StreamingContext) -> None:
+        super().__init__(name)
+        self.path = path
+        self.partition_by = tuple(partition_by)
+        self.ctx = ctx
+        self.store = Storage(path)
+        self._prepared: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path, "partition_by": list(self.partition_by)}
+
+    def _check_columns(self, df: DataFrame) -> None:
+        missing = [c for c in self.partition_by if c not in df.columns]
+        if missing:
+            raise JobDefinitionError(
+                f"output {self.name}: partition_by {list(self.partition_by)} names columns "
+                f"{missing} the stream does not have; its columns: {df.columns}"
+            )
+
+    def _write(self, df: DataFrame, directory: str) -> None:
+        writer = df.write.mode("overwrite")
+        if self.partition_by:
+            writer = writer.partitionBy(*self.partition_by)
+        with micros_timestamps(df.sparkSession):
+            writer.parquet(self.store.spark_path(directory))
+
+
+class DeltaBatchSink(_FileSink):
+    kind = "delta"
+
+    def __init__(self, name: str, path: str, partition_by: Sequence[str],
+                 ctx: StreamingContext) -> None:
+        super().__init__(name, path, partition_by, ctx)
+        self._delta: DeltaSink | None = None
+
+    def _sink(self) -> DeltaSink:
+        if self._delta is None:
+            spec = SinkSpec(self.name, "delta", self.path, "append", self.partition_by)
+            self._delta = DeltaSink(spec, self.ctx.name)
+        return self._delta
+
+    def prepare(self, df: DataFrame) -> None:
+        self._check_columns(df)
+        schema = df.schema.json()
+        if self._prepared != schema:
+            self._sink().prepare(df.schema)
+            self._prepared = schema
+
+    def is_committed(self, batch_id: int) -> bool:
+        from deltalake import DeltaTable
+
+        sink = self._sink()
+        return DeltaTable.is_deltatable(sink.uri) and sink.is_committed(batch_id + 1)
+
+    def stage(self, df: DataFrame, batch_id: int) -> Any:
+        # A fresh, visible directory per try: files of a try that never commits are plain
+        # unreferenced files that VACUUM removes; committed files stay where they are.
+        directory = join(self.store.root, "spark_ckpt_staged",
+                         f"{self.ctx.name}-{self.name}-b{batch_id}-{uuid.uuid4().hex[:12]}")
+        self._write(df, directory)
+        return staged_files(self.store, directory, self.name)
+
+    def commit(self, batch_id: int, staged: Any) -> dict[str, Any]:
+        if not staged:  # nothing to show; an empty commit per empty batch only bloats the log
+            return {"files": 0}
+        return self._sink().commit(staged, batch_id + 1)
+
+
+class ParquetBatchSink(_FileSink):
+    kind = "parquet"
+
+    def __init__(self, name: str, path: str, partition_by: Sequence[str],
+                 ctx: StreamingContext) -> None:
+        super().__init__(name, path, partition_by, ctx)
+        spec = SinkSpec(name, "parquet", path, "append", self.partition_by)
+        self._parquet = ParquetSink(spec, f"{ctx.name}-{name}")
+
+    def prepare(self, df: DataFrame) -> None:
+        self._check_columns(df)
+
+    def is_committed(self, batch_id: int) -> bool:
+        return self._parquet.is_committed(batch_id + 1)
+
+    def finish_pending(self, batch_id: int) -> dict[str, Any] | None:
+        if self._parquet._read_marker(batch_id + 1) is None:  # noqa: SLF001
+            return None
+        return self._parquet.commit([], batch_id + 1)
+
+    def stage(self, df: DataFrame, batch_id: int) -> Any:
+        staging = self._parquet.staging
+        self._write(df, staging)  # mode overwrite clears what a crashed try left
+        return staged_files(self.store, staging, self.name)
+
+    def commit(self, batch_id: int, staged: Any) -> dict[str, Any]:
+        return self._parquet.commit(staged, batch_id + 1)
+
+
+class DeadLetters:
+    """Rows a source could not parse, kept in the Delta table ``<checkpoint>/deadletter``
+    (``batch_id, source, file, record, reason``), written once per (source, batch)."""
+
+    def __init__(self, ctx: StreamingContext) -> None:
+        self.ctx = ctx
+        self.path = join(ctx.root, "deadletter")
+        self._sinks: dict[str, DeltaBatchSink] = {}
+
+    def write(self, batch_id: int, source: str, rows: DataFrame) -> None:
+        from pyspark.sql import functions as F
+
+        sink = self._sinks.setdefault(
+            source, DeltaBatchSink(f"deadletter-{source}", self.ctx.storage.spark_path(self.path),
+                                   ("source",), self.ctx))
+        if sink.is_committed(batch_id):
+            return
+        df = rows.select(F.lit(batch_id).cast("long").alias("batch_id"),
+                         F.lit(source).alias("source"), "file", "record", "reason")
+        sink.prepare(df)
+        sink.commit(batch_id, sink.stage(df, batch_id))
+        log.warning("Pipeline %s batch %d: source %s had malformed records; kept in %s",
+                    self.ctx.name, batch_id, source, self.path)

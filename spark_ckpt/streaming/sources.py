@@ -1,0 +1,503 @@
+"""Replayable streaming sources: the position of each batch is an offset the allocation records.
+
+Every source answers four questions for the ReceiverTracker:
+
+* ``plan()``: what the next batch would read (a JSON-able *piece*: files, versions, a row
+  range or received blocks), never more than the source's per-batch limits;
+* ``advance(piece)``: the piece was recorded durably; move past it;
+* ``restore(pieces)``: rebuild the position from the recorded pieces after a restart;
+* ``read(run, piece)``: the piece as a DataFrame, identical every time it is read.
+
+Sources here: a directory of files (:class:`FileStreamSource`), a Delta table
+(:class:`DeltaStreamSource`) and a deterministic generator (:class:`GeneratorSource`).
+Receiver-based sources, for data that cannot be replayed, are in receiver.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.errors import JobDefinitionError, SourceError
+from spark_ckpt.storage import Storage, join
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+    from spark_ckpt.streaming.batch import BatchRun
+
+__all__ = ["DeltaStreamSource", "FileStreamSource", "GeneratorSource", "Source"]
+
+log = logging.getLogger(__name__)
+
+CORRUPT_COLUMN = "_corrupt_record"
+
+
+class Source:
+    """Base class of streaming sources. ``name`` is unique within a pipeline."""
+
+    kind = "source"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pipeline: Any = None  # the Pipeline (context) it is bound to
+
+    def bind(self, pipeline: Any) -> None:
+        self.pipeline = pipeline
+
+    def schema(self) -> StructType:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind}
+
+    def restore(self, pieces: list[tuple[int, dict[str, Any]]]) -> None:
+        """Rebuild the position from ``(batch id, piece)`` records, oldest first."""
+
+    def plan(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def advance(self, piece: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def rows(self, piece: dict[str, Any]) -> int | None:
+        return piece.get("rows")
+
+    def position(self) -> dict[str, Any]:
+        """Where the source stands, for the driver-state record."""
+        return {}
+
+    def is_empty(self, piece: dict[str, Any]) -> bool:
+        return self.rows(piece) == 0
+
+    def read(self, run: BatchRun, piece: dict[str, Any]) -> DataFrame:
+        raise NotImplementedError
+
+    def empty(self, spark: Any) -> DataFrame:
+        return spark.createDataFrame([], self.schema())
+
+    def start(self) -> None:
+        """Start receiving (receiver sources)."""
+
+    def stop(self) -> None:
+        """Stop receiving (receiver sources)."""
+
+    def purge(self, pieces_below: list[tuple[int, dict[str, Any]]], below: int) -> None:
+        """Allocation records of batches ``< below`` are about to be deleted."""
+
+
+# -- a directory of files ----------------------------------------------------------------------
+class FileStreamSource(Source):
+    """New files of a directory, oldest first, in the stable order (modification time, path).
+
+    Files must appear atomically (written elsewhere, then moved in); names starting with ``.``
+    or ``_`` are ignored. Parquet files are checked (footer, columns) before they are
+    allocated, so a malformed file stops the pipeline with its name before any batch reads it.
+    JSON and CSV rows that do not parse go to the pipeline's dead-letter table with their file
+    and the reason, are counted, and the batch goes on.
+    """
+
+    kind = "files"
+    FORMATS = ("parquet", "json", "csv")
+
+    def __init__(self, name: str, path: str, fmt: str, schema: StructType | str | None = None,
+                 *, max_files_per_batch: int | None = None,
+                 max_bytes_per_batch: int | None = None,
+                 options: dict[str, str] | None = None) -> None:
+        super().__init__(name)
+        if fmt not in self.FORMATS:
+            raise JobDefinitionError(
+                f"file source {name}: expected a format of {', '.join(self.FORMATS)}, found "
+                f"{fmt!r}"
+            )
+        if fmt != "parquet" and schema is None:
+            raise JobDefinitionError(
+                f"file source {name}: a {fmt} source needs a schema (a StructType or a DDL "
+                "string such as 'id BIGINT, name STRING'); found none"
+            )
+        for label, limit in (("max_files_per_batch", max_files_per_batch),
+                             ("max_bytes_per_batch", max_bytes_per_batch)):
+            if limit is not None and limit < 1:
+                raise JobDefinitionError(
+                    f"file source {name}: expected {label} >= 1 or None, found {limit}"
+                )
+        self.path = path
+        self.fmt = fmt
+        self._declared = schema
+        self._schema: StructType | None = None
+        self.max_files = max_files_per_batch
+        self.max_bytes = max_bytes_per_batch
+        self.options = dict(options or {})
+        self.store = Storage(path)
+        self.seen: set[str] = set()
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path, "format": self.fmt}
+
+    # -- schema --------------------------------------------------------------------------
+    def schema(self) -> StructType:
+        from pyspark.sql.types import StructType
+
+        if self._schema is None:
+            declared = self._declared
+            if isinstance(declared, str):
+                declared = StructType.fromDDL(declared)
+            if declared is None:  # Parquet: the first file's, recorded by the pipeline
+                declared = self.pipeline.recorded_schema(self.name) or self._infer()
+            self._schema = declared
+        return self._schema
+
+    def _infer(self) -> StructType:
+        import pyarrow.parquet as pq
+
+        from spark_ckpt.arrowtypes import to_spark
+
+        files = self._listing()
+        if not files:
+            raise SourceError(
+                f"file source {self.name}: cannot infer the schema of {self.path}: no Parquet "
+                "file there yet; pass schema= (a StructType or DDL string)"
+            )
+        path = files[0][0]
+        try:
+            arrow = pq.read_schema(self.store.fs_path(path), filesystem=self.store.fs)
+        except Exception as exc:
+            raise SourceError(
+                f"file source {self.name}: expected a Parquet file, cannot read {path}: {exc}"
+            ) from exc
+        return to_spark(arrow)
+
+    # -- positions -----------------------------------------------------------------------
+    def _listing(self) -> list[tuple[str, int, int]]:
+        infos = self.store.list_files(self.store.root, recursive=False)
+        files = [
+            (self.store.spark_path(i.path), i.size, i.mtime_ns or 0) for i in infos
+            if not i.base_name.startswith((".", "_")) and ".tmp" not in i.base_name
+        ]
+        files.sort(key=lambda f: (f[2], f[0]))
+        return files
+
+    def restore(self, pieces: list[tuple[int, dict[str, Any]]]) -> None:
+        self.seen = set(self._snapshot())
+        for _batch, piece in pieces:
+            self.seen.update(f[0] for f in piece.get("files", []))
+
+    def _snapshot_dir(self) -> str:
+        return join(self.pipeline.root, "sources", self.name)
+
+    def _snapshot(self) -> list[str]:
+        import pyarrow.parquet as pq
+
+        store = self.pipeline.storage
+        snaps = sorted(i.path for i in store.list_files(self._snapshot_dir(), recursive=False)
+                       if i.base_name.startswith("seen-") and i.base_name.endswith(".parquet"))
+        if not snaps:
+            return []
+        return pq.read_table(snaps[-1], filesystem=store.fs).column("path").to_pylist()
+
+    def purge(self, pieces_below: list[tuple[int, dict[str, Any]]], below: int) -> None:
+        """Fold the files of the records about to go into a seen-files snapshot."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        store = self.pipeline.storage
+        seen = set(self._snapshot())
+        for _batch, piece in pieces_below:
+            seen.update(f[0] for f in piece.get("files", []))
+        directory = self._snapshot_dir()
+        store.makedirs(directory)
+        buffer = pa.BufferOutputStream()
+        pq.write_table(pa.table({"path": sorted(seen)}), buffer)
+        store.write_atomic(join(directory, f"seen-{below:012d}.parquet"),
+                           buffer.getvalue().to_pybytes())
+        for info in store.list_files(directory, recursive=False):
+            if info.base_name.startswith("seen-") and info.base_name < f"seen-{below:012d}":
+                store.fs.delete_file(info.path)
+
+    def plan(self) -> dict[str, Any]:
+        chosen: list[list[Any]] = []
+        total = 0
+        for path, size, mtime in self._listing():
+            if path in self.seen:
+                continue
+            if self.max_files is not None and len(chosen) >= self.max_files:
+                break
+            if self.max_bytes is not None and chosen and total + size > self.max_bytes:
+                break
+            chosen.append([path, size, mtime])
+            total += size
+        rows = self._check_parquet(chosen) if self.fmt == "parquet" else None
+        return {"files": chosen, "bytes": total, "rows": rows if chosen else 0}
+
+    def _check_parquet(self, files: list[list[Any]]) -> int:
+        """Read the footers: a file that is not Parquet, or lacks a column, stops here."""
+        import pyarrow.parquet as pq
+
+        expected = {f.name: f for f in self.schema().fields}
+        rows = 0
+        for path, _size, _mtime in files:
+            try:
+                meta = pq.read_metadata(self.store.fs_path(path), filesystem=self.store.fs)
+            except Exception as exc:
+                raise SourceError(
+                    f"file source {self.name}: expected a Parquet file, found unreadable {path} "
+                    f"({exc}); move it out of {self.path} (nothing was allocated from it)"
+                ) from exc
+            names = set(meta.schema.names)
+            missing = [n for n, f in expected.items() if n not in names and not f.nullable]
+            if missing:
+                raise SourceError(
+                    f"file source {self.name}: {path} lacks required columns {missing}; "
+                    f"expected columns {sorted(expected)}, found {sorted(names)}"
+                )
+            rows += meta.num_rows
+        return rows
+
+    def advance(self, piece: dict[str, Any]) -> None:
+        self.seen.update(f[0] for f in piece["files"])
+
+    def position(self) -> dict[str, Any]:
+        return {"files_seen": len(self.seen)}
+
+    def is_empty(self, piece: dict[str, Any]) -> bool:
+        return not piece["files"]
+
+    # -- reading -------------------------------------------------------------------------
+    def read(self, run: BatchRun, piece: dict[str, Any]) -> DataFrame:
+        spark = run.spark
+        files = [f[0] for f in piece["files"]]
+        if not files:
+            return self.empty(spark)
+        schema = self.schema()
+        if self.fmt == "parquet":
+            return spark.read.options(**self.options).schema(schema).parquet(*files)
+        return self._read_text(run, files, schema)
+
+    def _read_text(self, run: BatchRun, files: list[str], schema: StructType) -> DataFrame:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        with_corrupt = StructType(list(schema.fields) +
+                                  [StructField(CORRUPT_COLUMN, StringType(), True)])
+        reader = (run.spark.read.options(**self.options).schema(with_corrupt)
+                  .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord",
+                                                       CORRUPT_COLUMN))
+        raw = reader.json(files) if self.fmt == "json" else reader.csv(files)
+        parsed = raw.withColumn("_ckpt_file", F.col("_metadata.file_path"))
+        parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+        run.on_cleanup(parsed.unpersist)
+        counts = parsed.agg(F.count(F.lit(1)).alias("rows"),
+                            F.count(CORRUPT_COLUMN).alias("bad")).first()
+        rows, bad = int(counts["rows"]), int(counts["bad"])
+        if run.batch_id == run.stats.batch_id:
+            run.stats.input_rows[self.name] = rows
+        if bad:
+            run.dead_letter(self.name, parsed.where(F.col(CORRUPT_COLUMN).isNotNull()).select(
+                F.col("_ckpt_file").alias("file"), F.col(CORRUPT_COLUMN).alias("record"),
+                F.lit(f"malformed {self.fmt} record (does not match the schema "
+                      f"{schema.simpleString()})").alias("reason"),
+            ), bad)
+        return parsed.where(F.col(CORRUPT_COLUMN).isNull()).drop(CORRUPT_COLUMN, "_ckpt_file")
+
+
+# -- a Delta table -----------------------------------------------------------------------------
+class DeltaStreamSource(Source):
+    """New versions of an append-only Delta table, read through ``deltalake``.
+
+    A batch reads the files added by the versions since the previous batch (at most
+    ``max_versions_per_batch`` of them); Spark reads the data files, partition values come
+    from the add actions. A version that removed files (overwrite, delete, compaction) stops
+    the pipeline with a :class:`SourceError`, unless ``ignore_deletes`` is set.
+    """
+
+    kind = "delta"
+
+    def __init__(self, name: str, path: str, *, starting_version: int = 0,
+                 max_versions_per_batch: int | None = None,
+                 ignore_deletes: bool = False) -> None:
+        super().__init__(name)
+        self.path = path
+        self.store = Storage(path)
+        self.uri = self.store.spark_path(self.store.root)
+        self.starting_version = starting_version
+        self.max_versions = max_versions_per_batch
+        self.ignore_deletes = ignore_deletes
+        self.version = starting_version - 1  # the last version read
+        self._schema: StructType | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path}
+
+    def _table(self, version: int | None = None) -> Any:
+        from deltalake import DeltaTable
+
+        try:
+            return DeltaTable(self.uri, version=version)
+        except Exception as exc:
+            raise SourceError(
+                f"Delta source {self.name}: expected a Delta table at {self.uri}"
+                f"{'' if version is None else f' version {version}'}, cannot load it: {exc}"
+            ) from exc
+
+    def schema(self) -> StructType:
+        import pyarrow as pa
+
+        from spark_ckpt.arrowtypes import to_spark
+
+        if self._schema is None:
+            self._schema = to_spark(pa.schema(self._table().schema()))
+        return self._schema
+
+    def restore(self, pieces: list[tuple[int, dict[str, Any]]]) -> None:
+        for _batch, piece in pieces:
+            self.version = max(self.version, piece["to_version"])
+
+    def _adds(self, version: int) -> dict[str, dict[str, Any]]:
+        import pyarrow as pa
+
+        if version < 0:
+            return {}
+        table = pa.table(self._table(version).get_add_actions(flatten=True))
+        out = {}
+        for row in table.to_pylist():
+            values = {k[len("partition."):]: v for k, v in row.items()
+                      if k.startswith("partition.")}
+            out[row["path"]] = {"size": row["size_bytes"], "rows": row.get("num_records"),
+                                "partition_values": values}
+        return out
+
+    def plan(self) -> dict[str, Any]:
+        latest = self._table().version()
+        if latest <= self.version:
+            return {"from_version": self.version, "to_version": self.version, "files": [],
+                    "rows": 0}
+        target = latest if self.max_versions is None else min(latest,
+                                                              self.version + self.max_versions)
+        before, after = self._adds(self.version), self._adds(target)
+        removed = [p for p in before if p not in after]
+        if removed and not self.ignore_deletes:
+            raise SourceError(
+                f"Delta source {self.name}: expected an append-only table, but versions "
+                f"{self.version + 1}..{target} of {self.uri} removed {len(removed)} file(s) "
+                f"(e.g. {removed[0]}); set ignore_deletes=True to read only the added files"
+            )
+        added = [[p, a["size"], a["rows"], a["partition_values"]] for p, a in after.items()
+                 if p not in before]
+        added.sort()
+        rows = (sum(a[2] for a in added) if all(a[2] is not None for a in added) else None)
+        return {"from_version": self.version, "to_version": target, "files": added,
+                "rows": rows}
+
+    def advance(self, piece: dict[str, Any]) -> None:
+        self.version = piece["to_version"]
+
+    def position(self) -> dict[str, Any]:
+        return {"version": self.version}
+
+    def is_empty(self, piece: dict[str, Any]) -> bool:
+        return not piece["files"]
+
+    def read(self, run: BatchRun, piece: dict[str, Any]) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        spark = run.spark
+        if not piece["files"]:
+            return self.empty(spark)
+        schema = self.schema()
+        root = self.uri.rstrip("/") + "/"
+        partition_columns = list(piece["files"][0][3])
+        data_schema = type(schema)([f for f in schema.fields if f.name not in partition_columns])
+        groups: dict[str, list[str]] = {}
+        for path, _size, _rows, values in piece["files"]:
+            full = path if "://" in path or path.startswith("/") else root + path
+            groups.setdefault(json.dumps(values, sort_keys=True), []).append(full)
+        frames = []
+        for key, files in sorted(groups.items()):
+            df = spark.read.schema(data_schema).parquet(*files)
+            for column, value in json.loads(key).items():
+                df = df.withColumn(column, F.lit(value).cast(schema[column].dataType))
+            frames.append(df.select(*schema.names))
+        out = frames[0]
+        for df in frames[1:]:
+            out = out.unionByName(df)
+        return out
+
+
+# -- a deterministic generator -----------------------------------------------------------------
+class GeneratorSource(Source):
+    """Rows ``id, key, value, event_time``, a pure function of ``id``: replayable from any offset.
+
+    ``rows_per_batch`` fixes each batch's size (exact offsets for tests); otherwise
+    ``rows_per_second`` decides it from the time since the previous batch, capped by
+    ``max_rows_per_batch``. ``total_rows`` ends the stream (``available_now`` stops there).
+    """
+
+    kind = "generator"
+    SCHEMA = "id BIGINT, key BIGINT, value DOUBLE, event_time TIMESTAMP"
+
+    def __init__(self, name: str, *, rows_per_batch: int | None = None,
+                 rows_per_second: float | None = None, max_rows_per_batch: int | None = None,
+                 total_rows: int | None = None, keys: int = 1000, partitions: int = 2,
+                 seed: int = 42) -> None:
+        super().__init__(name)
+        if (rows_per_batch is None) == (rows_per_second is None):
+            raise JobDefinitionError(
+                f"generator source {name}: expected exactly one of rows_per_batch and "
+                f"rows_per_second, found {rows_per_batch!r} and {rows_per_second!r}"
+            )
+        self.rows_per_batch = rows_per_batch
+        self.rate = rows_per_second
+        self.max_rows = max_rows_per_batch
+        self.total = total_rows
+        self.keys = keys
+        self.partitions = partitions
+        self.seed = seed
+        self.offset = 0
+        self._last = time.monotonic()
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "keys": self.keys, "seed": self.seed}
+
+    def schema(self) -> StructType:
+        from pyspark.sql.types import StructType
+
+        return StructType.fromDDL(self.SCHEMA)
+
+    def restore(self, pieces: list[tuple[int, dict[str, Any]]]) -> None:
+        for _batch, piece in pieces:
+            self.offset = max(self.offset, piece["end"])
+
+    def plan(self) -> dict[str, Any]:
+        now = time.monotonic()
+        if self.rows_per_batch is not None:
+            count = self.rows_per_batch
+        else:
+            count = int((now - self._last) * float(self.rate))  # type: ignore[arg-type]
+        if self.max_rows is not None:
+            count = min(count, self.max_rows)
+        end = self.offset + max(count, 0)
+        if self.total is not None:
+            end = min(end, self.total)
+        return {"start": self.offset, "end": end, "rows": end - self.offset}
+
+    def advance(self, piece: dict[str, Any]) -> None:
+        self.offset = piece["end"]
+        self._last = time.monotonic()
+
+    def position(self) -> dict[str, Any]:
+        return {"offset": self.offset}
+
+    def read(self, run: BatchRun, piece: dict[str, Any]) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        df = run.spark.range(piece["start"], piece["end"], numPartitions=self.partitions)
+        return df.select(
+            "id",
+            F.pmod(F.col("id"), F.lit(self.keys)).alias("key"),
+            (F.pmod(F.xxhash64("id", F.lit(self.seed)), F.lit(1_000_000)) / 100.0).alias("value"),
+            F.timestamp_millis(F.lit(1_767_225_600_000) + F.col("id")).alias("event_time"),
+        )

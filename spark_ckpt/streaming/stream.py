@@ -1,0 +1,212 @@
+"""The template: streams that record their parents, computed per batch from the outputs.
+
+A :class:`Stream` is a recipe, not data: ``compute(run)`` builds this batch's DataFrame from
+its parents' DataFrames of the same batch (``run.get_or_compute(parent)``). Dependencies point
+backwards, as in Spark's DStreamGraph, because evaluation is lazy and starts at the outputs.
+A parent's result of ``None`` (a window between slides) propagates: nothing downstream runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.errors import JobDefinitionError
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+    from spark_ckpt.streaming.batch import BatchRun
+    from spark_ckpt.streaming.context import StreamingContext
+    from spark_ckpt.streaming.sinks import BatchSink
+    from spark_ckpt.streaming.sources import Source
+
+__all__ = ["InputStream", "Output", "Stream"]
+
+_ids = itertools.count()
+
+
+class Stream:
+    """A stream of per-batch DataFrames. Build with a context's sources and these methods."""
+
+    def __init__(self, ctx: StreamingContext, parents: Sequence[Stream], name: str) -> None:
+        for parent in parents:
+            if not isinstance(parent, Stream):
+                raise JobDefinitionError(
+                    f"stream {name}: expected parent streams, found {type(parent).__name__}"
+                )
+            if parent.ctx is not ctx:
+                raise JobDefinitionError(
+                    f"stream {name}: its parent {parent.name} belongs to another "
+                    f"StreamingContext ({parent.ctx.name}, not {ctx.name}); streams of "
+                    "different contexts cannot be combined"
+                )
+        self.ctx = ctx
+        self.parents: tuple[Stream, ...] = tuple(parents)
+        self.id = next(_ids)
+        self.name = name
+        ctx.graph.add_stream(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        raise NotImplementedError
+
+    # -- transformations -----------------------------------------------------------------
+    def transform(self, fn: Callable[..., DataFrame], *others: Stream,
+                  name: str | None = None) -> Stream:
+        """Apply ``fn(df, *other_dfs) -> DataFrame`` to this batch's DataFrame(s)."""
+        return Transformed(self.ctx, (self, *others), fn, name or _fn_name(fn))
+
+    def filter(self, condition: Column | str) -> Stream:
+        return self.transform(lambda df: df.where(condition), name=f"{self.name}.filter")
+
+    where = filter
+
+    def select(self, *columns: Column | str) -> Stream:
+        return self.transform(lambda df: df.select(*columns), name=f"{self.name}.select")
+
+    def with_column(self, name: str, column: Column) -> Stream:
+        return self.transform(lambda df: df.withColumn(name, column),
+                              name=f"{self.name}.with_column({name})")
+
+    def union(self, *others: Stream) -> Stream:
+        """Rows of this stream and ``others`` in each batch (columns matched by name)."""
+
+        def union_all(df: DataFrame, *rest: DataFrame) -> DataFrame:
+            for other in rest:
+                df = df.unionByName(other)
+            return df
+
+        return Transformed(self.ctx, (self, *others), union_all, f"{self.name}.union")
+
+    def join(self, other: Stream, on: str | Sequence[str] | Column, how: str = "inner") -> Stream:
+        """Join each batch of this stream with the same batch of ``other``."""
+        return Transformed(self.ctx, (self, other), lambda a, b: a.join(b, on, how),
+                           f"{self.name}.join({other.name})")
+
+    def join_static(self, table: DataFrame | Callable[[], DataFrame],
+                    on: str | Sequence[str] | Column, how: str = "inner",
+                    broadcast: bool = False) -> Stream:
+        """Join each batch with a static table (a DataFrame, or a function returning one,
+        called every batch so a table that changes is read afresh)."""
+        from pyspark.sql import functions as F
+
+        def join_it(df: DataFrame) -> DataFrame:
+            right = table() if callable(table) else table
+            return df.join(F.broadcast(right) if broadcast else right, on, how)
+
+        return Transformed(self.ctx, (self,), join_it, f"{self.name}.join_static")
+
+    def window(self, length: int, slide: int = 1) -> Stream:
+        """The union of this stream's last ``length`` batches, every ``slide`` batches."""
+        return Windowed(self.ctx, self, length, slide)
+
+    # -- outputs -------------------------------------------------------------------------
+    def foreach_batch(self, fn: Callable[[DataFrame, int], Any],
+                      name: str | None = None) -> Output:
+        """Call ``fn(df, batch_id)`` every batch. At-least-once: a batch interrupted by a crash
+        calls it again with the same id and data, so make ``fn`` idempotent on ``batch_id``."""
+        from spark_ckpt.streaming.sinks import ForeachBatchSink
+
+        return Output(self.ctx, self, ForeachBatchSink(name or _fn_name(fn), fn))
+
+    def write_parquet(self, path: str, name: str | None = None,
+                      partition_by: Sequence[str] = ()) -> Output:
+        """Append each batch to a Parquet directory, exactly once per batch."""
+        from spark_ckpt.streaming.sinks import ParquetBatchSink
+
+        return Output(self.ctx, self, ParquetBatchSink(name or "parquet", path,
+                                                       tuple(partition_by), self.ctx))
+
+    def write_delta(self, path: str, name: str | None = None,
+                    partition_by: Sequence[str] = ()) -> Output:
+        """Append each batch to a Delta table, exactly once per batch (app transactions)."""
+        from spark_ckpt.streaming.sinks import DeltaBatchSink
+
+        return Output(self.ctx, self, DeltaBatchSink(name or "delta", path, tuple(partition_by),
+                                                     self.ctx))
+
+
+def _fn_name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+class InputStream(Stream):
+    """A source's batches: the piece of the batch's allocation that belongs to the source."""
+
+    def __init__(self, ctx: StreamingContext, source: Source) -> None:
+        super().__init__(ctx, (), source.name)
+        self.source = source
+
+    def compute(self, run: BatchRun) -> DataFrame:
+        piece = run.allocation.pieces.get(self.source.name)
+        if piece is None:
+            raise JobDefinitionError(
+                f"batch {run.batch_id}: its allocation has nothing for source "
+                f"{self.source.name}; recorded sources: {sorted(run.allocation.pieces)}"
+            )
+        current = run.batch_id == run.stats.batch_id  # not an earlier batch of a window
+        if current:
+            run.stats.input_rows[self.source.name] = self.source.rows(piece)
+        return self.source.read(run, piece)
+
+
+class Transformed(Stream):
+    def __init__(self, ctx: StreamingContext, parents: Sequence[Stream],
+                 fn: Callable[..., DataFrame], name: str) -> None:
+        super().__init__(ctx, parents, name)
+        self.fn = fn
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        inputs = [run.get_or_compute(p) for p in self.parents]
+        if any(df is None for df in inputs):
+            return None
+        out = self.fn(*inputs)
+        if out is None or not hasattr(out, "schema"):
+            raise JobDefinitionError(
+                f"stream {self.name}, batch {run.batch_id}: expected its function to return a "
+                f"DataFrame, found {type(out).__name__}"
+            )
+        return out
+
+
+class Windowed(Stream):
+    def __init__(self, ctx: StreamingContext, parent: Stream, length: int, slide: int) -> None:
+        if length < 1 or slide < 1:
+            raise JobDefinitionError(
+                f"window over {parent.name}: expected length >= 1 and slide >= 1 batches, "
+                f"found length={length}, slide={slide}"
+            )
+        super().__init__(ctx, (parent,), f"{parent.name}.window({length},{slide})")
+        self.length = length
+        self.slide = slide
+        ctx.graph.remember(length)
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        if (run.batch_id + 1) % self.slide:
+            return None
+        first = max(0, run.batch_id - self.length + 1)
+        frames = [run.at(b).get_or_compute(self.parents[0]) for b in range(first,
+                                                                           run.batch_id + 1)]
+        frames = [f for f in frames if f is not None]
+        if not frames:
+            return None
+        out = frames[0]
+        for df in frames[1:]:
+            out = out.unionByName(df)
+        return out
+
+
+class Output(Stream):
+    """An output stream: runs its sink on its parent's DataFrame every batch."""
+
+    def __init__(self, ctx: StreamingContext, parent: Stream, sink: BatchSink) -> None:
+        super().__init__(ctx, (parent,), sink.name)
+        self.sink = sink
+        ctx.graph.add_output(self)
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        return run.get_or_compute(self.parents[0])

@@ -1,0 +1,78 @@
+"""The ReceiverTracker: which input belongs to which batch, recorded before the batch runs.
+
+``allocate`` asks every source for what it has since the previous batch (within its limits),
+records the whole allocation as ``allocations/<batch>.json`` (create-if-absent: a second
+driver on the same checkpoint fails here), and only then moves the sources past it. A
+restarted driver rebuilds every source's position from the recorded allocations and runs an
+allocated but unfinished batch over exactly the data it was given.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from spark_ckpt.errors import JobFencedError
+from spark_ckpt.streaming.batch import BatchAllocation
+
+if TYPE_CHECKING:
+    from spark_ckpt.streaming.metalog import MetadataLog
+    from spark_ckpt.streaming.sources import Source
+
+__all__ = ["ReceiverTracker"]
+
+log = logging.getLogger(__name__)
+
+
+class ReceiverTracker:
+    def __init__(self, pipeline: str, sources: list[Source], allocations: MetadataLog) -> None:
+        self.pipeline = pipeline
+        self.sources = {s.name: s for s in sources}
+        self.allocations = allocations
+
+    def restore(self) -> list[BatchAllocation]:
+        """Rebuild source positions; return every recorded allocation, oldest first."""
+        records = [BatchAllocation.from_record(r) for r in
+                   (self.allocations.get(b) for b in self.allocations.batch_ids()) if r]
+        for name, source in self.sources.items():
+            source.restore([(a.batch_id, a.pieces[name]) for a in records if name in a.pieces])
+        return records
+
+    def start(self) -> None:
+        for source in self.sources.values():
+            source.start()
+
+    def stop(self) -> None:
+        for source in self.sources.values():
+            source.stop()
+
+    def allocate(self, batch_id: int, batch_time_ms: int, *,
+                 skip_if_empty: bool = False) -> BatchAllocation | None:
+        """Allocate and record batch ``batch_id``; None (nothing recorded) when
+        ``skip_if_empty`` and no source has new input."""
+        pieces = {name: source.plan() for name, source in self.sources.items()}
+        if skip_if_empty and all(self.sources[n].is_empty(p) for n, p in pieces.items()):
+            return None
+        allocation = BatchAllocation(batch_id, batch_time_ms, pieces, int(time.time() * 1000))
+        if not self.allocations.add(batch_id, allocation.body()):
+            raise JobFencedError(
+                f"pipeline {self.pipeline}: batch {batch_id} was already allocated by another "
+                "driver on this checkpoint directory; this driver stops (only one driver may "
+                "run a pipeline)"
+            )
+        for name, source in self.sources.items():
+            source.advance(pieces[name])
+        log.info("Pipeline %s batch %d: allocated %s", self.pipeline, batch_id,
+                 {n: s.rows(p) for n, (s, p) in
+                  ((n, (self.sources[n], p)) for n, p in pieces.items())})
+        return allocation
+
+    def purge(self, below: int, records: list[BatchAllocation]) -> None:
+        """Drop allocation records of batches ``< below`` (sources fold what they need)."""
+        old = [a for a in records if a.batch_id < below]
+        if not old:
+            return
+        for name, source in self.sources.items():
+            source.purge([(a.batch_id, a.pieces[name]) for a in old if name in a.pieces], below)
+        self.allocations.purge(below)

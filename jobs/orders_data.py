@@ -53,6 +53,54 @@ def generate(directory: str, *, orders: int = 200_000, files: int = 8, customers
     return {"orders": orders, "files": files, "customers": customers}
 
 
+ORDER_EVENT_SCHEMA = ("order_id BIGINT, customer_id BIGINT, order_ts TIMESTAMP, amount DOUBLE, "
+                      "quantity INT")
+
+
+def drop_order_files(directory: str, *, files: int, rows_per_file: int, first_file: int = 0,
+                     customers: int = 5_000, fmt: str = "json", malformed_every: int = 0,
+                     seed: int = 7) -> list[str]:
+    """Drop order event files into a landing directory, each written aside then moved in.
+
+    File ``k`` holds orders ``k * rows_per_file ...`` and is the same whatever the call, so a
+    stream's output can be compared with a batch over the same files. ``malformed_every``
+    (JSON only) makes every n-th line unparseable, for the dead-letter path.
+    """
+    os.makedirs(directory, exist_ok=True)
+    written = []
+    for f in range(first_file, first_file + files):
+        rng = np.random.default_rng(seed * 1_000_003 + f)
+        start = f * rows_per_file
+        order_id = np.arange(start, start + rows_per_file, dtype=np.int64)
+        seconds = rng.integers(0, 60 * 86_400, rows_per_file)
+        ts = (np.datetime64("2026-01-01T00:00:00") + seconds.astype("timedelta64[s]"))
+        table = pa.table({
+            "order_id": order_id,
+            "customer_id": rng.integers(0, customers, rows_per_file).astype(np.int64),
+            "order_ts": pa.array(ts.astype("datetime64[us]"), pa.timestamp("us", tz="UTC")),
+            "amount": np.round(rng.gamma(2.0, 40.0, rows_per_file) - 5.0, 2),
+            "quantity": rng.integers(1, 10, rows_per_file).astype(np.int32),
+        })
+        name = f"orders-{f:06d}.{fmt}"
+        tmp = os.path.join(directory, f".{name}.tmp")
+        if fmt == "parquet":
+            pq.write_table(table, tmp)
+        else:
+            import json
+
+            with open(tmp, "w") as out:
+                for i, row in enumerate(table.to_pylist()):
+                    if malformed_every and i % malformed_every == malformed_every - 1:
+                        out.write('{"order_id": ' + str(row["order_id"]) + ', "amount": oops\n')
+                        continue
+                    row["order_ts"] = row["order_ts"].strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                    out.write(json.dumps(row) + "\n")
+        final = os.path.join(directory, name)
+        os.replace(tmp, final)
+        written.append(final)
+    return written
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("directory")

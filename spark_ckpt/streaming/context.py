@@ -307,7 +307,9 @@ class StreamingContext:
     def last_progress(self) -> dict[str, Any] | None:
         return self.recent_progress[-1] if self.recent_progress else None
 
-    def _batch_failed(self, batch_id: int, exc: BaseException) -> None:
+    def _batch_failed(self, batch_id: int, exc: BaseException, *, drain: bool = False) -> None:
+        """A batch failed (or, ``drain``, the generator could not allocate one: the batches
+        already allocated still run first)."""
         if self._state == "stopping-now":
             self._finish(None)
             return
@@ -320,9 +322,9 @@ class StreamingContext:
             )
             error.__cause__ = exc
         log.error("%s", error)
-        self._finish(error)
+        self._finish(error, drain=drain)
 
-    def _finish(self, error: BaseException | None) -> None:
+    def _finish(self, error: BaseException | None, *, drain: bool = False) -> None:
         with self._lock:
             if self._finishing:
                 return
@@ -331,10 +333,14 @@ class StreamingContext:
             self._state = "stopped"
         if self.generator is not None:
             self.generator.stop()
-        self.scheduler.stop()
+        self.scheduler.stop(drain=drain)
         threading.Thread(target=self._shutdown, args=(error,), daemon=True).start()
 
     def _shutdown(self, error: BaseException | None) -> None:
+        # await_termination returns only when no thread of this pipeline can still commit
+        self.scheduler.thread.join()
+        if self.generator is not None:
+            self.generator.thread.join()
         self.tracker.stop()
         notify(self.listeners, "on_pipeline_terminated", error)
         self._terminated.set()

@@ -86,7 +86,7 @@ class JobGenerator:
                 self.next_batch += 1
                 next_time = _next_tick(next_time, interval)
         except BaseException as exc:  # noqa: BLE001 - handed to await_termination
-            ctx._batch_failed(self.next_batch, exc)  # noqa: SLF001
+            ctx._batch_failed(self.next_batch, exc, drain=True)  # noqa: SLF001
 
 
 def _next_tick(previous: float, interval: float) -> float:

@@ -28,6 +28,12 @@ class StreamGraph:
     def add_stream(self, stream: Stream) -> None:
         from spark_ckpt.streaming.stream import InputStream
 
+        names = {s.name for s in self.streams}
+        if stream.name in names and not isinstance(stream, InputStream):
+            n = 2
+            while f"{stream.name}#{n}" in names:
+                n += 1
+            stream.name = f"{stream.name}#{n}"  # unique names in progress and logs
         self.streams.append(stream)
         if isinstance(stream, InputStream):
             if any(i.source.name == stream.source.name for i in self.inputs):
@@ -37,12 +43,15 @@ class StreamGraph:
                 )
             self.inputs.append(stream)
 
-    def add_output(self, output: Output) -> None:
-        if any(o.name == output.name for o in self.outputs):
+    def check_output_name(self, name: str) -> None:
+        if any(o.sink.name == name for o in self.outputs):
             raise JobDefinitionError(
-                f"an output named {output.name!r} already exists in this pipeline; pass "
+                f"an output named {name!r} already exists in this pipeline; pass "
                 "name= to tell outputs apart (names key their exactly-once commits)"
             )
+
+    def add_output(self, output: Output) -> None:
+        self.check_output_name(output.sink.name)
         self.outputs.append(output)
 
     def remember(self, batches: int) -> None:

@@ -185,10 +185,9 @@ class QueueSource(ReceiverSource):
         elif hasattr(data, "to_dict") and hasattr(data, "columns"):  # pandas
             table = pa.Table.from_pandas(data, preserve_index=False)
         else:
-            rows = list(data)
-            if rows and not isinstance(rows[0], dict):
-                rows = [dict(zip(expected.names, r, strict=True)) for r in rows]
             try:
+                rows = [r if isinstance(r, dict) else dict(zip(expected.names, r, strict=True))
+                        for r in data]
                 table = pa.Table.from_pylist(rows, schema=expected)
             except Exception as exc:
                 raise SourceError(

@@ -46,8 +46,10 @@ class JobScheduler:
     def submit(self, allocation: BatchAllocation, recovered: bool = False) -> None:
         self.queue.put((allocation, recovered))
 
-    def stop(self) -> None:
-        self._stopping.set()
+    def stop(self, *, drain: bool = False) -> None:
+        """Stop after the running batch; with ``drain``, after every batch already queued."""
+        if not drain:
+            self._stopping.set()
         self.queue.put(_STOP)
 
     def _loop(self) -> None:

@@ -138,8 +138,8 @@ class InputStream(Stream):
     """A source's batches: the piece of the batch's allocation that belongs to the source."""
 
     def __init__(self, ctx: StreamingContext, source: Source) -> None:
-        super().__init__(ctx, (), source.name)
         self.source = source
+        super().__init__(ctx, (), source.name)
 
     def compute(self, run: BatchRun) -> DataFrame:
         piece = run.allocation.pieces.get(self.source.name)
@@ -204,6 +204,7 @@ class Output(Stream):
     """An output stream: runs its sink on its parent's DataFrame every batch."""
 
     def __init__(self, ctx: StreamingContext, parent: Stream, sink: BatchSink) -> None:
+        ctx.graph.check_output_name(sink.name)
         super().__init__(ctx, (parent,), sink.name)
         self.sink = sink
         ctx.graph.add_output(self)

@@ -27,6 +27,10 @@ POINTS = (
     "sink.commit.files",  # Parquet sink: marker created, some files moved
     "sink.committed",  # sink table committed, SinkCommitted not yet logged
     "attempt.finished",  # JobAttemptFinished durable
+    "stream.batch.allocated",  # a batch's allocation is durable, the batch not yet submitted
+    "stream.batch.staged",  # every output of a batch staged, none committed
+    "stream.output.committed",  # one output of a batch committed (counted per output)
+    "stream.batch.committed",  # a batch's commit record is durable
 )
 
 _lock = threading.Lock()

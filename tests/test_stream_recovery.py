@@ -1,0 +1,167 @@
+"""Streaming drivers killed with SIGKILL, restarted: outputs equal an uninterrupted run's."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+import orders_data
+import pandas as pd
+import pytest
+import stream_orders
+from chispa import assert_df_equality
+from deltalake import DeltaTable
+from helpers import ROOT, child_env, kill_group
+
+from spark_ckpt import Settings
+
+pytestmark = pytest.mark.slow
+
+FILES = 8
+ROWS = 1500
+NAME = "stream-orders"
+
+
+@pytest.fixture(scope="module")
+def stream_input(tmp_path_factory):
+    base = tmp_path_factory.mktemp("stream-input")
+    orders_data.generate(str(base / "static"), orders=100, files=1, customers=500)
+    orders_data.drop_order_files(str(base / "landing"), files=FILES, rows_per_file=ROWS,
+                                 customers=500, malformed_every=300)
+    return base
+
+
+@pytest.fixture(scope="module")
+def expected(spark, stream_input, tmp_path_factory):
+    """The same pipeline run uninterrupted, in this process."""
+    out = tmp_path_factory.mktemp("stream-expected")
+    ctx = stream_orders.build_pipeline(
+        spark, str(stream_input / "landing"), str(stream_input / "static" / "customers"),
+        str(out / "out"), str(out / "ckpt"), interval=0.1, max_files_per_batch=1,
+        settings=Settings(progress="never"))
+    progress = ctx.process_available(timeout=300)
+    assert len(progress) == FILES
+    return out
+
+
+def command(stream_input, tmp_path):
+    return [sys.executable, str(ROOT / "jobs" / "stream_orders.py"),
+            "--landing", str(stream_input / "landing"),
+            "--customers", str(stream_input / "static" / "customers"),
+            "--output", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "ckpt"),
+            "--interval", "0.1", "--max-files-per-batch", "1", "--available-now"]
+
+
+def run(stream_input, tmp_path, fault=None, timeout=300):
+    return subprocess.run(command(stream_input, tmp_path), env=child_env(fault),
+                          capture_output=True, text=True, timeout=timeout,
+                          start_new_session=True, cwd=ROOT)
+
+
+def assert_same_output(spark, expected, tmp_path):
+    for table in ("out/enriched", "ckpt/deadletter"):
+        got = DeltaTable(str(tmp_path / table))
+        want = DeltaTable(str(expected / table))
+        key = "order_id" if "enriched" in table else "record"
+        got_df = got.to_pandas().sort_values(key).reset_index(drop=True)
+        want_df = want.to_pandas().sort_values(key).reset_index(drop=True)
+        assert len(got_df) == len(want_df)
+        assert got_df[key].is_unique or table.endswith("deadletter")
+        pd.testing.assert_frame_equal(got_df, want_df, check_like=True)
+    assert DeltaTable(str(tmp_path / "out/enriched")).transaction_version(
+        f"spark_ckpt/{NAME}/enriched") == FILES
+    cols = ["order_id", "customer_id", "region", "segment", "day", "amount", "quantity"]
+    got_pq = spark.read.parquet(str(tmp_path / "out" / "by_region")).select(*cols)
+    want_pq = spark.read.parquet(str(expected / "out" / "by_region")).select(*cols)
+    assert_df_equality(got_pq.orderBy("order_id"), want_pq.orderBy("order_id"),
+                       ignore_nullable=True)
+
+
+def committed(tmp_path) -> int:
+    directory = tmp_path / "ckpt" / "commits"
+    return len(list(directory.glob("*.json"))) if directory.exists() else 0
+
+
+@pytest.mark.parametrize("fault", [
+    "stream.batch.allocated:3",  # allocation durable, batch never submitted
+    "stream.batch.staged:2",  # both outputs staged, none committed
+    "stream.output.committed:5",  # batch 2: Delta committed, Parquet not
+    "stream.batch.committed:4",  # commit record durable, progress not reported
+    "sink.commit.files:2",  # Parquet commit half done: marker created, files partly moved
+])
+def test_kill_at_each_point_of_a_batch_then_restart(spark, stream_input, expected, tmp_path,
+                                                    fault):
+    crashed = run(stream_input, tmp_path, fault=fault)
+    assert crashed.returncode == -9, crashed.stdout[-2000:] + crashed.stderr[-3000:]
+    assert committed(tmp_path) < FILES
+    done = run(stream_input, tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "recovered=" in done.stdout
+    assert committed(tmp_path) == FILES
+    assert_same_output(spark, expected, tmp_path)
+
+
+def test_killed_at_random_moments_over_many_batches(spark, stream_input, expected, tmp_path):
+    rng = random.Random(20261121)
+    kills = 0
+    for _ in range(6):
+        proc = subprocess.Popen(command(stream_input, tmp_path), env=child_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True, cwd=ROOT)
+        time.sleep(rng.uniform(4.0, 12.0))
+        if proc.poll() is not None:
+            break
+        kill_group(proc)
+        kills += 1
+    done = run(stream_input, tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert kills >= 2
+    assert committed(tmp_path) == FILES
+    assert_same_output(spark, expected, tmp_path)
+
+
+QUEUE_CHILD = """
+import sys, time
+from spark_ckpt import Settings, StreamingContext, get_or_create_session
+spark = get_or_create_session("wal")
+ctx = StreamingContext(spark, 3600, sys.argv[1], "wal", settings=Settings(progress="never"))
+q = ctx.queue_stream("q", "id BIGINT, name STRING")
+q.write_parquet(sys.argv[2], name="out")
+ctx.start()
+while ctx.last_progress is None:  # batch 0 (empty) ran at start; the next tick is an hour away
+    time.sleep(0.05)
+for block in range(3):
+    q.source.push([(block * 10 + i, f"n{i}") for i in range(10)])
+print("PUSHED", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_received_blocks_not_yet_processed_survive_a_driver_kill(spark, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", QUEUE_CHILD, str(tmp_path / "ckpt"),
+                             str(tmp_path / "out")], env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+                            cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("PUSHED"):
+                break
+        else:
+            pytest.fail("the child driver exited before pushing")
+    finally:
+        kill_group(proc)
+    from spark_ckpt import StreamingContext
+
+    ctx = StreamingContext(spark, 0.1, str(tmp_path / "ckpt"), "wal",
+                           settings=Settings(progress="never"))
+    q = ctx.queue_stream("q", "id BIGINT, name STRING")
+    q.write_parquet(str(tmp_path / "out"), name="out")
+    progress = ctx.process_available(timeout=120)
+    assert [p["num_input_rows"] for p in progress] == [30]
+    ids = sorted(spark.read.parquet(str(tmp_path / "out")).toPandas().id)
+    assert ids == list(range(30))
+    shutil.rmtree(tmp_path / "ckpt")

@@ -138,6 +138,13 @@ class _FileSink(BatchSink):
                 f"{missing} the stream does not have; its columns: {df.columns}"
             )
 
+    @staticmethod
+    def provably_empty(df: DataFrame) -> bool:
+        """True when Spark's optimizer reduced the batch to no rows (an empty batch): writing
+        it would still run a job and leave an empty file."""
+        plan = df._jdf.queryExecution().optimizedPlan()  # noqa: SLF001
+        return plan.getClass().getSimpleName() == "LocalRelation" and plan.data().isEmpty()
+
     def _write(self, df: DataFrame, directory: str) -> None:
         writer = df.write.mode("overwrite")
         if self.partition_by:
@@ -178,6 +185,8 @@ class DeltaBatchSink(_FileSink):
         # unreferenced files that VACUUM removes; committed files stay where they are.
         directory = join(self.store.root, "spark_ckpt_staged",
                          f"{self.ctx.name}-{self.name}-b{batch_id}-{uuid.uuid4().hex[:12]}")
+        if self.provably_empty(df):
+            return []
         self._write(df, directory)
         return staged_files(self.store, directory, self.name)
 
@@ -209,6 +218,8 @@ class ParquetBatchSink(_FileSink):
 
     def stage(self, df: DataFrame, batch_id: int) -> Any:
         staging = self._parquet.staging
+        if self.provably_empty(df):
+            return []
         self._write(df, staging)  # mode overwrite clears what a crashed try left
         return staged_files(self.store, staging, self.name)
 

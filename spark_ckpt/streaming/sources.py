@@ -77,7 +77,12 @@ class Source:
         raise NotImplementedError
 
     def empty(self, spark: Any) -> DataFrame:
-        return spark.createDataFrame([], self.schema())
+        """No rows, in a form Spark's optimizer recognizes, so an empty batch runs no job."""
+        from pyspark.sql import functions as F
+
+        return spark.range(1).select(
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in self.schema().fields]
+        ).where(F.lit(False))
 
     def start(self) -> None:
         """Start receiving (receiver sources)."""

@@ -419,3 +419,50 @@ def test_changed_sources_under_a_checkpoint_are_refused(spark, tmp_path):
     with pytest.raises(JobDefinitionError, match="sources cannot change"):
         ctx2.start()
     shutil.rmtree(tmp_path / "ckpt")
+
+
+def test_old_records_are_purged_and_restart_still_skips_seen_files(spark, tmp_path):
+    landing = tmp_path / "landing"
+    _drop(landing, 12, rows=10)
+    ctx = make_ctx(spark, tmp_path, stream_min_batches_to_retain=3)
+    ctx.file_stream("orders", str(landing), "parquet", max_files_per_batch=1) \
+        .write_parquet(str(tmp_path / "out"), name="out")
+    assert len(ctx.process_available(timeout=180)) == 12
+    ckpt = tmp_path / "ckpt"
+    # purged at batch 10 below batch 8: records 8..11 remain, earlier files are in a snapshot
+    assert sorted(os.listdir(ckpt / "allocations"))[0] == "000000000008.json"
+    assert sorted(os.listdir(ckpt / "commits"))[0] == "000000000008.json"
+    assert os.listdir(ckpt / "sources" / "orders") == ["seen-000000000008.parquet"]
+    _drop(landing, 1, first=12, rows=10)
+    ctx2 = make_ctx(spark, tmp_path, stream_min_batches_to_retain=3)
+    ctx2.file_stream("orders", str(landing), "parquet", max_files_per_batch=1) \
+        .write_parquet(str(tmp_path / "out"), name="out")
+    progress = ctx2.process_available(timeout=120)
+    assert [p["batch_id"] for p in progress] == [12]
+    ids = sorted(spark.read.parquet(str(tmp_path / "out")).toPandas().order_id)
+    assert ids == list(range(130))
+
+
+def test_stop_now_cancels_the_running_batch_which_reruns_on_restart(spark, tmp_path):
+    ctx = make_ctx(spark, tmp_path, interval=0.2)
+    running = threading.Event()
+
+    def slow(df, batch):
+        running.set()
+
+        def sleepy(rows):
+            time.sleep(60)
+            return iter([])
+
+        df.rdd.mapPartitions(sleepy).count()
+
+    ctx.generator_stream("g", rows_per_batch=5, partitions=1).foreach_batch(slow, name="s")
+    ctx.start()
+    assert running.wait(60)
+    time.sleep(1.0)  # let the Spark job start
+    started = time.monotonic()
+    ctx.stop(graceful=False, timeout=60)
+    assert time.monotonic() - started < 30
+    assert ctx.await_termination(0)  # stopped on request: no error
+    assert not (tmp_path / "ckpt" / "commits" / "000000000000.json").exists()
+    assert (tmp_path / "ckpt" / "allocations" / "000000000000.json").exists()

@@ -58,14 +58,6 @@ class MetadataLog:
                 ids.append(int(name[:12]))
         return sorted(ids)
 
-    def latest(self) -> tuple[int, dict[str, Any]] | None:
-        ids = self.batch_ids()
-        if not ids:
-            return None
-        record = self.get(ids[-1])
-        assert record is not None
-        return ids[-1], record
-
     def purge(self, below: int) -> int:
         """Delete records of batches ``< below``; return how many went."""
         gone = 0

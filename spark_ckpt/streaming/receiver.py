@@ -42,20 +42,24 @@ class BlockStore:
         self.directory = directory
         storage.makedirs(directory)
         self._lock = threading.Lock()
-        self.next_seq = max((seq for seq, _p, _r in self.blocks()), default=-1) + 1
+        self.next_seq = max((seq for seq, _path in self._files()), default=-1) + 1
 
-    def blocks(self) -> list[tuple[int, str, int]]:
-        """Every complete block as ``(seq, path, rows)``, in order."""
-        import pyarrow.parquet as pq
-
+    def _files(self) -> list[tuple[int, str]]:
+        """Every complete block as ``(seq, file-system path)``, in order, from names alone."""
         out = []
         for info in self.storage.list_files(self.directory, recursive=False):
             name = info.base_name
-            if not (name.endswith(".parquet") and name[:12].isdigit() and len(name) == 20):
-                continue
-            meta = pq.read_metadata(info.path, filesystem=self.storage.fs)
-            out.append((int(name[:12]), self.storage.spark_path(info.path), meta.num_rows))
+            if name.endswith(".parquet") and name[:12].isdigit() and len(name) == 20:
+                out.append((int(name[:12]), info.path))
         return sorted(out)
+
+    def blocks(self) -> list[tuple[int, str, int]]:
+        """Every complete block as ``(seq, path, rows)``, in order (reads each footer)."""
+        import pyarrow.parquet as pq
+
+        return [(seq, self.storage.spark_path(path),
+                 pq.read_metadata(path, filesystem=self.storage.fs).num_rows)
+                for seq, path in self._files()]
 
     def append(self, table: Any) -> tuple[int, str, int]:
         """Write ``table`` as the next block; return ``(seq, path, rows)`` once it is durable."""
@@ -73,10 +77,10 @@ class BlockStore:
 
     def delete_through(self, seq: int) -> int:
         gone = 0
-        for s, path, _rows in self.blocks():
+        for s, path in self._files():
             if s > seq:
                 break
-            self.storage.fs.delete_file(self.storage.fs_path(path))
+            self.storage.fs.delete_file(path)
             gone += 1
         return gone
 

@@ -426,10 +426,9 @@ class DeltaStreamSource(Source):
             for column, value in json.loads(key).items():
                 df = df.withColumn(column, F.lit(value).cast(schema[column].dataType))
             frames.append(df.select(*schema.names))
-        out = frames[0]
-        for df in frames[1:]:
-            out = out.unionByName(df)
-        return out
+        from spark_ckpt.streaming.stream import union_by_name
+
+        return union_by_name(frames)
 
 
 # -- a deterministic generator -----------------------------------------------------------------

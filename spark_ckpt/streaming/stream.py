@@ -8,6 +8,7 @@ A parent's result of ``None`` (a window between slides) propagates: nothing down
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from spark_ckpt.streaming.sinks import BatchSink
     from spark_ckpt.streaming.sources import Source
 
-__all__ = ["InputStream", "Output", "Stream"]
+__all__ = ["InputStream", "Output", "Stream", "union_by_name"]
 
 _ids = itertools.count()
 
@@ -75,12 +76,8 @@ class Stream:
     def union(self, *others: Stream) -> Stream:
         """Rows of this stream and ``others`` in each batch (columns matched by name)."""
 
-        def union_all(df: DataFrame, *rest: DataFrame) -> DataFrame:
-            for other in rest:
-                df = df.unionByName(other)
-            return df
-
-        return Transformed(self.ctx, (self, *others), union_all, f"{self.name}.union")
+        return Transformed(self.ctx, (self, *others), lambda *dfs: union_by_name(dfs),
+                           f"{self.name}.union")
 
     def join(self, other: Stream, on: str | Sequence[str] | Column, how: str = "inner") -> Stream:
         """Join each batch of this stream with the same batch of ``other``."""
@@ -128,6 +125,11 @@ class Stream:
 
         return Output(self.ctx, self, DeltaBatchSink(name or "delta", path, tuple(partition_by),
                                                      self.ctx))
+
+
+def union_by_name(frames: Sequence[DataFrame]) -> DataFrame:
+    """The rows of every frame, columns matched by name."""
+    return functools.reduce(lambda a, b: a.unionByName(b), frames)
 
 
 def _fn_name(fn: Callable[..., Any]) -> str:
@@ -192,12 +194,7 @@ class Windowed(Stream):
         frames = [run.at(b).get_or_compute(self.parents[0]) for b in range(first,
                                                                            run.batch_id + 1)]
         frames = [f for f in frames if f is not None]
-        if not frames:
-            return None
-        out = frames[0]
-        for df in frames[1:]:
-            out = out.unionByName(df)
-        return out
+        return union_by_name(frames) if frames else None
 
 
 class Output(Stream):

@@ -64,8 +64,7 @@ class ReceiverTracker:
         for name, source in self.sources.items():
             source.advance(pieces[name])
         log.info("Pipeline %s batch %d: allocated %s", self.pipeline, batch_id,
-                 {n: s.rows(p) for n, (s, p) in
-                  ((n, (self.sources[n], p)) for n, p in pieces.items())})
+                 {name: self.sources[name].rows(piece) for name, piece in pieces.items()})
         return allocation
 
     def purge(self, below: int, records: list[BatchAllocation]) -> None:

@@ -7,6 +7,7 @@ Expected races (late acknowledgements, duplicate manifests) are returned outcome
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
     "CommitError",
     "ConfigurationError",
     "EnvironmentError_",
@@ -19,6 +20,7 @@ __all__ = [
     "PipelineFailedError",
     "SourceError",
     "SparkCkptError",
+    "StateTooLargeError",
     "TaskExecutionError",
 ]
 
@@ -79,3 +81,12 @@ class SourceError(SparkCkptError, RuntimeError):
 
 class PipelineFailedError(SparkCkptError, RuntimeError):
     """A streaming batch failed; the pipeline stopped and the batch reruns on restart."""
+
+
+class StateTooLargeError(SparkCkptError, RuntimeError):
+    """Keyed state outgrew the in-memory backend's limit for one task."""
+
+
+class CheckpointError(SparkCkptError, RuntimeError):
+    """A checkpoint could not be taken or restored: storage failures past the tolerable limit,
+    no restorable checkpoint, a checkpoint that does not belong to this pipeline."""

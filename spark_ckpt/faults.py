@@ -1,10 +1,11 @@
 """Named fault points, for the recovery tests that kill a real driver at an exact moment.
 
 ``SPARK_CKPT_FAULT`` holds ``point[:n][:action]``: when the driver passes ``point`` for the
-``n``-th time (default 1), the action runs. Actions: ``kill`` (SIGKILL the driver's whole process
-group, JVM and Python workers included: a crash, not a shutdown) and ``pause`` (sleep for
-``SPARK_CKPT_FAULT_PAUSE_S`` seconds, default an hour, so a test can race a second driver
-against this one). Unset, a fault point costs one dict
+``n``-th time (default 1; ``n-m`` for passes n to m, ``n-`` for every pass from n on), the action
+runs. Actions: ``kill`` (SIGKILL the driver's whole process group, JVM and Python workers
+included: a crash, not a shutdown), ``pause`` (sleep for ``SPARK_CKPT_FAULT_PAUSE_S`` seconds,
+default an hour, so a test can race a second driver against this one) and ``fail`` (raise
+``OSError``, as failing storage would). Unset, a fault point costs one dict
 lookup. The points are listed in :data:`POINTS` and in docs/recovery.md.
 """
 
@@ -31,21 +32,27 @@ POINTS = (
     "stream.batch.staged",  # every output of a batch staged, none committed
     "stream.output.committed",  # one output of a batch committed (counted per output)
     "stream.batch.committed",  # a batch's commit record is durable
+    "checkpoint.metadata",  # a completed checkpoint's metadata is about to be written
+    "checkpoint.completed",  # a checkpoint's metadata is durable, sinks not yet committed
+    "checkpoint.sink.committed",  # one sink committed a checkpoint's transaction
 )
 
 _lock = threading.Lock()
 _counts: dict[str, int] = {}
 
 
-def _spec() -> tuple[str, int, str] | None:
+def _spec() -> tuple[str, int, float, str] | None:
     raw = os.environ.get("SPARK_CKPT_FAULT")
     if not raw:
         return None
     parts = raw.split(":")
     point = parts[0]
-    nth = int(parts[1]) if len(parts) > 1 and parts[1] else 1
+    nth = parts[1] if len(parts) > 1 and parts[1] else "1"
+    first, dash, last = nth.partition("-")
+    low = int(first)
+    high: float = (int(last) if last else float("inf")) if dash else low
     action = parts[2] if len(parts) > 2 else "kill"
-    return point, nth, action
+    return point, low, high, action
 
 
 def fault_point(name: str) -> None:
@@ -55,10 +62,13 @@ def fault_point(name: str) -> None:
         return
     with _lock:
         _counts[name] = _counts.get(name, 0) + 1
-        hit = _counts[name] == spec[1]
+        hit = spec[1] <= _counts[name] <= spec[2]
     if not hit:
         return
-    if spec[2] == "pause":
+    if spec[3] == "fail":
+        raise OSError(f"injected storage failure at fault point {name} "
+                      f"(pass {_counts[name]}, SPARK_CKPT_FAULT)")
+    if spec[3] == "pause":
         time.sleep(float(os.environ.get("SPARK_CKPT_FAULT_PAUSE_S", "3600")))
         return
     # A crash: the driver, its JVM and the Python workers die together, mid-write if need be.

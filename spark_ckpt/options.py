@@ -161,6 +161,129 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         minimum=10,
     ),
     _opt(
+        "spark.ckpt.checkpoint.enabled",
+        "choice",
+        "auto",
+        "Take barrier-aligned checkpoints in streaming pipelines: auto (when the pipeline has "
+        "keyed state), true or false. Keyed state needs checkpoints.",
+        choices=("auto", "true", "false"),
+    ),
+    _opt(
+        "spark.ckpt.checkpoint.intervalMs",
+        "int",
+        10000,
+        "Time between checkpoint triggers, independent of the batch interval; the barrier "
+        "goes after the batch running then. 0: only a final checkpoint on stop.",
+        minimum=0,
+    ),
+    _opt(
+        "spark.ckpt.checkpoint.minPauseMs",
+        "int",
+        0,
+        "Least time from the end of one checkpoint to the trigger of the next.",
+        minimum=0,
+    ),
+    _opt(
+        "spark.ckpt.checkpoint.maxConcurrent",
+        "int",
+        1,
+        "Checkpoints that may be pending at the same time.",
+        minimum=1,
+    ),
+    _opt(
+        "spark.ckpt.checkpoint.timeoutMs",
+        "int",
+        600000,
+        "A checkpoint not complete this long after its trigger is aborted.",
+        minimum=1,
+    ),
+    _opt(
+        "spark.ckpt.checkpoint.tolerableFailures",
+        "int",
+        0,
+        "Checkpoints that may fail in a row (timeout, storage error, decline) before the "
+        "pipeline fails.",
+        minimum=0,
+    ),
+    _opt(
+        "spark.ckpt.checkpoint.retained",
+        "int",
+        3,
+        "Completed checkpoints kept (restorable by id); older ones are discarded with the "
+        "state files no retained checkpoint shares.",
+        minimum=1,
+    ),
+    _opt(
+        "spark.ckpt.checkpoint.mode",
+        "choice",
+        "exactly_once",
+        "exactly_once: outputs commit in two phases when a checkpoint completes; "
+        "at_least_once: outputs commit every batch (sooner visible; a replay after restore "
+        "writes again unless the sink recognizes the batch).",
+        choices=("exactly_once", "at_least_once"),
+    ),
+    _opt(
+        "spark.ckpt.checkpoint.dir",
+        "str",
+        "",
+        "Checkpoint storage (any URI pyarrow understands); empty: <checkpoint directory>/"
+        "checkpoints.",
+    ),
+    _opt(
+        "spark.ckpt.checkpoint.restoreFrom",
+        "int",
+        0,
+        "Restore from this retained checkpoint id instead of the latest (0: the latest).",
+        minimum=0,
+    ),
+    _opt(
+        "spark.ckpt.state.backend",
+        "choice",
+        "memory",
+        "Where a task keeps its key groups' state: memory (fast, bounded by memoryMaxRows) or "
+        "rocksdb (an embedded store on the executor's local disk, for state larger than "
+        "memory). Durable state is the same for both.",
+        choices=("memory", "rocksdb"),
+    ),
+    _opt(
+        "spark.ckpt.state.parallelism",
+        "int",
+        0,
+        "Tasks of a keyed operator (each owns a key-group range); 0: Spark's default "
+        "parallelism. May change between runs (state is redistributed by key group).",
+        minimum=0,
+    ),
+    _opt(
+        "spark.ckpt.state.maxParallelism",
+        "int",
+        128,
+        "Key groups of a keyed operator: the most tasks it can ever have; fixed for the life "
+        "of a checkpoint directory.",
+        minimum=1,
+    ),
+    _opt(
+        "spark.ckpt.state.memoryMaxRows",
+        "int",
+        10000000,
+        "Keys one task may hold in the memory backend before it fails with a clear error.",
+        minimum=1,
+    ),
+    _opt(
+        "spark.ckpt.state.materializeEvery",
+        "int",
+        10,
+        "A task writes a full snapshot of its range once its chain has this many changelogs "
+        "(restores then read one snapshot and a few changelogs).",
+        minimum=1,
+    ),
+    _opt(
+        "spark.ckpt.state.localDir",
+        "str",
+        "",
+        "Local directory for the rocksdb backend's working copy; empty: the executor's "
+        "SPARK_LOCAL_DIRS or the temporary directory.",
+    ),
+    _opt(
         "spark.ckpt.progress",
         "choice",
         "auto",
@@ -187,6 +310,22 @@ class Settings:
     stream_skip_empty_batches: bool = False
     stream_min_batches_to_retain: int = 100
     stream_receiver_block_interval_ms: int = 200
+    checkpoint_enabled: str = "auto"
+    checkpoint_interval_ms: int = 10000
+    checkpoint_min_pause_ms: int = 0
+    checkpoint_max_concurrent: int = 1
+    checkpoint_timeout_ms: int = 600000
+    checkpoint_tolerable_failures: int = 0
+    checkpoint_retained: int = 3
+    checkpoint_mode: str = "exactly_once"
+    checkpoint_dir: str = ""
+    checkpoint_restore_from: int = 0
+    state_backend: str = "memory"
+    state_parallelism: int = 0
+    state_max_parallelism: int = 128
+    state_memory_max_rows: int = 10000000
+    state_materialize_every: int = 10
+    state_local_dir: str = ""
     progress: str = "auto"
 
     @classmethod

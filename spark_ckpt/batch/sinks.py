@@ -125,7 +125,8 @@ class DeltaSink(Sink):
     def is_committed(self, version: int) -> bool:
         return self._txn_version() >= version
 
-    def commit(self, files: list[OutputFile], version: int) -> dict[str, Any]:
+    def commit(self, files: list[OutputFile], version: int, *,
+               metadata: dict[str, str] | None = None) -> dict[str, Any]:
         from deltalake import CommitProperties, DeltaTable, Transaction
         from deltalake.transaction import AddAction
 
@@ -154,7 +155,7 @@ class DeltaSink(Sink):
             partition_by=list(self.spec.partition_by) or None,
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(app_id=self.app_id, version=version)],
-                custom_metadata={"spark_ckpt.job_id": self.job_id},
+                custom_metadata={"spark_ckpt.job_id": self.job_id, **(metadata or {})},
             ),
         )
         table.update_incremental()

@@ -45,6 +45,7 @@ class BatchStats:
     input_rows: dict[str, int | None] = dataclasses.field(default_factory=dict)
     dead_letters: dict[str, int] = dataclasses.field(default_factory=dict)
     computed: list[str] = dataclasses.field(default_factory=list)
+    state: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     cleanups: list[Callable[[], Any]] = dataclasses.field(default_factory=list)
 
 

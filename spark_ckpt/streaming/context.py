@@ -26,16 +26,25 @@ import json
 import logging
 import threading
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
+from spark_ckpt.checkpoint import (
+    CheckpointConfig,
+    CheckpointCoordinator,
+    CheckpointStorage,
+    CompletedCheckpoint,
+)
+from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import (
+    CheckpointError,
     JobDefinitionError,
     JobFencedError,
     PipelineFailedError,
 )
 from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.options import Settings
-from spark_ckpt.storage import Storage, join
+from spark_ckpt.storage import Storage, join, stat_any
 from spark_ckpt.streaming.batch import BatchAllocation
 from spark_ckpt.streaming.generator import JobGenerator
 from spark_ckpt.streaming.graph import StreamGraph
@@ -52,6 +61,7 @@ from spark_ckpt.streaming.sources import (
 )
 from spark_ckpt.streaming.stream import InputStream
 from spark_ckpt.streaming.tracker import ReceiverTracker
+from spark_ckpt.streaming.twophase import SinkTransactions
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -68,7 +78,8 @@ class StreamingContext:
     """A streaming pipeline bound to an existing SparkSession (never creates one)."""
 
     def __init__(self, spark: SparkSession, batch_interval: float, checkpoint_dir: str,
-                 name: str, *, settings: Settings | None = None) -> None:
+                 name: str, *, settings: Settings | None = None,
+                 clock: Clock | None = None) -> None:
         if batch_interval <= 0:
             raise JobDefinitionError(
                 f"pipeline {name}: expected batch_interval > 0 seconds, found {batch_interval!r}"
@@ -100,6 +111,18 @@ class StreamingContext:
         self.tracker: ReceiverTracker
         self.scheduler: JobScheduler
         self.generator: JobGenerator | None = None
+        self.clock = clock or SystemClock()
+        # lineage: "<name>-<pipeline id>" keys every sink transaction; a checkpoint directory
+        # made before pipeline ids existed keeps its old ids ("<name>")
+        self.pipeline_id = ""
+        self.lineage = name
+        self.checkpointing = False
+        self.coordinator: CheckpointCoordinator | None = None
+        self.checkpoint_storage: CheckpointStorage | None = None
+        self.transactions: dict[str, SinkTransactions] = {}
+        self.restored: CompletedCheckpoint | None = None
+        self.skip_output_through: dict[str, int] = {}  # output -> last batch already visible
+        self.recent_checkpoints: list[dict[str, Any]] = []
 
     # -- sources -------------------------------------------------------------------------
     def _input(self, source: Source) -> InputStream:
@@ -187,6 +210,11 @@ class StreamingContext:
                     "sources cannot change under a checkpoint (use a new checkpoint directory)"
                 )
             self._schemas = dict(record.get("schemas", {}))
+            self.pipeline_id = str(record.get("pipeline_id", ""))
+        elif not self.pipeline_id:
+            self.pipeline_id = uuid.uuid4().hex[:16]
+        if self.pipeline_id:
+            self.lineage = f"{self.name}-{self.pipeline_id}"
         schemas = {s.name: s.schema().json() for s in self._sources}
         for name, schema in schemas.items():
             old = self._schemas.get(name)
@@ -195,8 +223,12 @@ class StreamingContext:
                     f"pipeline {self.name}: source {name} was recorded with schema "
                     f"{old}, the template now gives {schema}"
                 )
-        body = {"name": self.name, "sources": sources, "schemas": schemas,
-                "outputs": {o.name: o.sink.describe() for o in self.graph.outputs},
+        body = {"name": self.name, "pipeline_id": self.pipeline_id, "sources": sources,
+                "schemas": schemas,
+                "outputs": {o.name: (o.sink or o.two_phase).describe()  # type: ignore[union-attr]
+                            for o in self.graph.outputs},
+                "operators": {op.operator: {"kind": op.kind, "keys": list(op.keys)}
+                              for op in self.graph.stateful},
                 "batch_interval_s": self.batch_interval}
         self._schemas = schemas
         self.storage.write_atomic(path, dump_record("pipeline-metadata", METADATA_VERSION, body))
@@ -225,11 +257,14 @@ class StreamingContext:
             )
 
     # -- lifecycle -----------------------------------------------------------------------
-    def start(self, *, available_now: bool = False) -> None:
+    def start(self, *, available_now: bool = False,
+              restore_checkpoint: int | None = None) -> None:
         """Restore from the checkpoint, rerun unfinished batches, then tick.
 
         ``available_now``: process what the sources have now (in as many batches as their
-        limits need), then stop by itself.
+        limits need), take a final checkpoint, then stop by itself.
+        ``restore_checkpoint``: restore from this retained checkpoint id instead of the latest
+        (``spark.ckpt.checkpoint.restoreFrom``).
         """
         with self._lock:
             if self._state != "created":
@@ -244,43 +279,201 @@ class StreamingContext:
         self.driver_state = MetadataLog(self.storage, join(self.root, "driver"), "driver-state")
         self.progress_log = ProgressLog(self.storage, self.root)
         self.tracker = ReceiverTracker(self.name, self._sources, self.allocations)
-        self.scheduler = JobScheduler(self)
         records = self.tracker.restore()
         for record in records:
             self._allocations[record.batch_id] = record
-        committed = set(self.commits.batch_ids())
-        pending = [a for a in records if a.batch_id not in committed]
+        self.checkpointing = self._checkpointing_wanted()
+        if self.checkpointing:
+            pending = self._setup_checkpointing(records, restore_checkpoint)
+        else:
+            committed = set(self.commits.batch_ids())
+            pending = [a for a in records if a.batch_id not in committed]
+        self.scheduler = JobScheduler(self)
         next_batch = max((a.batch_id for a in records), default=-1) + 1
         self._available_now = available_now
-        self._last_allocated: int | None = None
         log.info("Pipeline %s run %d: starting at batch %d; %d allocated batch(es) to rerun%s",
                  self.name, self._run, next_batch, len(pending),
                  f" ({[a.batch_id for a in pending]})" if pending else "")
-        for allocation in pending:
-            self.scheduler.in_flight.acquire()
+        for allocation in pending:  # takes no in-flight permit: they are not the generator's
             self.scheduler.submit(allocation, recovered=True)
         self.generator = JobGenerator(self, next_batch, available_now)
         self.tracker.start()
+        if self.coordinator is not None:
+            self.coordinator.start()
         self.scheduler.start()
         self.generator.start()
 
-    def available_now_done(self, batch_id: int) -> bool:
-        """Scheduler: after ``batch_id``, has an available-now run allocated its last batch?"""
-        if not self._available_now or self.generator is None:
+    # -- checkpointing -------------------------------------------------------------------
+    def _checkpointing_wanted(self) -> bool:
+        mode = self.settings.checkpoint_enabled
+        two_phase_only = [o.output_name for o in self.graph.outputs if o.sink is None]
+        if mode == "false":
+            if self.graph.stateful:
+                raise JobDefinitionError(
+                    f"pipeline {self.name}: keyed state ({[s.operator for s in self.graph.stateful]})"
+                    " needs checkpoints, but spark.ckpt.checkpoint.enabled=false; set it to auto "
+                    "or true"
+                )
+            if two_phase_only:
+                raise JobDefinitionError(
+                    f"pipeline {self.name}: outputs {two_phase_only} commit in two phases and "
+                    "need checkpoints, but spark.ckpt.checkpoint.enabled=false"
+                )
             return False
-        last = self.generator.finished_at
-        if last is not None and batch_id >= last:
-            self._finish(None)
-            return True
-        return False
+        if self.settings.checkpoint_mode == "at_least_once" and two_phase_only:
+            raise JobDefinitionError(
+                f"pipeline {self.name}: outputs {two_phase_only} commit in two phases; "
+                "spark.ckpt.checkpoint.mode=at_least_once has no two-phase commit (use "
+                "exactly_once)"
+            )
+        return mode == "true" or bool(self.graph.stateful) or bool(two_phase_only)
 
-    def available_now_check(self) -> None:
-        """Generator: nothing more to allocate; finish now if every batch already ran."""
-        assert self.generator is not None
-        last = self.generator.finished_at
-        done = set(self.commits.batch_ids())
-        if last is None or last < 0 or last in done:
-            self._finish(None)
+    def _setup_checkpointing(self, records: list[BatchAllocation],
+                             restore_id: int | None) -> list[BatchAllocation]:
+        """Pick and restore a checkpoint; return the batches to replay after its barrier."""
+        s = self.settings
+        uri = s.checkpoint_dir or self.storage.spark_path(join(self.root, "checkpoints"))
+        storage = self.checkpoint_storage = CheckpointStorage(uri)
+        chosen, retained = self._choose_checkpoint(storage, restore_id or
+                                                   s.checkpoint_restore_from or None)
+        self.restored = chosen
+        if chosen is not None and restore_id is not None:
+            for cid in storage.completed_ids():
+                if cid > chosen.checkpoint_id:
+                    log.warning("Pipeline %s: restoring checkpoint %d abandons newer checkpoint "
+                                "%d", self.name, chosen.checkpoint_id, cid)
+                    storage.abandon(cid)
+        operators = chosen.metadata.get("operators", {}) if chosen else {}
+        for op in self.graph.stateful:
+            op.configure(operators.get(op.operator))
+        if s.checkpoint_mode == "exactly_once":
+            sinks = chosen.metadata.get("sinks", {}) if chosen else {}
+            for output in self.graph.outputs:
+                if output.two_phase is None:
+                    continue
+                output.two_phase.lineage = self.lineage
+                txns = SinkTransactions(output.two_phase, self.name)
+                self.transactions[output.output_name] = txns
+                txns.recover(sinks.get(output.output_name, {}).get("pending", []))
+                through = output.two_phase.committed_batch()
+                if through is not None and chosen is not None and \
+                        through > chosen.barrier_batch:
+                    self.skip_output_through[output.output_name] = through
+                    log.warning("Pipeline %s: output %s already shows batches up to %d, past "
+                                "restored checkpoint %d (batch %d); replayed batches up to %d "
+                                "skip it", self.name, output.output_name, through,
+                                chosen.checkpoint_id, chosen.barrier_batch, through)
+                elif through is not None and chosen is None:
+                    self.skip_output_through[output.output_name] = through
+                output.two_phase.cleanup_staging()
+        replay_from = chosen.barrier_batch + 1 if chosen else 0
+        pending = [a for a in records if a.batch_id >= replay_from]
+        if pending and pending[0].batch_id != replay_from:
+            raise CheckpointError(
+                f"pipeline {self.name}: restoring "
+                f"{'checkpoint %d' % chosen.checkpoint_id if chosen else 'from the start'} "
+                f"needs the allocation of batch {replay_from}, but the oldest kept is "
+                f"{pending[0].batch_id}; it cannot be replayed"
+            )
+        self._cleanup_state(retained)
+        self.coordinator = CheckpointCoordinator(
+            self.name, self.lineage, CheckpointConfig(
+                interval_ms=s.checkpoint_interval_ms, min_pause_ms=s.checkpoint_min_pause_ms,
+                max_concurrent=s.checkpoint_max_concurrent, timeout_ms=s.checkpoint_timeout_ms,
+                tolerable_failures=s.checkpoint_tolerable_failures,
+                retained=s.checkpoint_retained, mode=s.checkpoint_mode),
+            storage, completed=list(reversed(retained)), next_id=storage.highest_id() + 1,
+            listeners=list(self.transactions.values()), on_failure=self._checkpoint_failed,
+            on_stats=self._checkpoint_stats, delete_files=self._delete_state_files,
+            live_files=self._live_state_files, clock=self.clock)
+        if chosen is not None:
+            log.info("Pipeline %s: restored checkpoint %d (barrier after batch %d); replaying "
+                     "%d batch(es)", self.name, chosen.checkpoint_id, chosen.barrier_batch,
+                     len(pending))
+        return pending
+
+    def _choose_checkpoint(self, storage: CheckpointStorage, restore_id: int | None,
+                           ) -> tuple[CompletedCheckpoint | None, list[CompletedCheckpoint]]:
+        """The checkpoint to restore (the latest readable one, or ``restore_id``) and the
+        retained ones, newest first."""
+        ids = storage.completed_ids()
+        if restore_id is not None and restore_id not in ids:
+            raise CheckpointError(
+                f"pipeline {self.name}: expected checkpoint {restore_id} in {storage.uri}, "
+                f"found completed checkpoints {ids or 'none'}"
+            )
+        usable: list[CompletedCheckpoint] = []
+        for cid in reversed(ids):
+            if restore_id is not None and cid > restore_id:
+                continue
+            try:
+                meta = storage.read_metadata(cid, self.pipeline_id or None)
+                missing = [p for p, size in zip(*_state_paths(meta), strict=True)
+                           if size is None]
+                if missing:
+                    raise CheckpointError(
+                        f"checkpoint {cid} references {len(missing)} missing state file(s), "
+                        f"e.g. {missing[0]}"
+                    )
+            except CheckpointError as exc:
+                if cid == restore_id:
+                    raise
+                log.warning("Pipeline %s: checkpoint %d cannot be restored (%s); falling back "
+                            "to the previous one", self.name, cid, exc)
+                continue
+            usable.append(CompletedCheckpoint(cid, int(meta["barrier_batch"]), meta))
+            if len(usable) >= self.settings.checkpoint_retained:
+                break
+        return (usable[0] if usable else None), usable
+
+    def _cleanup_state(self, retained: list[CompletedCheckpoint]) -> None:
+        """Delete state files no retained checkpoint references (left by a crashed run)."""
+        keep = {p for c in retained for p in c.state_files()}
+        keep_names = {p.rsplit("/", 1)[-1] for p in keep}
+        doomed = []
+        for info in self.storage.list_files(join(self.root, "state"), recursive=True):
+            if info.base_name not in keep_names:
+                doomed.append(info.path)
+        for path in doomed:
+            try:
+                self.storage.fs.delete_file(path)
+            except OSError as exc:
+                log.warning("Pipeline %s: could not delete orphan state file %s: %s",
+                            self.name, path, exc)
+        if doomed:
+            log.info("Pipeline %s: deleted %d state file(s) no retained checkpoint references",
+                     self.name, len(doomed))
+
+    def _delete_state_files(self, paths: list[str]) -> None:
+        for path in paths:
+            try:
+                self.storage.fs.delete_file(self.storage.fs_path(path))
+            except OSError as exc:
+                log.warning("Pipeline %s: could not delete state file %s: %s", self.name, path,
+                            exc)
+
+    def _live_state_files(self) -> set[str]:
+        return {f for op in self.graph.stateful for f in op.live_files}
+
+    def _checkpoint_failed(self, exc: BaseException) -> None:
+        log.error("%s", exc)
+        self._finish(exc)
+
+    def _checkpoint_stats(self, stats: dict[str, Any]) -> None:
+        self.recent_checkpoints.append(stats)
+        del self.recent_checkpoints[:-100]
+        notify(self.listeners, "on_checkpoint", stats)
+
+    def checkpoint_handles(self, operator: str, checkpoint_id: int) -> list[Any]:
+        """The state handles of ``operator`` in completed checkpoint ``checkpoint_id``."""
+        from spark_ckpt.state.chain import StateHandle
+
+        if self.checkpoint_storage is None:
+            raise CheckpointError(f"pipeline {self.name}: not started with checkpointing")
+        meta = self.checkpoint_storage.read_metadata(checkpoint_id)
+        handles = meta.get("operators", {}).get(operator, {}).get("handles", {})
+        return [StateHandle.from_json(h) for _p, h in
+                sorted(handles.items(), key=lambda kv: int(kv[0]))]
 
     def batch_completed(self, progress: dict[str, Any]) -> None:
         self.recent_progress.append(progress)
@@ -294,6 +487,8 @@ class StreamingContext:
     def _purge(self, committed: int) -> None:
         keep = max(self.settings.stream_min_batches_to_retain, self.graph.remember_batches)
         below = committed - keep + 1
+        if self.coordinator is not None:  # restores replay from the oldest retained barrier
+            below = min(below, self.coordinator.oldest_barrier)
         if below <= 0 or committed % 10:
             return
         old = [a for b, a in sorted(self._allocations.items()) if b < below]
@@ -342,6 +537,8 @@ class StreamingContext:
         if self.generator is not None:
             self.generator.thread.join()
         self.tracker.stop()
+        if self.coordinator is not None:
+            self.coordinator.stop()
         notify(self.listeners, "on_pipeline_terminated", error)
         self._terminated.set()
 
@@ -355,6 +552,7 @@ class StreamingContext:
         if self.generator is not None:
             self.generator.stop()
             self.generator.thread.join(timeout)
+        self.scheduler.graceful = graceful
         if not graceful:
             self._state = "stopping-now"
             group = self.scheduler.running_group
@@ -379,3 +577,9 @@ class StreamingContext:
             self.stop(graceful=False)
             raise PipelineFailedError(f"pipeline {self.name}: not done after {timeout} s")
         return list(self.recent_progress)
+
+
+def _state_paths(meta: dict[str, Any]) -> tuple[list[str], list[int | None]]:
+    paths = sorted({f["path"] for op in meta.get("operators", {}).values()
+                    for h in op.get("handles", {}).values() for f in h.get("files", [])})
+    return paths, stat_any(paths)

@@ -34,7 +34,6 @@ class JobGenerator:
         self.next_batch = next_batch
         self.available_now = available_now
         self.stopping = threading.Event()
-        self.finished_at: int | None = None  # available_now: the last batch it allocated
         self.thread = threading.Thread(target=self._loop, name=f"spark-ckpt-generator-{ctx.name}",
                                        daemon=True)
 
@@ -68,9 +67,8 @@ class JobGenerator:
                                                   skip_if_empty=skip_empty)  # step 1
                 if allocation is None:
                     ctx.scheduler.in_flight.release()
-                    if self.available_now:
-                        self.finished_at = self.next_batch - 1
-                        ctx.available_now_check()
+                    if self.available_now:  # the scheduler finishes after the batches queued
+                        ctx.scheduler.finish()
                         return
                     next_time = _next_tick(next_time, interval)
                     continue

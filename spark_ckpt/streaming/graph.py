@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from spark_ckpt.errors import JobDefinitionError
 
 if TYPE_CHECKING:
+    from spark_ckpt.streaming.keyed import StatefulStream
     from spark_ckpt.streaming.stream import InputStream, Output, Stream
 
 __all__ = ["StreamGraph"]
@@ -23,6 +24,7 @@ class StreamGraph:
         self.streams: list[Stream] = []
         self.inputs: list[InputStream] = []
         self.outputs: list[Output] = []
+        self.stateful: list[StatefulStream] = []
         self.remember_batches = 1  # the longest window: how far back batches are read again
 
     def add_stream(self, stream: Stream) -> None:
@@ -43,15 +45,22 @@ class StreamGraph:
                 )
             self.inputs.append(stream)
 
+    def add_stateful(self, stream: StatefulStream) -> None:
+        if any(s.operator == stream.operator for s in self.stateful):
+            raise JobDefinitionError(
+                f"a stateful operator named {stream.operator!r} already exists in this "
+                "pipeline; pass name= to tell them apart (names key their state)"
+            )
+        self.stateful.append(stream)
+
     def check_output_name(self, name: str) -> None:
-        if any(o.sink.name == name for o in self.outputs):
+        if any(o.output_name == name for o in self.outputs):
             raise JobDefinitionError(
                 f"an output named {name!r} already exists in this pipeline; pass "
                 "name= to tell outputs apart (names key their exactly-once commits)"
             )
 
     def add_output(self, output: Output) -> None:
-        self.check_output_name(output.sink.name)
         self.outputs.append(output)
 
     def remember(self, batches: int) -> None:

@@ -23,6 +23,11 @@ class StreamingListener:
     def on_batch_completed(self, progress: dict[str, Any]) -> None:
         """``progress``: see docs/streaming.md (batch id, rows, rows/s, durations in ms)."""
 
+    def on_checkpoint(self, stats: dict[str, Any]) -> None:
+        """A checkpoint completed or was aborted; ``stats``: see docs/checkpointing.md (id,
+        status, barrier batch, duration, full and incremental bytes, per-task sync, async and
+        alignment times). Called from the checkpoint coordinator's thread."""
+
     def on_pipeline_terminated(self, error: BaseException | None) -> None:
         """The pipeline stopped; ``error`` is the batch failure, if that is why."""
 

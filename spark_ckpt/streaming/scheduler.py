@@ -1,10 +1,21 @@
 """The JobScheduler: runs each batch's output jobs on Spark, in batch order, one batch at a time.
 
-Per batch: instantiate the template from the outputs (BFS, each stream once), *stage* every
-output (Spark jobs in a job group named after pipeline and batch, described per output), then
-*commit* every output keyed by the batch id, then record the batch in ``commits/``. Outputs a
-previous driver already committed for this batch are skipped, so a rerun batch shows nothing
-twice. Progress goes to the listeners and the progress log.
+Per batch: instantiate the template from the outputs (BFS, each stream once); run every
+reachable keyed operator (its state moves exactly once per batch, whatever the outputs do);
+then, per output:
+
+* without checkpointing: *stage* (Spark jobs in a job group named after pipeline and batch),
+  then *commit* every output keyed by the batch id, then record the batch in ``commits/``;
+  outputs a previous driver already committed for the batch are skipped;
+* with checkpointing: two-phase outputs *stage* the batch as a piece of their open transaction;
+  nothing is committed here. After the batch, every checkpoint the coordinator triggered
+  meanwhile gets its barrier *after this batch*: the scheduler names the tasks that must
+  acknowledge and acknowledges for them (source offsets, state handles, sinks' pre-committed
+  transactions). When idle it places waiting barriers after the last batch it ran.
+
+Threads: this thread owns the batch run, the stateful operators' live handles and the sinks'
+open pieces; it talks to the coordinator only through its ``barriers`` queue and posted
+acknowledgements. Progress goes to the listeners and the progress log.
 """
 
 from __future__ import annotations
@@ -15,6 +26,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from spark_ckpt.checkpoint.pending import TaskAck
+from spark_ckpt.errors import CheckpointError, CommitError
 from spark_ckpt.faults import fault_point
 from spark_ckpt.streaming.batch import BatchAllocation, BatchRun
 from spark_ckpt.streaming.progress import notify
@@ -27,6 +40,8 @@ __all__ = ["JobScheduler"]
 log = logging.getLogger(__name__)
 
 _STOP = object()
+_FINISH = object()
+_IDLE_POLL_S = 0.05
 
 
 class JobScheduler:
@@ -37,14 +52,22 @@ class JobScheduler:
         self.thread = threading.Thread(target=self._loop, name=f"spark-ckpt-scheduler-{ctx.name}",
                                        daemon=True)
         self.running_group: str | None = None
+        self.graceful = False  # stop(graceful=True): take a final checkpoint before leaving
         self._last_start: float | None = None
         self._stopping = threading.Event()
+        restored = ctx.restored
+        self.last_batch: int | None = restored.barrier_batch if restored is not None else None
+        self._checkpointed_batch = self.last_batch
 
     def start(self) -> None:
         self.thread.start()
 
     def submit(self, allocation: BatchAllocation, recovered: bool = False) -> None:
         self.queue.put((allocation, recovered))
+
+    def finish(self) -> None:
+        """After every batch queued so far: take a final checkpoint, then stop the pipeline."""
+        self.queue.put(_FINISH)
 
     def stop(self, *, drain: bool = False) -> None:
         """Stop after the running batch; with ``drain``, after every batch already queued."""
@@ -53,20 +76,104 @@ class JobScheduler:
         self.queue.put(_STOP)
 
     def _loop(self) -> None:
+        ctx = self.ctx
+        poll = _IDLE_POLL_S if ctx.coordinator is not None else None
         while True:
-            item = self.queue.get()
+            try:
+                item = self.queue.get(timeout=poll)
+            except queue.Empty:
+                self._place_barriers()
+                continue
+            if item is _FINISH:
+                try:
+                    self.final_checkpoint()
+                except BaseException as exc:  # noqa: BLE001 - handed to await_termination
+                    ctx._batch_failed(self.last_batch if self.last_batch is not None else -1,  # noqa: SLF001
+                                      exc)
+                    return
+                ctx._finish(None)  # noqa: SLF001
+                return
             if item is _STOP or self._stopping.is_set():
+                if self.graceful:
+                    try:
+                        self.final_checkpoint()
+                    except Exception as exc:  # noqa: BLE001 - a stop still stops
+                        log.warning("Pipeline %s: final checkpoint on stop failed: %s",
+                                    ctx.name, exc)
                 return
             allocation, recovered = item
             try:
                 self.run_batch(allocation, recovered)
             except BaseException as exc:  # noqa: BLE001 - handed to await_termination
-                self.ctx._batch_failed(allocation.batch_id, exc)  # noqa: SLF001
+                ctx._batch_failed(allocation.batch_id, exc)  # noqa: SLF001
                 return
             finally:
-                self.in_flight.release()
-            if self.ctx.available_now_done(allocation.batch_id):
-                return
+                if not recovered:
+                    self.in_flight.release()
+            self._place_barriers()
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _place_barriers(self) -> None:
+        coordinator = self.ctx.coordinator
+        if coordinator is None or self.last_batch is None:
+            return
+        while (cid := coordinator.take_barrier()) is not None:
+            self._snapshot(cid, self.last_batch)
+
+    def _snapshot(self, cid: int, batch_id: int) -> None:
+        """Barrier ``cid`` after ``batch_id``: name every task and acknowledge for it."""
+        ctx = self.ctx
+        coordinator = ctx.coordinator
+        assert coordinator is not None
+        allocation = ctx.allocation(batch_id) if batch_id >= 0 else None
+        operators = [op for op in ctx.graph.stateful if op.live]
+        tasks = {f"source:{name}" for name in ctx.tracker.sources}
+        tasks |= {t for op in operators for t in op.task_ids()}
+        tasks |= {f"sink:{name}" for name in ctx.transactions}
+        coordinator.place_barrier(cid, batch_id, tasks)
+        for name in ctx.tracker.sources:
+            piece = allocation.pieces.get(name) if allocation is not None else None
+            coordinator.acknowledge(cid, TaskAck(f"source:{name}", {"batch": batch_id,
+                                                                    "piece": piece}))
+        for op in operators:
+            for pid in sorted(op.live):
+                metrics = op.metrics.get(pid, {})
+                if metrics.get("batch") != batch_id:  # no input this batch: state unchanged
+                    metrics = {"sync_ms": 0, "async_ms": 0, "alignment_ms": 0, "ran": False}
+                coordinator.acknowledge(cid, TaskAck(f"op:{op.operator}:{pid}",
+                                                     op.ack_state(pid), metrics))
+        for name, txns in ctx.transactions.items():
+            t0 = time.perf_counter()
+            try:
+                state = txns.pre_commit(cid)
+            except Exception as exc:  # noqa: BLE001 - a declined checkpoint, not a crash
+                coordinator.decline(cid, f"sink:{name}", str(exc))
+                continue
+            coordinator.acknowledge(cid, TaskAck(f"sink:{name}", state, {
+                "sync_ms": int((time.perf_counter() - t0) * 1000)}))
+        self._checkpointed_batch = batch_id
+
+    def final_checkpoint(self) -> None:
+        """A checkpoint after the last batch, waited for (available-now end, graceful stop)."""
+        ctx = self.ctx
+        coordinator = ctx.coordinator
+        if coordinator is None or self.last_batch is None:
+            return
+        if self._checkpointed_batch == self.last_batch and \
+                not any(t.open or t.pending for t in ctx.transactions.values()):
+            return  # nothing happened since the last checkpoint
+        timeout = ctx.settings.checkpoint_timeout_ms / 1000
+        cid = coordinator.trigger_now().result(timeout=timeout)
+        self._place_barriers()
+        outcome = coordinator.completion(cid).result(timeout=timeout + 5)
+        if outcome != "completed":
+            raise CheckpointError(f"pipeline {ctx.name}: final checkpoint {cid} {outcome}")
+        left = {name: sorted(t.pending) for name, t in ctx.transactions.items() if t.pending}
+        if left:
+            raise CommitError(
+                f"pipeline {ctx.name}: final checkpoint {cid} completed but outputs {left} did "
+                "not commit (see the warnings); they commit on the next start"
+            )
 
     # -- one batch -----------------------------------------------------------------------
     def run_batch(self, allocation: BatchAllocation, recovered: bool) -> dict[str, Any]:
@@ -89,39 +196,61 @@ class JobScheduler:
         try:
             sc.setJobGroup(group, f"spark_ckpt pipeline {ctx.name} batch {b}",
                            interruptOnCancel=True)
+            t0 = time.perf_counter()
+            reachable = {s.id for s in ctx.graph.reachable()}
+            for op in ctx.graph.stateful:  # state moves once per batch, whatever outputs skip
+                if op.id in reachable:
+                    run.get_or_compute(op)
+            durations["state"] = _ms(time.perf_counter() - t0)
             planning = 0.0
             for output in ctx.graph.outputs:
-                sink = output.sink
-                if sink.is_committed(b):
-                    outputs[sink.name] = {"skipped": "already committed"}
-                    continue
-                finished = sink.finish_pending(b)
-                if finished is not None:
-                    outputs[sink.name] = {"finished_pending_commit": True, **finished}
+                name = output.output_name
+                txns = ctx.transactions.get(name)
+                if txns is None and output.sink is not None:
+                    sink = output.sink
+                    if sink.is_committed(b):
+                        outputs[name] = {"skipped": "already committed"}
+                        continue
+                    finished = sink.finish_pending(b)
+                    if finished is not None:
+                        outputs[name] = {"finished_pending_commit": True, **finished}
+                        continue
+                elif b <= ctx.skip_output_through.get(name, -1):
+                    outputs[name] = {"skipped": "already visible (committed before a restore)"}
                     continue
                 t0 = time.perf_counter()
                 df = run.get_or_compute(output)
                 if df is None:
-                    outputs[sink.name] = {"skipped": "no batch (window slide)"}
+                    outputs[name] = {"skipped": "no batch (window slide)"}
                     continue
-                sink.prepare(df)
+                target = txns.sink if txns is not None else output.sink
+                target.prepare(df)  # type: ignore[union-attr]
                 t1 = time.perf_counter()
                 planning += t1 - t0
                 sc.setLocalProperty("spark.job.description",
-                                    f"spark_ckpt pipeline {ctx.name} batch {b} output {sink.name}")
-                staged[sink.name] = sink.stage(df, b)
-                durations[f"output.{sink.name}"] = _ms(time.perf_counter() - t1)
+                                    f"spark_ckpt pipeline {ctx.name} batch {b} output {name}")
+                if txns is not None:
+                    piece = txns.sink.write(df, b)
+                    txns.staged(piece)
+                    outputs[name] = {"staged_files": len(piece["files"]) if piece else 0}
+                else:
+                    staged[name] = output.sink.stage(df, b)  # type: ignore[union-attr]
+                durations[f"output.{name}"] = _ms(time.perf_counter() - t1)
             durations["planning"] = _ms(planning)
             fault_point("stream.batch.staged")
             t0 = time.perf_counter()
             ctx.check_fenced()
             for output in ctx.graph.outputs:
-                name = output.sink.name
+                name = output.output_name
                 if name in staged:
-                    outputs[name] = output.sink.commit(b, staged[name]) or {}
+                    outputs[name] = output.sink.commit(b, staged[name]) or {}  # type: ignore[union-attr]
                     fault_point("stream.output.committed")
-            ctx.commits.add(b, {"outputs": {k: _jsonable(v) for k, v in outputs.items()},
-                                "finished_ms": int(time.time() * 1000)})
+            record = {"outputs": {k: _jsonable(v) for k, v in outputs.items()},
+                      "finished_ms": int(time.time() * 1000)}
+            if ctx.coordinator is not None:  # replays after a restore record the batch again
+                ctx.commits.put(b, record)
+            else:
+                ctx.commits.add(b, record)
             durations["commit"] = _ms(time.perf_counter() - t0)
             fault_point("stream.batch.committed")
         finally:
@@ -129,12 +258,14 @@ class JobScheduler:
             sc.setLocalProperty("spark.jobGroup.id", None)
             sc.setLocalProperty("spark.job.description", None)
             run.cleanup()
+        self.last_batch = b
         total = time.perf_counter() - started
         durations["total"] = _ms(total)
         durations["allocation"] = ctx.allocation_ms.pop(b, 0)
         rows = run.stats.input_rows
         known = [r for r in rows.values() if r is not None]
         num_rows = sum(known) if len(known) == len(rows) else None
+        latest = ctx.recent_checkpoints[-1] if ctx.recent_checkpoints else None
         progress = {
             "pipeline": ctx.name,
             "batch_id": b,
@@ -151,6 +282,10 @@ class JobScheduler:
                                "dead_letter_rows": run.stats.dead_letters.get(name, 0)}
                         for name in ctx.tracker.sources},
             "streams_computed": list(run.stats.computed),
+            "state": _jsonable(run.stats.state),
+            "checkpoint": None if latest is None else {
+                k: latest.get(k) for k in ("checkpoint_id", "status", "barrier_batch",
+                                           "duration_ms", "full_bytes", "incremental_bytes")},
             "durations_ms": durations,
             "outputs": {k: _jsonable(v) for k, v in outputs.items()},
         }

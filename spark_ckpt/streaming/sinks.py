@@ -5,14 +5,17 @@ its rows twice:
 
 * :class:`DeltaBatchSink`: Spark writes the batch's Parquet files into a fresh directory of the
   table; one Delta transaction adds them, carrying the app transaction
-  ``(spark_ckpt/<pipeline>/<output>, b + 1)``. A batch whose version the table already has is
-  skipped (delta-rs does not skip a repeat itself, so the version is checked first).
+  ``(spark_ckpt/<lineage>/<output>, b + 1)``. A batch whose version the table already has is
+  skipped (delta-rs does not skip a repeat itself, so the version is checked first). The
+  lineage is ``<pipeline>-<pipeline id>``, the id made when the checkpoint directory is first
+  used (kept in its metadata), so a new checkpoint directory on an existing table never finds
+  its batches "already committed".
 * :class:`ParquetBatchSink`: Spark writes into a staging directory; the commit creates the
-  marker ``_spark_ckpt_commits/<pipeline>-<output>-v<b + 1>.json`` if absent, moves the files
+  marker ``_spark_ckpt_commits/<lineage>-<output>-v<b + 1>.json`` if absent, moves the files
   into place and marks it committed; a crash in between is finished from the marker.
 * :class:`ForeachBatchSink`: calls the user's function; at-least-once, as Spark's foreachBatch.
 
-The staging/commit split is the seam for the two-phase-commit sinks of checkpointing.
+Pipelines that checkpoint use the two-phase-commit sinks of twophase.py instead.
 """
 
 from __future__ import annotations
@@ -164,7 +167,7 @@ class DeltaBatchSink(_FileSink):
     def _sink(self) -> DeltaSink:
         if self._delta is None:
             spec = SinkSpec(self.name, "delta", self.path, "append", self.partition_by)
-            self._delta = DeltaSink(spec, self.ctx.name)
+            self._delta = DeltaSink(spec, self.ctx.lineage)
         return self._delta
 
     def prepare(self, df: DataFrame) -> None:
@@ -202,8 +205,14 @@ class ParquetBatchSink(_FileSink):
     def __init__(self, name: str, path: str, partition_by: Sequence[str],
                  ctx: StreamingContext) -> None:
         super().__init__(name, path, partition_by, ctx)
-        spec = SinkSpec(name, "parquet", path, "append", self.partition_by)
-        self._parquet = ParquetSink(spec, f"{ctx.name}-{name}")
+        self._sink: ParquetSink | None = None
+
+    @property
+    def _parquet(self) -> ParquetSink:
+        if self._sink is None:  # the lineage is known once the pipeline started
+            spec = SinkSpec(self.name, "parquet", self.path, "append", self.partition_by)
+            self._sink = ParquetSink(spec, f"{self.ctx.lineage}-{self.name}")
+        return self._sink
 
     def prepare(self, df: DataFrame) -> None:
         self._check_columns(df)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from spark_ckpt.errors import JobDefinitionError
 
 if TYPE_CHECKING:
+    from spark_ckpt.streaming.keyed import KeyedStream
+    from spark_ckpt.streaming.twophase import TwoPhaseCommitSink
     from pyspark.sql import Column, DataFrame
 
     from spark_ckpt.streaming.batch import BatchRun
@@ -97,6 +99,18 @@ class Stream:
 
         return Transformed(self.ctx, (self,), join_it, f"{self.name}.join_static")
 
+    def key_by(self, *keys: str, parallelism: int | None = None,
+               max_parallelism: int | None = None) -> KeyedStream:
+        """Partition by ``keys`` for keyed state (``.agg(...)`` or ``.process(...)``).
+
+        ``parallelism``: tasks of the stateful operator (default
+        ``spark.ckpt.state.parallelism``); may change between runs. ``max_parallelism``: key
+        groups (default ``spark.ckpt.state.maxParallelism``); fixed for a checkpoint's life."""
+        from spark_ckpt.streaming.keyed import KeyedStream
+
+        return KeyedStream(self.ctx, (self,), keys, parallelism=parallelism,
+                           max_parallelism=max_parallelism)
+
     def window(self, length: int, slide: int = 1) -> Stream:
         """The union of this stream's last ``length`` batches, every ``slide`` batches."""
         return Windowed(self.ctx, self, length, slide)
@@ -112,19 +126,44 @@ class Stream:
 
     def write_parquet(self, path: str, name: str | None = None,
                       partition_by: Sequence[str] = ()) -> Output:
-        """Append each batch to a Parquet directory, exactly once per batch."""
+        """Append to a Parquet directory, exactly once: per batch, or, when the pipeline
+        checkpoints, in two phases (visible when a checkpoint completes)."""
         from spark_ckpt.streaming.sinks import ParquetBatchSink
+        from spark_ckpt.streaming.twophase import ParquetTwoPhaseSink
 
-        return Output(self.ctx, self, ParquetBatchSink(name or "parquet", path,
-                                                       tuple(partition_by), self.ctx))
+        name = name or "parquet"
+        return Output(self.ctx, self, ParquetBatchSink(name, path, tuple(partition_by),
+                                                       self.ctx),
+                      ParquetTwoPhaseSink(name, path, tuple(partition_by), self.ctx))
 
     def write_delta(self, path: str, name: str | None = None,
-                    partition_by: Sequence[str] = ()) -> Output:
-        """Append each batch to a Delta table, exactly once per batch (app transactions)."""
-        from spark_ckpt.streaming.sinks import DeltaBatchSink
+                    partition_by: Sequence[str] = (), *,
+                    merge_keys: Sequence[str] = ()) -> Output:
+        """Write to a Delta table exactly once: appended per batch (app transactions), or, when
+        the pipeline checkpoints, committed in two phases when a checkpoint completes.
 
-        return Output(self.ctx, self, DeltaBatchSink(name or "delta", path, tuple(partition_by),
-                                                     self.ctx))
+        ``merge_keys``: upsert rows by these keys instead of appending (for the update stream
+        of a keyed aggregation: the table then holds the newest value per key). Needs
+        checkpointing (a two-phase commit per checkpoint)."""
+        from spark_ckpt.streaming.sinks import DeltaBatchSink
+        from spark_ckpt.streaming.twophase import DeltaTwoPhaseSink
+
+        name = name or "delta"
+        per_batch = None if merge_keys else DeltaBatchSink(name, path, tuple(partition_by),
+                                                           self.ctx)
+        return Output(self.ctx, self, per_batch,
+                      DeltaTwoPhaseSink(name, path, tuple(partition_by), self.ctx,
+                                        tuple(merge_keys)))
+
+    def write_two_phase(self, sink: TwoPhaseCommitSink) -> Output:
+        """Write with your own :class:`~spark_ckpt.streaming.twophase.TwoPhaseCommitSink`."""
+        from spark_ckpt.streaming.twophase import TwoPhaseCommitSink
+
+        if not isinstance(sink, TwoPhaseCommitSink):
+            raise JobDefinitionError(
+                f"write_two_phase(): expected a TwoPhaseCommitSink, found {type(sink).__name__}"
+            )
+        return Output(self.ctx, self, None, sink)
 
 
 def union_by_name(frames: Sequence[DataFrame]) -> DataFrame:
@@ -198,12 +237,20 @@ class Windowed(Stream):
 
 
 class Output(Stream):
-    """An output stream: runs its sink on its parent's DataFrame every batch."""
+    """An output stream: runs its sink on its parent's DataFrame every batch.
 
-    def __init__(self, ctx: StreamingContext, parent: Stream, sink: BatchSink) -> None:
-        ctx.graph.check_output_name(sink.name)
-        super().__init__(ctx, (parent,), sink.name)
+    ``sink`` commits per batch; ``two_phase`` commits per checkpoint. A pipeline that
+    checkpoints uses ``two_phase`` when there is one (foreach_batch has none); one that does not
+    uses ``sink``, or a per-batch transaction of ``two_phase``."""
+
+    def __init__(self, ctx: StreamingContext, parent: Stream, sink: BatchSink | None,
+                 two_phase: TwoPhaseCommitSink | None = None) -> None:
+        name = (sink or two_phase).name  # type: ignore[union-attr]
+        ctx.graph.check_output_name(name)
+        super().__init__(ctx, (parent,), name)
         self.sink = sink
+        self.two_phase = two_phase
+        self.output_name = name
         ctx.graph.add_output(self)
 
     def compute(self, run: BatchRun) -> DataFrame | None:

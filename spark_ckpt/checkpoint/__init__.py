@@ -1,0 +1,30 @@
+"""Checkpointing: the coordinator, pending and completed checkpoints, storage, listeners."""
+
+from spark_ckpt.checkpoint.completed import (
+    CompletedCheckpoint,
+    CompletedCheckpointStore,
+    SharedStateRegistry,
+)
+from spark_ckpt.checkpoint.coordinator import CheckpointConfig, CheckpointCoordinator
+from spark_ckpt.checkpoint.listener import CheckpointListener
+from spark_ckpt.checkpoint.pending import (
+    AckResult,
+    CheckpointFailureReason,
+    PendingCheckpoint,
+    TaskAck,
+)
+from spark_ckpt.checkpoint.storage import CheckpointStorage
+
+__all__ = [
+    "AckResult",
+    "CheckpointConfig",
+    "CheckpointCoordinator",
+    "CheckpointFailureReason",
+    "CheckpointListener",
+    "CheckpointStorage",
+    "CompletedCheckpoint",
+    "CompletedCheckpointStore",
+    "PendingCheckpoint",
+    "SharedStateRegistry",
+    "TaskAck",
+]

@@ -1,0 +1,128 @@
+"""Checkpoint storage on any URI pyarrow understands.
+
+Layout under the checkpoint storage root (``spark.ckpt.checkpoint.dir``, by default
+``<checkpoint directory>/checkpoints``)::
+
+    chk-<id>/_metadata.json   a completed checkpoint: written last, atomically (a local rename,
+                              a whole-object PUT on object stores); its presence is completion
+    history/<id>.json         statistics of every checkpoint, completed or aborted
+
+Metadata is a versioned JSON record (kind ``checkpoint-metadata``); an unknown version, a record
+of another pipeline or unreadable bytes are rejected with a message, and restore falls back to
+the previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from spark_ckpt.errors import CheckpointError, FormatVersionError
+from spark_ckpt.faults import fault_point
+from spark_ckpt.formats import dump_record, load_record
+from spark_ckpt.storage import Storage, join
+
+__all__ = ["METADATA_VERSION", "CheckpointStorage"]
+
+log = logging.getLogger(__name__)
+
+METADATA_VERSION = 1
+
+
+class CheckpointStorage:
+    def __init__(self, uri: str) -> None:
+        self.store = Storage(uri)
+        self.root = self.store.root
+        self.uri = uri
+
+    def _dir(self, checkpoint_id: int) -> str:
+        return join(self.root, f"chk-{checkpoint_id:08d}")
+
+    def metadata_path(self, checkpoint_id: int) -> str:
+        return join(self._dir(checkpoint_id), "_metadata.json")
+
+    def write_metadata(self, checkpoint_id: int, body: dict[str, Any]) -> int:
+        """Write a completed checkpoint's metadata atomically; return its size in bytes."""
+        fault_point("checkpoint.metadata")
+        data = dump_record("checkpoint-metadata", METADATA_VERSION, body)
+        self.store.write_atomic(self.metadata_path(checkpoint_id), data)
+        return len(data)
+
+    def read_metadata(self, checkpoint_id: int, pipeline_id: str | None = None) -> dict[str, Any]:
+        path = self.metadata_path(checkpoint_id)
+        try:
+            raw = self.store.read_bytes(path)
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {checkpoint_id}: cannot read {path}: {exc}") \
+                from exc
+        try:
+            record = load_record(raw, "checkpoint-metadata", (METADATA_VERSION,))
+        except FormatVersionError as exc:
+            raise CheckpointError(f"checkpoint {checkpoint_id} at {path}: {exc}") from exc
+        if int(record.get("checkpoint_id", -1)) != checkpoint_id:
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id} at {path}: expected checkpoint_id {checkpoint_id}, "
+                f"found {record.get('checkpoint_id')!r}"
+            )
+        if pipeline_id is not None and record.get("pipeline_id") != pipeline_id:
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id} at {path} belongs to pipeline id "
+                f"{record.get('pipeline_id')!r}, not {pipeline_id!r}"
+            )
+        return record
+
+    def completed_ids(self) -> list[int]:
+        ids = []
+        for info in self.store.fs.get_file_info(_selector(self.root)):
+            name = info.base_name
+            if name.startswith("chk-") and name[4:].isdigit() and \
+                    self.store.exists(self.metadata_path(int(name[4:]))):
+                ids.append(int(name[4:]))
+        return sorted(ids)
+
+    def highest_id(self) -> int:
+        """The highest checkpoint id ever used here (completed, aborted or half-written)."""
+        ids = [0]
+        for info in self.store.fs.get_file_info(_selector(self.root)):
+            if info.base_name.startswith("chk-") and info.base_name[4:].isdigit():
+                ids.append(int(info.base_name[4:]))
+        for info in self.store.list_files(join(self.root, "history"), recursive=False):
+            stem = info.base_name.removesuffix(".json")
+            if stem.isdigit():
+                ids.append(int(stem))
+        return max(ids)
+
+    def abandon(self, checkpoint_id: int) -> None:
+        """Make a completed checkpoint no longer restorable (a restore chose an older one and
+        started a new history from it); its files stay for inspection."""
+        path = self.metadata_path(checkpoint_id)
+        if self.store.exists(path):
+            self.store.move(path, path.replace("_metadata.json", "_metadata.abandoned.json"))
+
+    def discard(self, checkpoint_id: int) -> None:
+        self.store.delete_dir(self._dir(checkpoint_id))
+
+    def write_stats(self, checkpoint_id: int, stats: dict[str, Any]) -> None:
+        try:
+            self.store.write_atomic(join(self.root, "history", f"{checkpoint_id:08d}.json"),
+                                    dump_record("checkpoint-stats", 1, stats))
+        except OSError as exc:  # statistics never fail a checkpoint
+            log.warning("Checkpoint %d: could not write statistics: %s", checkpoint_id, exc)
+
+    def history(self) -> list[dict[str, Any]]:
+        out = []
+        for info in sorted(self.store.list_files(join(self.root, "history"), recursive=False),
+                           key=lambda i: i.base_name):
+            try:
+                out.append(load_record(self.store.read_bytes(info.path), "checkpoint-stats",
+                                       (1,)))
+            except (OSError, FormatVersionError, json.JSONDecodeError) as exc:
+                log.warning("Skipping unreadable checkpoint statistics %s: %s", info.path, exc)
+        return out
+
+
+def _selector(root: str) -> Any:
+    import pyarrow.fs as pafs
+
+    return pafs.FileSelector(root, allow_not_found=True, recursive=False)

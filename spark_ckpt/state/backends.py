@@ -1,0 +1,444 @@
+"""State backends: where a task keeps its key-group range's state while it works on it.
+
+Two backends with the trade-off of seeds 000/001:
+
+* ``memory``: columns in numpy arrays and a dict from key to slot, in the Python worker.
+  Fast; bounded by ``spark.ckpt.state.memoryMaxRows`` rows per task, past which the task
+  fails with :class:`~spark_ckpt.errors.StateTooLargeError` (use ``rocksdb``).
+* ``rocksdb``: an embedded RocksDB (``rocksdict``) on the executor's local disk, for state
+  larger than memory; reads and writes go through it, each batch's changes in one atomic
+  ``WriteBatch`` together with the version token.
+
+Either is only a *cache* of the durable state (a chain of Parquet snapshot and changelog files,
+see chain.py): it carries a version ``token``, and a task uses it only when the token is the
+one the driver expects; otherwise it rebuilds the range from the durable chain. Python tasks
+get no locality in Spark, so the cache is a speed-up, never the truth.
+
+Two shapes of state: *aggregation rows* (key columns and fixed state columns, merged
+vectorially, aggregates.py) and *records* (one JSON document per key, for stateful
+processors, processor.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import shutil
+import struct
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from spark_ckpt.errors import StateTooLargeError
+from spark_ckpt.state.aggregates import merge, to_numpy
+from spark_ckpt.state.keygroups import KG_COLUMN
+
+__all__ = ["MemoryAggState", "MemoryRecordState", "RocksAggState", "RocksRecordState",
+           "open_rocks"]
+
+TOKEN_KEY = b"\xfe__token__"
+TIMER_PREFIX = b"\xff"
+
+
+def _keys(table: pa.Table, names: Sequence[str]) -> list[Any]:
+    columns = [table.column(n).to_pylist() for n in names]
+    return columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
+
+
+def _key_arrays(keys: list[Any], names: Sequence[str],
+                types: Sequence[pa.DataType]) -> list[pa.Array]:
+    if len(names) == 1:
+        return [pa.array(keys, type=types[0])]
+    cols = list(zip(*keys, strict=True)) if keys else [[] for _ in names]
+    return [pa.array(list(c), type=t) for c, t in zip(cols, types, strict=True)]
+
+
+class MemoryAggState:
+    """Aggregation state of one key-group range in numpy arrays."""
+
+    backend = "memory"
+
+    def __init__(self, key_names: Sequence[str], key_types: Sequence[pa.DataType],
+                 columns: Sequence[tuple[str, str, pa.DataType]], *, max_rows: int) -> None:
+        self.key_names = list(key_names)
+        self.key_types = list(key_types)
+        self.columns = list(columns)  # (name, merge kind, internal arrow type)
+        self.max_rows = max_rows
+        self.token: str | None = None
+        self.slots: dict[Any, int] = {}
+        self.keys: list[Any] = []
+        self.kg = np.zeros(0, dtype=np.int32)
+        self.values: dict[str, np.ndarray] = {}
+        self.valid: dict[str, np.ndarray] = {}
+
+    @property
+    def rows(self) -> int:
+        return len(self.keys)
+
+    def _slots_for(self, keys: list[Any], kg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        get = self.slots.get
+        slots = np.fromiter((get(k, -1) for k in keys), dtype=np.int64, count=len(keys))
+        fresh = np.flatnonzero(slots < 0)
+        if len(fresh):
+            start = len(self.keys)
+            if start + len(fresh) > self.max_rows:
+                raise StateTooLargeError(
+                    f"the memory state backend holds at most spark.ckpt.state.memoryMaxRows="
+                    f"{self.max_rows} keys per task; this task's range needs "
+                    f"{start + len(fresh)}. Use spark.ckpt.state.backend=rocksdb (state on local "
+                    "disk) or raise the parallelism of the keyed operator"
+                )
+            new_slots = np.arange(start, start + len(fresh))
+            for i, slot in zip(fresh.tolist(), new_slots.tolist(), strict=True):
+                self.slots[keys[i]] = slot
+                self.keys.append(keys[i])
+            slots[fresh] = new_slots
+            self._grow(start + len(fresh))
+            self.kg[new_slots] = kg[fresh]
+        return slots, fresh
+
+    def _grow(self, n: int) -> None:
+        if n <= len(self.kg):
+            return
+        cap = max(n, 2 * len(self.kg), 1024)
+        self.kg = np.resize(self.kg, cap)
+        for name, _kind, _t in self.columns:
+            if name in self.values:
+                old = self.values[name]
+                grown = np.empty(cap, dtype=old.dtype)
+                grown[:len(old)] = old
+                self.values[name] = grown
+                valid = np.zeros(cap, dtype=bool)
+                valid[:len(old)] = self.valid[name][:len(old)]
+                self.valid[name] = valid
+
+    def _column(self, name: str, like: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if name not in self.values:
+            cap = len(self.kg)
+            self.values[name] = np.zeros(cap, dtype=like.dtype) if like.dtype != object \
+                else np.empty(cap, dtype=object)
+            self.valid[name] = np.zeros(cap, dtype=bool)
+        return self.values[name], self.valid[name]
+
+    def apply(self, table: pa.Table, *, replace: bool = False) -> pa.Table:
+        """Merge a batch's partials (or, ``replace``, durable rows) into the state; return the
+        changed rows (the changelog) in internal types."""
+        if table.num_rows == 0:
+            return table
+        keys = _keys(table, self.key_names)
+        kg = np.asarray(table.column(KG_COLUMN).to_numpy(), dtype=np.int32)
+        slots, fresh = self._slots_for(keys, kg)
+        new = {name: to_numpy(table.column(name).combine_chunks())
+               for name, _k, _t in self.columns}
+        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name, kind, _t in self.columns:
+            values, valid = self._column(name, new[name][0])
+            if len(fresh):
+                valid[slots[fresh]] = False
+            if replace:
+                out[name] = new[name]
+                continue
+            ts = None
+            if kind.endswith(("_value", "_ts")):
+                base = name.removesuffix("__ts")
+                tname = f"{base}__ts"
+                tv, tk = self._column(tname, new[tname][0])
+                ts = ((tv[slots], tk[slots]), new[tname])
+            out[name] = merge(kind, (values[slots], valid[slots]), new[name], ts)
+        for name, (v, k) in out.items():
+            self.values[name][slots] = v
+            self.valid[name][slots] = k
+        arrays = [pa.array(kg, type=pa.int32()),
+                  *[table.column(n).combine_chunks() for n in self.key_names]]
+        arrays += [pa.array(out[n][0], mask=~out[n][1], type=t) for n, _k, t in self.columns]
+        return pa.Table.from_arrays(arrays, names=[KG_COLUMN, *self.key_names,
+                                                   *[c[0] for c in self.columns]])
+
+    def load(self, table: pa.Table) -> None:
+        """Replace the whole state by ``table`` (a snapshot: one row per key), in bulk."""
+        keys = _keys(table, self.key_names)
+        if len(keys) > self.max_rows:
+            raise StateTooLargeError(
+                f"the memory state backend holds at most spark.ckpt.state.memoryMaxRows="
+                f"{self.max_rows} keys per task; this task's range has {len(keys)}. Use "
+                "spark.ckpt.state.backend=rocksdb or raise the keyed operator's parallelism"
+            )
+        self.keys = keys
+        self.slots = dict(zip(keys, range(len(keys)), strict=True))
+        self.kg = np.asarray(table.column(KG_COLUMN).to_numpy(), dtype=np.int32).copy()
+        for name, _kind, _t in self.columns:
+            values, valid = to_numpy(table.column(name).combine_chunks())
+            self.values[name] = values.copy()
+            self.valid[name] = valid.copy()
+
+    def snapshot(self) -> pa.Table:
+        n = len(self.keys)
+        arrays = [pa.array(self.kg[:n], type=pa.int32()),
+                  *_key_arrays(self.keys, self.key_names, self.key_types)]
+        for name, _kind, t in self.columns:
+            if name in self.values:
+                arrays.append(pa.array(self.values[name][:n], mask=~self.valid[name][:n],
+                                       type=t))
+            else:
+                arrays.append(pa.nulls(n, type=t))
+        return pa.Table.from_arrays(arrays, names=[KG_COLUMN, *self.key_names,
+                                                   *[c[0] for c in self.columns]])
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def open_rocks(path: str, *, fresh: bool) -> Any:
+    from rocksdict import Options, Rdict
+
+    if fresh and os.path.exists(path):
+        shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    return Rdict(path, options=options)
+
+
+class _Rocks:
+    backend = "rocksdb"
+
+    def __init__(self, path: str, *, fresh: bool) -> None:
+        self.path = path
+        self.db = open_rocks(path, fresh=fresh)
+        raw = self.db.get(TOKEN_KEY)
+        self.token: str | None = raw.decode() if raw else None
+
+    def _batch(self) -> Any:
+        from rocksdict import WriteBatch
+
+        return WriteBatch(raw_mode=True)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _kg_key(kg: int, key_json: str) -> bytes:
+    return struct.pack(">H", kg) + key_json.encode()
+
+
+class RocksAggState(_Rocks):
+    """Aggregation state of one key-group range in RocksDB: key -> JSON list of state values."""
+
+    def __init__(self, path: str, key_names: Sequence[str], key_types: Sequence[pa.DataType],
+                 columns: Sequence[tuple[str, str, pa.DataType]], *, fresh: bool) -> None:
+        super().__init__(path, fresh=fresh)
+        self.key_names = list(key_names)
+        self.key_types = list(key_types)
+        self.columns = list(columns)
+
+    def apply(self, table: pa.Table, *, replace: bool = False,
+              token: str | None = None) -> pa.Table:
+        if table.num_rows == 0 and token is None:
+            return table
+        keys = _keys(table, self.key_names)
+        kgs = table.column(KG_COLUMN).to_pylist()
+        raw_keys = [_kg_key(g, json.dumps(k, separators=(",", ":"))) for g, k in zip(kgs, keys,
+                                                                                    strict=True)]
+        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        new = {n: to_numpy(table.column(n).combine_chunks()) for n, _k, _t in self.columns}
+        if replace:
+            out = new
+        else:
+            olds = [json.loads(v) if v is not None else None for v in self.db.get(raw_keys)] \
+                if raw_keys else []
+            old = {}
+            for i, (name, _kind, t) in enumerate(self.columns):
+                values = [o[i] if o is not None else None for o in olds]
+                old[name] = to_numpy(pa.array(values, type=t))
+            for name, kind, _t in self.columns:
+                ts = None
+                if kind.endswith(("_value", "_ts")):
+                    tname = f"{name.removesuffix('__ts')}__ts"
+                    ts = (old[tname], new[tname])
+                out[name] = merge(kind, old[name], new[name], ts)
+        arrays = [pa.array(out[n][0], mask=~out[n][1], type=t) for n, _k, t in self.columns]
+        wb = self._batch()
+        columns = [a.to_pylist() for a in arrays]
+        for i, key in enumerate(raw_keys):
+            wb.put(key, json.dumps([c[i] for c in columns], separators=(",", ":")).encode())
+        if token is not None:
+            wb.put(TOKEN_KEY, token.encode())
+        self.db.write(wb)
+        return pa.Table.from_arrays(
+            [table.column(KG_COLUMN).combine_chunks(),
+             *[table.column(n).combine_chunks() for n in self.key_names], *arrays],
+            names=[KG_COLUMN, *self.key_names, *[c[0] for c in self.columns]])
+
+    def set_token(self, token: str) -> None:
+        self.db.put(TOKEN_KEY, token.encode())
+        self.token = token
+
+    def _items(self) -> Iterator[tuple[bytes, bytes]]:
+        it = self.db.iter()
+        it.seek_to_first()
+        while it.valid():
+            key = it.key()
+            if key[:1] in (b"\xfe", b"\xff"):
+                break
+            yield key, it.value()
+            it.next()
+
+    @property
+    def rows(self) -> int:
+        return int(self.db.property_int_value("rocksdb.estimate-num-keys") or 0)
+
+    def snapshot(self) -> pa.Table:
+        kgs, keys, values = [], [], []
+        for key, value in self._items():
+            kgs.append(struct.unpack(">H", key[:2])[0])
+            k = json.loads(key[2:])
+            keys.append(tuple(k) if isinstance(k, list) else k)
+            values.append(json.loads(value))
+        arrays = [pa.array(kgs, type=pa.int32()),
+                  *_key_arrays(keys, self.key_names, self.key_types)]
+        for i, (_n, _k, t) in enumerate(self.columns):
+            arrays.append(pa.array([v[i] for v in values], type=t))
+        return pa.Table.from_arrays(arrays, names=[KG_COLUMN, *self.key_names,
+                                                   *[c[0] for c in self.columns]])
+
+
+# -- records: one JSON document per key (stateful processors) -----------------------------
+class MemoryRecordState:
+    """Per-key JSON records and a timer heap, in the Python worker."""
+
+    backend = "memory"
+
+    def __init__(self, *, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self.token: str | None = None
+        self.records: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.timers: list[tuple[int, str]] = []  # (time ms, key); stale entries are skipped
+
+    @property
+    def rows(self) -> int:
+        return len(self.records)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        hit = self.records.get(key)
+        return hit[1] if hit else None
+
+    def write(self, changes: dict[str, tuple[int, dict[str, Any] | None]],
+              token: str | None = None) -> None:
+        for key, (kg, record) in changes.items():
+            if record is None:
+                self.records.pop(key, None)
+                continue
+            if key not in self.records and len(self.records) >= self.max_rows:
+                raise StateTooLargeError(
+                    f"the memory state backend holds at most spark.ckpt.state.memoryMaxRows="
+                    f"{self.max_rows} keys per task; use spark.ckpt.state.backend=rocksdb or "
+                    "raise the keyed operator's parallelism"
+                )
+            self.records[key] = (kg, record)
+            for ts in record.get("timers", []):
+                heapq.heappush(self.timers, (int(ts[0]), key))
+        if token is not None:
+            self.token = token
+
+    def due(self, limit_ms: int) -> list[str]:
+        """Keys with a timer at or before ``limit_ms`` (each once)."""
+        keys: list[str] = []
+        while self.timers and self.timers[0][0] <= limit_ms:
+            _ts, key = heapq.heappop(self.timers)
+            record = self.get(key)
+            if record and any(int(t[0]) <= limit_ms for t in record.get("timers", [])) \
+                    and key not in keys:
+                keys.append(key)
+        return keys
+
+    def kg_of(self, key: str) -> int:
+        return self.records[key][0]
+
+    def items(self) -> Iterator[tuple[int, str, dict[str, Any]]]:
+        for key, (kg, record) in self.records.items():
+            yield kg, key, record
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class RocksRecordState(_Rocks):
+    """Per-key JSON records in RocksDB; timers as ``0xff + time + key`` entries."""
+
+    def __init__(self, path: str, *, fresh: bool) -> None:
+        super().__init__(path, fresh=fresh)
+        self._kgs: dict[str, int] = {}
+
+    @property
+    def rows(self) -> int:
+        return int(self.db.property_int_value("rocksdb.estimate-num-keys") or 0)
+
+    def _find(self, key: str) -> bytes | None:
+        kg = self._kgs.get(key)
+        return _kg_key(kg, key) if kg is not None else None
+
+    def get_kg(self, kg: int, key: str) -> dict[str, Any] | None:
+        self._kgs[key] = kg
+        raw = self.db.get(_kg_key(kg, key))
+        return json.loads(raw) if raw is not None else None
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        raw_key = self._find(key)
+        raw = self.db.get(raw_key) if raw_key is not None else None
+        return json.loads(raw) if raw is not None else None
+
+    def kg_of(self, key: str) -> int:
+        return self._kgs[key]
+
+    def write(self, changes: dict[str, tuple[int, dict[str, Any] | None]],
+              token: str | None = None) -> None:
+        wb = self._batch()
+        for key, (kg, record) in changes.items():
+            raw_key = _kg_key(kg, key)
+            old = self.db.get(raw_key)
+            if old is not None:
+                for ts in json.loads(old).get("timers", []):
+                    wb.delete(TIMER_PREFIX + struct.pack(">q", int(ts[0])) + raw_key)
+            if record is None:
+                wb.delete(raw_key)
+                continue
+            wb.put(raw_key, json.dumps(record, separators=(",", ":")).encode())
+            for ts in record.get("timers", []):
+                wb.put(TIMER_PREFIX + struct.pack(">q", int(ts[0])) + raw_key, b"")
+        if token is not None:
+            wb.put(TOKEN_KEY, token.encode())
+        self.db.write(wb)
+        if token is not None:
+            self.token = token
+
+    def due(self, limit_ms: int) -> list[str]:
+        keys: list[str] = []
+        it = self.db.iter()
+        it.seek(TIMER_PREFIX)
+        while it.valid():
+            raw = it.key()
+            if not raw.startswith(TIMER_PREFIX):
+                break
+            ts = struct.unpack(">q", raw[1:9])[0]
+            if ts > limit_ms:
+                break
+            kg = struct.unpack(">H", raw[9:11])[0]
+            key = raw[11:].decode()
+            self._kgs[key] = kg
+            if key not in keys:
+                keys.append(key)
+            it.next()
+        return keys
+
+    def items(self) -> Iterator[tuple[int, str, dict[str, Any]]]:
+        it = self.db.iter()
+        it.seek_to_first()
+        while it.valid():
+            raw = it.key()
+            if raw[:1] in (b"\xfe", b"\xff"):
+                break
+            yield struct.unpack(">H", raw[:2])[0], raw[2:].decode(), json.loads(it.value())
+            it.next()

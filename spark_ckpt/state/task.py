@@ -1,0 +1,438 @@
+"""The stateful task: runs in a Python worker, one per key-group range and batch.
+
+For its range the task (1) takes the state from the worker's cache when the cached version
+token is the one the driver expects, or else rebuilds it from the durable chain; (2) applies the
+batch (merges aggregate partials, or calls the processor per key and fires due timers);
+(3) *synchronous part*: fixes the new version (a token; RocksDB writes the batch's changes and
+the token in one atomic write batch); (4) *asynchronous part* (relative to the checkpoint): writes
+the changelog of the batch as Parquet and, every ``materialize_every`` batches, a full snapshot;
+(5) returns one metadata row: the new state handle and its measurements. The driver records the
+handle only when the Spark job succeeded, so a retried or abandoned attempt leaves at most
+unreferenced files.
+
+Everything here is shipped to executors by Spark's closure serializer and imports only
+pyarrow, numpy, pandas and this package's state modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_ckpt.state.aggregates import from_internal, to_internal
+from spark_ckpt.state.chain import StateFile, StateHandle
+from spark_ckpt.state.keygroups import KG_COLUMN, KeyGroupRange
+
+__all__ = ["CHANNEL_COLUMN", "MARKER_COLUMN", "META_SCHEMA", "agg_task", "processor_task"]
+
+CHANNEL_COLUMN = "_ch"
+MARKER_COLUMN = "_marker"
+META_SCHEMA = "pid INT, meta STRING"
+
+# (pipeline id, operator, range) -> backend, per Python worker process
+_CACHE: dict[tuple[str, str, str], Any] = {}
+
+
+def _fs(uri: str) -> tuple[Any, str]:
+    import pyarrow.fs as pafs
+
+    if "://" not in uri and not uri.startswith("file:"):
+        return pafs.LocalFileSystem(), uri
+    return pafs.FileSystem.from_uri(uri)
+
+
+def _read(file: StateFile, target: KeyGroupRange) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    fs, path = _fs(file.path)
+    table = pq.read_table(path, filesystem=fs)
+    if KeyGroupRange.parse(file.range) != target:
+        kg = table.column(KG_COLUMN)
+        mask = pc.and_(pc.greater_equal(kg, target.start), pc.less(kg, target.end))
+        table = table.filter(mask)
+    return table
+
+
+def _write(table: pa.Table, directory: str, name: str) -> tuple[str, int]:
+    import pyarrow.parquet as pq
+
+    fs, path = _fs(directory)
+    fs.create_dir(path, recursive=True)
+    full = f"{path.rstrip('/')}/{name}"
+    pq.write_table(table, full, filesystem=fs, compression="lz4", use_dictionary=False)
+    size = fs.get_file_info(full).size
+    uri = full if "://" not in directory else directory.rstrip("/") + "/" + name
+    return uri, int(size)
+
+
+def _internal(table: pa.Table) -> pa.Table:
+    return pa.Table.from_arrays([to_internal(c) for c in table.columns], names=table.column_names)
+
+
+def _external(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_arrays([from_internal(table.column(f.name).combine_chunks(), f.type)
+                                 for f in schema], schema=schema)
+
+
+def _local_dir(params: dict[str, Any]) -> str:
+    base = params.get("local_dir") or os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] \
+        or tempfile.gettempdir()
+    return os.path.join(base, "spark_ckpt_state", params["pipeline_id"], params["operator"])
+
+
+def _consume(batches: Iterator[pa.RecordBatch]) -> tuple[pa.Table | None, int]:
+    """Read the task's input; alignment = time from the first input's last record (its barrier)
+    to the last input's."""
+    parts: list[pa.RecordBatch] = []
+    last_seen: dict[int, float] = {}
+    for rb in batches:
+        parts.append(rb)
+        if CHANNEL_COLUMN in rb.schema.names and rb.num_rows:
+            for ch in set(rb.column(CHANNEL_COLUMN).to_pylist()):
+                last_seen[ch] = time.perf_counter()
+    table = pa.Table.from_batches(parts) if parts else None
+    align = int((max(last_seen.values()) - min(last_seen.values())) * 1000) \
+        if len(last_seen) > 1 else 0
+    return table, align
+
+
+class _Run:
+    """Shared bookkeeping of one task attempt."""
+
+    def __init__(self, params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> None:
+        from pyspark import TaskContext
+
+        self.params = params
+        self.pid = TaskContext.get().partitionId()
+        self.plan = plans[self.pid]
+        self.range = KeyGroupRange.parse(self.plan["range"])
+        self.chain = [StateFile.from_json(f) for f in self.plan["files"]]
+        self.key = (params["pipeline_id"], params["operator"], self.plan["range"])
+        self.batch = int(params["batch"])
+        self.token = uuid.uuid4().hex
+        self.dir = f"{params['state_dir'].rstrip('/')}/{self.range.label}"
+        self.metrics: dict[str, Any] = {"restored": False, "restore_ms": 0}
+        self.started = time.perf_counter()
+
+    def cached(self) -> Any | None:
+        state = _CACHE.pop(self.key, None)
+        if state is not None and state.token == self.plan["token"] and self.plan["token"]:
+            self.metrics["cache"] = "process"
+            return state
+        if state is not None:
+            state.close()
+        return None
+
+    def spill_path(self, token: str) -> str:
+        return os.path.join(_local_dir(self.params), f"{self.range.label}-{token}.arrow")
+
+    def load_spill(self, make: Any) -> Any | None:
+        """The memory backend's range as another worker of this executor left it."""
+        token = self.plan["token"]
+        path = self.spill_path(token) if token else None
+        if path is None or not os.path.exists(path):
+            return None
+        try:
+            with pa.memory_map(path) as source:
+                table = pa.ipc.open_file(source).read_all()
+        except (OSError, pa.ArrowInvalid):
+            return None
+        state = make()
+        state.load(table)
+        state.token = token
+        self.metrics["cache"] = "local"
+        return state
+
+    def spill(self, state: Any) -> None:
+        """Leave the range on local disk for whichever worker runs it next (memory backend)."""
+        directory = _local_dir(self.params)
+        os.makedirs(directory, exist_ok=True)
+        table = state.snapshot()
+        path = self.spill_path(state.token)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        os.replace(tmp, path)
+        for name in os.listdir(directory):  # older versions of this range
+            if name.startswith(self.range.label + "-") and not path.endswith(name) \
+                    and ".tmp-" not in name:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(directory, name))
+
+    def rocks_path(self) -> str:
+        return os.path.join(_local_dir(self.params), self.range.label)
+
+    def finish(self, state: Any, changelog: pa.Table | None, snapshot: Any,
+               file_schema: pa.Schema, extra: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+        """Write the changelog (and a snapshot when due), return the metadata row."""
+        t0 = time.perf_counter()
+        files = list(self.chain)
+        written = 0
+        changelog_file = None
+        if changelog is not None and changelog.num_rows:
+            uri, size = _write(_external(changelog, file_schema), self.dir,
+                               f"b{self.batch:012d}-changelog-{self.token}.parquet")
+            changelog_file = StateFile(uri, "changelog", self.batch, changelog.num_rows, size,
+                                       self.range.label)
+            files.append(changelog_file)
+            written += size
+        changelogs = sum(1 for f in files if f.kind == "changelog")
+        mixed = any(f.range != self.range.label for f in files)
+        if mixed or changelogs > int(self.params["materialize_every"]):
+            table = snapshot()
+            uri, size = _write(_external(table, file_schema), self.dir,
+                               f"b{self.batch:012d}-snapshot-{self.token}.parquet")
+            files = [StateFile(uri, "snapshot", self.batch, table.num_rows, size,
+                               self.range.label)]
+            written += size
+        async_ms = int((time.perf_counter() - t0) * 1000)
+        rows = state.rows
+        token = self.token if (changelog_file or files != self.chain) else self.plan["token"]
+        if token != self.token:  # nothing changed: keep the version the driver knows
+            state.token = token
+            if hasattr(state, "set_token") and token:
+                state.set_token(token)
+        handle = StateHandle(self.range.label, token, tuple(files), rows)
+        _CACHE[self.key] = state
+        if getattr(state, "backend", "") == "rocksdb":
+            state.close()
+            _CACHE.pop(self.key, None)
+        elif getattr(state, "load", None) is not None and state.token:
+            t1 = time.perf_counter()
+            self.spill(state)
+            self.metrics["spill_ms"] = int((time.perf_counter() - t1) * 1000)
+        meta = {
+            "handle": handle.to_json(),
+            "changelog": changelog_file.to_json() if changelog_file else None,
+            "written_bytes": written,
+            "async_ms": async_ms,
+            "total_ms": int((time.perf_counter() - self.started) * 1000),
+            "executor": f"{os.uname().nodename}:{os.getpid()}",
+            **self.metrics, **extra,
+        }
+        yield pa.RecordBatch.from_pydict({"pid": pa.array([self.pid], pa.int32()),
+                                          "meta": pa.array([json.dumps(meta)], pa.string())})
+
+
+def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
+    """The mapInArrow function of a keyed aggregation (input: partials per key group, key)."""
+    key_names = list(params["keys"])
+    file_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(params["file_schema"])))
+    columns = [(name, kind, to_internal(pa.nulls(0, file_schema.field(name).type)).type)
+               for name, kind in params["columns"]]
+    key_types = [to_internal(pa.nulls(0, file_schema.field(k).type)).type for k in key_names]
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from spark_ckpt.state.backends import MemoryAggState, RocksAggState
+
+        task = _Run(params, plans)
+        table, align = _consume(batches)
+        def memory() -> MemoryAggState:
+            return MemoryAggState(key_names, key_types, columns,
+                                  max_rows=int(params["memory_max_rows"]))
+
+        state = task.cached()
+        if state is None and params["backend"] == "memory":
+            t0 = time.perf_counter()
+            state = task.load_spill(memory)
+            task.metrics["local_load_ms"] = int((time.perf_counter() - t0) * 1000)
+        if state is None:
+            t0 = time.perf_counter()
+            if params["backend"] == "rocksdb":
+                state = RocksAggState(task.rocks_path(), key_names, key_types, columns,
+                                      fresh=True)
+            else:
+                state = memory()
+            for i, f in enumerate(task.chain):
+                rows = _internal(_read(f, task.range).select(file_schema.names))
+                if i == 0 and state.backend == "memory":
+                    state.load(rows)
+                else:
+                    state.apply(rows, replace=True)
+            state.token = task.plan["token"]
+            task.metrics.update(restored=True, restore_ms=int((time.perf_counter() - t0) * 1000))
+        t0 = time.perf_counter()
+        changelog = None
+        if table is not None and table.num_rows:
+            data = _internal(table.select(file_schema.names))
+            if state.backend == "rocksdb":
+                changelog = state.apply(data, token=task.token)
+            else:
+                state.token = None  # mutating: the cached version is no longer any token
+                changelog = state.apply(data)
+                state.token = task.token
+        apply_ms = int((time.perf_counter() - t0) * 1000)
+        yield from task.finish(state, changelog, state.snapshot, file_schema,
+                               {"input_rows": table.num_rows if table is not None else 0,
+                                "changed": changelog.num_rows if changelog is not None else 0,
+                                "apply_ms": apply_ms, "sync_ms": 0, "alignment_ms": align})
+
+    return run
+
+
+def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
+                   processor: Any) -> Any:
+    """The mapInArrow function of a KeyedProcessor (input: rows with _kg, plus marker rows)."""
+    key_names = list(params["keys"])
+    out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(params["output_schema"])))
+    file_schema = pa.schema([(KG_COLUMN, pa.int32()), ("_key", pa.string()),
+                             ("_state", pa.string())])
+    event_time = params.get("event_time")
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from spark_ckpt.state.backends import MemoryRecordState, RocksRecordState
+        from spark_ckpt.state.processor import KeyContext
+
+        task = _Run(params, plans)
+        table, align = _consume(batches)
+        state = task.cached()
+        if state is None:
+            t0 = time.perf_counter()
+            if params["backend"] == "rocksdb":
+                state = RocksRecordState(task.rocks_path(), fresh=True)
+            else:
+                state = MemoryRecordState(max_rows=int(params["memory_max_rows"]))
+            for f in task.chain:
+                loaded = _read(f, task.range).to_pydict()
+                state.write({k: (g, json.loads(s) if s is not None else None) for g, k, s in
+                             zip(loaded[KG_COLUMN], loaded["_key"], loaded["_state"],
+                                 strict=True)})
+            state.token = task.plan["token"]
+            task.metrics.update(restored=True, restore_ms=int((time.perf_counter() - t0) * 1000))
+        t0 = time.perf_counter()
+        now_ms = int(params["processing_time_ms"])
+        watermark = params.get("watermark_ms")
+        ttl = params.get("ttl_ms")
+        changes: dict[str, tuple[int, dict[str, Any] | None]] = {}
+        outputs: list[Any] = []
+        max_event: int | None = None
+        rows_in = 0
+
+        def current(key_json: str, kg: int) -> dict[str, Any] | None:
+            if key_json in changes:
+                return changes[key_json][1]
+            if state.backend == "rocksdb":
+                return state.get_kg(kg, key_json)
+            return state.get(key_json)
+
+        def emit(result: Any) -> None:
+            if result is None:
+                return
+            if hasattr(result, "to_dict") and hasattr(result, "columns"):
+                outputs.extend(result[out_schema.names].to_dict("records"))
+                return
+            for row in result:
+                outputs.append(row if isinstance(row, dict) else dict(zip(out_schema.names, row,
+                                                                         strict=True)))
+
+        if table is not None:
+            data = table.filter(pc.invert(table.column(MARKER_COLUMN))) \
+                if MARKER_COLUMN in table.column_names else table
+            rows_in = data.num_rows
+            if rows_in:
+                internal = {KG_COLUMN, MARKER_COLUMN, CHANNEL_COLUMN, "_pid"}
+                pdf = data.to_pandas()
+                if event_time:
+                    column = data.column(event_time)
+                    top = pc.max(to_internal(column)).as_py()
+                    if top is not None:  # timestamps: micros -> ms; integers are ms already
+                        max_event = int(top) // 1000 if pa.types.is_timestamp(column.type) \
+                            else int(top)
+                user_cols = [c for c in pdf.columns if c not in internal]
+                for key, rows in pdf.groupby(key_names, sort=False, dropna=False):
+                    key = key if isinstance(key, tuple) else (key,)
+                    pykey = tuple(_plain(k) for k in key)
+                    key_json = json.dumps(pykey, default=str, separators=(",", ":"))
+                    kg = int(rows[KG_COLUMN].iloc[0])
+                    record = current(key_json, kg)
+                    ctx = KeyContext(json.loads(json.dumps(record)) if record else None,
+                                     processing_time_ms=now_ms, watermark_ms=watermark,
+                                     ttl_ms=ttl)
+                    emit(processor.process(pykey, rows[user_cols].reset_index(drop=True), ctx))
+                    if ctx._dirty:  # noqa: SLF001
+                        changes[key_json] = (kg, ctx._result())  # noqa: SLF001
+        # timers: event time up to the watermark, processing time (and TTL) up to now
+        limit = max(now_ms, watermark if watermark is not None else now_ms)
+        if changes:
+            state.write({k: v for k, v in changes.items()})
+        fired = 0
+        for key_json in state.due(limit):
+            kg = state.kg_of(key_json)
+            record = current(key_json, kg)
+            if record is None:
+                continue
+            ctx = KeyContext(json.loads(json.dumps(record)), processing_time_ms=now_ms,
+                             watermark_ms=watermark, ttl_ms=ttl)
+            pykey = tuple(json.loads(key_json))
+            for ms, kind in sorted((int(t[0]), str(t[1])) for t in record.get("timers", [])):
+                due = ms <= (watermark if kind == "event" and watermark is not None else
+                             (now_ms if kind != "event" else -1))
+                if not due:
+                    continue
+                ctx.timers.delete(ms, kind)
+                if kind != "ttl":
+                    ctx.timer_kind = kind
+                    emit(processor.on_timer(pykey, ms, ctx))
+                    fired += 1
+                ctx._dirty = True  # noqa: SLF001
+            if ctx._dirty:  # noqa: SLF001
+                change = (kg, ctx._result())  # noqa: SLF001
+                changes[key_json] = change
+                state.write({key_json: change})
+        apply_ms = int((time.perf_counter() - t0) * 1000)
+        t1 = time.perf_counter()
+        if state.backend == "rocksdb":
+            state.write({}, token=task.token)
+        else:
+            state.token = task.token
+        sync_ms = int((time.perf_counter() - t1) * 1000)
+        out_file = None
+        if outputs:
+            out = pa.Table.from_pylist(outputs, schema=out_schema)
+            uri, size = _write(out, f"{params['output_dir'].rstrip('/')}/b{task.batch:012d}",
+                               f"{task.range.label}-{task.token}.parquet")
+            out_file = {"path": uri, "rows": out.num_rows, "bytes": size}
+        changelog = None
+        if changes:
+            changelog = pa.Table.from_pydict({
+                KG_COLUMN: pa.array([v[0] for v in changes.values()], pa.int32()),
+                "_key": pa.array(list(changes), pa.string()),
+                "_state": pa.array([json.dumps(v[1], separators=(",", ":"))
+                                    if v[1] is not None else None for v in changes.values()],
+                                   pa.string())}, schema=file_schema)
+
+        def snapshot() -> pa.Table:
+            items = list(state.items())
+            return pa.Table.from_pydict({
+                KG_COLUMN: pa.array([i[0] for i in items], pa.int32()),
+                "_key": pa.array([i[1] for i in items], pa.string()),
+                "_state": pa.array([json.dumps(i[2], separators=(",", ":")) for i in items],
+                                   pa.string())}, schema=file_schema)
+
+        yield from task.finish(state, changelog, snapshot, file_schema, {
+            "input_rows": rows_in, "changed": len(changes), "apply_ms": apply_ms,
+            "sync_ms": sync_ms, "alignment_ms": align, "timers_fired": fired,
+            "max_event_ms": max_event, "output": out_file})
+
+    return run
+
+
+def _plain(value: Any) -> Any:
+    """numpy/pandas scalars as plain Python values (keys are JSON-encoded)."""
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        try:
+            return value.item()
+        except (ValueError, AttributeError):
+            pass
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value

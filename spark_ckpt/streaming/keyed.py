@@ -1,0 +1,396 @@
+"""Keyed streams and their stateful operators, on the driver.
+
+``stream.key_by("user")`` gives a :class:`KeyedStream`; ``.agg(...)`` and ``.process(...)`` give
+stateful streams whose batches are the *update stream* (the keys that changed, with their new
+aggregates; or the processor's output rows). Each batch a stateful operator runs one Spark job:
+
+    input -> (_kg, _pid) -> repartitionById(P, _pid) [-> groupBy partials] -> mapInArrow(task)
+
+Task ``i`` owns key-group range ``i`` (keygroups.py), works on its state (state/task.py) and
+returns its new state handle; the job's result is only those handles and measurements (a few
+hundred bytes a task), never state. The update stream is read back from the changelog or output
+files the tasks wrote, so every sink sees exactly what the state saw, computed once.
+
+Threads: ``live``, ``metrics`` and ``restore_from`` belong to the JobScheduler's thread (and to
+``StreamingContext.start`` before the threads run). The checkpoint coordinator reads only
+``live_files``, an immutable set replaced in one assignment after each batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.errors import CheckpointError, JobDefinitionError
+from spark_ckpt.state.aggregates import Agg, AggSpec
+from spark_ckpt.state.chain import StateHandle, restore_plan
+from spark_ckpt.state.keygroups import (
+    KG_COLUMN,
+    PID_COLUMN,
+    key_group_column,
+    partition_column,
+    ranges,
+)
+from spark_ckpt.state.processor import KeyedProcessor
+from spark_ckpt.state.task import (
+    CHANNEL_COLUMN,
+    MARKER_COLUMN,
+    META_SCHEMA,
+    agg_task,
+    processor_task,
+)
+from spark_ckpt.storage import join
+from spark_ckpt.streaming.stream import Stream, union_by_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+    from spark_ckpt.streaming.batch import BatchRun
+    from spark_ckpt.streaming.context import StreamingContext
+
+__all__ = ["AggregatedStream", "KeyedStream", "ProcessedStream", "StatefulStream"]
+
+log = logging.getLogger(__name__)
+
+
+class KeyedStream:
+    """A stream partitioned by key, ready for a stateful operator. Not a stream itself."""
+
+    def __init__(self, ctx: StreamingContext, inputs: Sequence[Stream], keys: Sequence[str], *,
+                 parallelism: int | None = None, max_parallelism: int | None = None) -> None:
+        if not keys:
+            raise JobDefinitionError("key_by(): expected at least one key column, found none")
+        self.ctx = ctx
+        self.inputs = tuple(inputs)
+        self.keys = tuple(keys)
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+
+    def union(self, *others: KeyedStream) -> KeyedStream:
+        """Several keyed inputs into one operator (each an input channel; the operator's
+        checkpoint is aligned across them)."""
+        for other in others:
+            if other.keys != self.keys:
+                raise JobDefinitionError(
+                    f"union of keyed streams: expected the keys {list(self.keys)} on every "
+                    f"input, found {list(other.keys)}"
+                )
+        return KeyedStream(self.ctx, [*self.inputs, *[i for o in others for i in o.inputs]],
+                           self.keys, parallelism=self.parallelism,
+                           max_parallelism=self.max_parallelism)
+
+    def agg(self, name: str | None = None, **aggs: Agg) -> AggregatedStream:
+        """Running aggregates per key: ``agg(n=count(), total=sum_("amount"))``. Its batches
+        are the changed keys with their new values; ``state_view()`` is the whole state."""
+        return AggregatedStream(self, name or "agg", aggs)
+
+    def process(self, processor: KeyedProcessor, output_schema: StructType | str, *,
+                name: str | None = None, event_time: str | None = None,
+                watermark_delay_ms: int = 0, ttl_ms: int | None = None) -> ProcessedStream:
+        """Run ``processor`` per key with value, list and map state and timers."""
+        if not isinstance(processor, KeyedProcessor):
+            raise JobDefinitionError(
+                f"process(): expected a KeyedProcessor instance, found "
+                f"{type(processor).__name__}"
+            )
+        return ProcessedStream(self, name or type(processor).__name__, processor,
+                               output_schema, event_time=event_time,
+                               watermark_delay_ms=watermark_delay_ms, ttl_ms=ttl_ms)
+
+
+class StatefulStream(Stream):
+    """Base of keyed stateful operators. ``operator`` names its state and is stable across
+    restarts (pass ``name=``)."""
+
+    kind = "stateful"
+
+    def __init__(self, keyed: KeyedStream, name: str) -> None:
+        super().__init__(keyed.ctx, keyed.inputs, name)
+        self.operator = self.name
+        if any(c in self.operator for c in "/\\ :"):
+            raise JobDefinitionError(
+                f"stateful operator name {self.operator!r}: expected no '/', '\\\\', ':' or "
+                "spaces (it names the operator's state directory)"
+            )
+        self.keys = keyed.keys
+        self.requested_parallelism = keyed.parallelism
+        self.requested_max = keyed.max_parallelism
+        self.parallelism = 0
+        self.max_parallelism = 0
+        self.live: dict[int, StateHandle] = {}
+        self.metrics: dict[int, dict[str, Any]] = {}
+        self.restore_from: list[StateHandle] | None = None
+        self.live_files: frozenset[str] = frozenset()
+        self.extra: dict[str, Any] = {}
+        keyed.ctx.graph.add_stateful(self)
+
+    # -- lifecycle (StreamingContext.start, before any thread runs) -------------------------
+    def configure(self, restored: dict[str, Any] | None) -> None:
+        settings = self.ctx.settings
+        default_p = settings.state_parallelism or self.ctx.spark.sparkContext.defaultParallelism
+        self.parallelism = self.requested_parallelism or default_p
+        self.max_parallelism = self.requested_max or settings.state_max_parallelism
+        layout = ranges(self.parallelism, self.max_parallelism)
+        self.live = {i: StateHandle.empty(r) for i, r in enumerate(layout)}
+        self.restore_from = None
+        if restored is None:
+            self._publish()
+            return
+        old_max = int(restored["max_parallelism"])
+        if self.requested_max is None:
+            self.max_parallelism = old_max
+            layout = ranges(self.parallelism, old_max)
+            self.live = {i: StateHandle.empty(r) for i, r in enumerate(layout)}
+        elif old_max != self.max_parallelism:
+            raise CheckpointError(
+                f"operator {self.operator}: the checkpoint has max parallelism {old_max}, the "
+                f"pipeline asks for {self.max_parallelism}; key groups cannot change under a "
+                "checkpoint (keep the old value or start a new checkpoint directory)"
+            )
+        handles = [StateHandle.from_json(h) for _pid, h in
+                   sorted(restored["handles"].items(), key=lambda kv: int(kv[0]))]
+        self.extra = dict(restored.get("extra", {}))
+        if [h.range for h in handles] == [self.live[i].range for i in sorted(self.live)]:
+            self.live = dict(enumerate(handles))
+        else:
+            log.info("Operator %s: rescaling state from %d to %d tasks (%d key groups)",
+                     self.operator, len(handles), self.parallelism, self.max_parallelism)
+            self.restore_from = handles
+            for i, r in enumerate(layout):
+                files = tuple(restore_plan(r, handles))
+                self.live[i] = StateHandle(r.label, None, files, 0)
+        self._publish()
+
+    def _publish(self) -> None:
+        self.live_files = frozenset(f.path for h in self.live.values() for f in h.files)
+
+    def task_ids(self) -> set[str]:
+        return {f"op:{self.operator}:{pid}" for pid in self.live}
+
+    def ack_state(self, pid: int) -> dict[str, Any]:
+        return {"handle": self.live[pid].to_json(),
+                "operator": {"kind": self.kind, "parallelism": self.parallelism,
+                             "max_parallelism": self.max_parallelism, "keys": list(self.keys),
+                             "extra": self.extra}}
+
+    def state_dir(self) -> str:
+        store = self.ctx.storage
+        return store.spark_path(join(self.ctx.root, "state", self.operator))
+
+    # -- per batch ---------------------------------------------------------------------------
+    def _inputs(self, run: BatchRun) -> DataFrame | None:
+        if run.batch_id != run.stats.batch_id:
+            raise JobDefinitionError(
+                f"operator {self.operator}: a window over a stateful stream would apply "
+                "earlier batches to the state again; window the input instead"
+            )
+        from pyspark.sql import functions as F
+
+        frames = [run.get_or_compute(p) for p in self.parents]
+        if any(f is None for f in frames):
+            return None
+        if len(frames) > 1:
+            frames = [f.withColumn(CHANNEL_COLUMN, F.lit(i)) for i, f in enumerate(frames)]
+        df = union_by_name(frames)
+        missing = [k for k in self.keys if k not in df.columns]
+        if missing:
+            raise JobDefinitionError(
+                f"operator {self.operator}: key columns {missing} are not in its input; "
+                f"columns: {df.columns}"
+            )
+        return df.withColumn(KG_COLUMN, key_group_column(self.keys, self.max_parallelism)) \
+            .withColumn(PID_COLUMN, partition_column(self.max_parallelism, self.parallelism))
+
+    def _params(self, run: BatchRun) -> dict[str, Any]:
+        s = self.ctx.settings
+        return {"pipeline_id": self.ctx.lineage, "operator": self.operator,
+                "batch": run.batch_id, "state_dir": self.state_dir(), "backend": s.state_backend,
+                "memory_max_rows": s.state_memory_max_rows, "local_dir": s.state_local_dir,
+                "materialize_every": s.state_materialize_every, "keys": list(self.keys)}
+
+    def _plans(self) -> dict[int, dict[str, Any]]:
+        return {pid: {"range": h.range, "token": h.token,
+                      "files": [f.to_json() for f in h.files]} for pid, h in self.live.items()}
+
+    def _run_job(self, run: BatchRun, df: DataFrame, fn: Any, *,
+                 partitioned: bool = False) -> list[dict[str, Any]]:
+        sc = self.ctx.spark.sparkContext
+        sc.setLocalProperty("spark.job.description",
+                            f"spark_ckpt pipeline {self.ctx.name} batch {run.batch_id} "
+                            f"operator {self.operator}")
+        if not partitioned:
+            df = df.repartitionById(self.parallelism, PID_COLUMN)
+        rows = df.mapInArrow(fn, META_SCHEMA).collect()
+        metas = []
+        for row in rows:
+            meta = json.loads(row.meta)
+            meta["pid"] = int(row.pid)
+            handle = StateHandle.from_json(meta["handle"])
+            self.live[meta["pid"]] = handle
+            self.metrics[meta["pid"]] = {k: meta.get(k) for k in (
+                "sync_ms", "async_ms", "alignment_ms", "apply_ms", "restore_ms", "restored",
+                "input_rows", "changed", "written_bytes", "total_ms", "executor")}
+            self.metrics[meta["pid"]]["batch"] = run.batch_id
+            metas.append(meta)
+        self._publish()
+        run.stats.state[self.operator] = {
+            "tasks": len(metas), "input_rows": sum(m["input_rows"] for m in metas),
+            "changed_keys": sum(m["changed"] for m in metas),
+            "state_rows": sum(h.rows for h in self.live.values()),
+            "restored_tasks": sum(1 for m in metas if m.get("restored")),
+            "written_bytes": sum(m["written_bytes"] for m in metas),
+            "max_task_ms": max((m["total_ms"] for m in metas), default=0),
+            "alignment_ms": max((m["alignment_ms"] for m in metas), default=0),
+        }
+        return metas
+
+
+class AggregatedStream(StatefulStream):
+    kind = "agg"
+
+    def __init__(self, keyed: KeyedStream, name: str, aggs: dict[str, Agg]) -> None:
+        super().__init__(keyed, name)
+        self.aggs = dict(aggs)
+        self.spec: AggSpec | None = None
+
+    def _spec(self, df: DataFrame) -> AggSpec:
+        if self.spec is None:
+            self.spec = AggSpec(self.keys, self.aggs, df.schema)
+        return self.spec
+
+    def file_schema(self) -> StructType:
+        from pyspark.sql.types import IntegerType, StructField, StructType
+
+        assert self.spec is not None
+        return StructType([StructField(KG_COLUMN, IntegerType()),
+                           *[StructField(k, t) for k, t in self.spec.key_types.items()],
+                           *[StructField(n, t) for n, _k, t in self.spec.state_columns()]])
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        from pyspark.sql import functions as F
+
+        from spark_ckpt.arrowtypes import to_arrow
+        from spark_ckpt.streaming.sinks import _FileSink
+
+        df = self._inputs(run)
+        if df is None:
+            return None
+        spec = self._spec(df)
+        spark = self.ctx.spark
+        schema = self.file_schema()
+        if _FileSink.provably_empty(df):
+            run.stats.state[self.operator] = {"tasks": 0, "input_rows": 0, "changed_keys": 0}
+            return spec.view(spark.createDataFrame([], schema))
+        group = [PID_COLUMN, KG_COLUMN, *self.keys]
+        if CHANNEL_COLUMN in df.columns:
+            group.append(CHANNEL_COLUMN)
+        partials = df.repartitionById(self.parallelism, PID_COLUMN).groupBy(*group) \
+            .agg(*spec.partial_columns())
+        params = self._params(run) | {
+            "file_schema": to_arrow(schema).serialize().to_pybytes().hex(),
+            "columns": [[n, k] for n, k, _t in spec.state_columns()],
+        }
+        metas = self._run_job(run, partials, agg_task(params, self._plans()), partitioned=True)
+        files = [m["changelog"]["path"] for m in metas if m.get("changelog")]
+        if not files:
+            return spec.view(spark.createDataFrame([], schema))
+        return spec.view(spark.read.schema(schema).parquet(*files).select(
+            *[F.col(f.name) for f in schema.fields]))
+
+    def state_view(self, checkpoint_id: int | None = None) -> DataFrame:
+        """The whole state now (or of a retained checkpoint): one row per key."""
+        from spark_ckpt.state.reader import read_handles
+
+        handles = list(self.live.values()) if checkpoint_id is None else \
+            self.ctx.checkpoint_handles(self.operator, checkpoint_id)
+        if self.spec is None:
+            raise JobDefinitionError(f"operator {self.operator}: no batch has run yet")
+        return self.spec.view(read_handles(self.ctx.spark, handles, self.file_schema(),
+                                           list(self.keys)))
+
+
+class ProcessedStream(StatefulStream):
+    kind = "process"
+
+    def __init__(self, keyed: KeyedStream, name: str, processor: KeyedProcessor,
+                 output_schema: StructType | str, *, event_time: str | None,
+                 watermark_delay_ms: int, ttl_ms: int | None) -> None:
+        super().__init__(keyed, name)
+        from pyspark.sql.types import StructType
+
+        self.processor = processor
+        self._declared = output_schema
+        self.output_schema: StructType | None = output_schema \
+            if isinstance(output_schema, StructType) else None
+        self.event_time = event_time
+        self.delay_ms = int(watermark_delay_ms)
+        if ttl_ms is not None and ttl_ms <= 0:
+            raise JobDefinitionError(f"process(): expected ttl_ms > 0 or None, found {ttl_ms}")
+        self.ttl_ms = ttl_ms
+
+    @property
+    def watermark_ms(self) -> int | None:
+        top = self.extra.get("max_event_ms")
+        return None if top is None else int(top) - self.delay_ms
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import StructType
+
+        from spark_ckpt.arrowtypes import to_arrow
+
+        df = self._inputs(run)
+        if df is None:
+            return None
+        spark = self.ctx.spark
+        if self.output_schema is None:
+            self.output_schema = StructType.fromDDL(self._declared)  # type: ignore[arg-type]
+        if self.event_time is not None and self.event_time not in df.columns:
+            raise JobDefinitionError(
+                f"operator {self.operator}: event_time column {self.event_time!r} is not in its "
+                f"input; columns: {df.columns}"
+            )
+        data = df.withColumn(MARKER_COLUMN, F.lit(False))
+        markers = spark.range(self.parallelism).select(
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in data.schema.fields
+              if f.name not in (PID_COLUMN, MARKER_COLUMN, KG_COLUMN)],
+            F.lit(-1).alias(KG_COLUMN), F.col("id").cast("int").alias(PID_COLUMN),
+            F.lit(True).alias(MARKER_COLUMN))
+        params = self._params(run) | {
+            "output_schema": to_arrow(self.output_schema).serialize().to_pybytes().hex(),
+            "output_dir": join(self.state_dir(), "output"),
+            "processing_time_ms": run.allocation.batch_time_ms,
+            "watermark_ms": self.watermark_ms, "ttl_ms": self.ttl_ms,
+            "event_time": self.event_time,
+        }
+        metas = self._run_job(run, data.unionByName(markers),
+                              processor_task(params, self._plans(), self.processor))
+        tops = [m["max_event_ms"] for m in metas if m.get("max_event_ms") is not None]
+        if tops:
+            self.extra["max_event_ms"] = max([*tops, self.extra.get("max_event_ms", tops[0])])
+        run.stats.state[self.operator]["timers_fired"] = sum(m.get("timers_fired", 0)
+                                                              for m in metas)
+        run.stats.state[self.operator]["watermark_ms"] = self.watermark_ms
+        files = [m["output"]["path"] for m in metas if m.get("output")]
+        out_dir = join(params["output_dir"], f"b{run.batch_id:012d}")
+        run.on_cleanup(lambda: self.ctx.storage.delete_dir(self.ctx.storage.fs_path(out_dir)))
+        if not files:
+            return spark.createDataFrame([], self.output_schema)
+        return spark.read.schema(self.output_schema).parquet(*files)
+
+    def state_view(self, checkpoint_id: int | None = None) -> DataFrame:
+        """Every key's state as JSON (``key``, ``state``), now or at a retained checkpoint."""
+        from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+        from spark_ckpt.state.reader import read_handles
+
+        handles = list(self.live.values()) if checkpoint_id is None else \
+            self.ctx.checkpoint_handles(self.operator, checkpoint_id)
+        schema = StructType([StructField(KG_COLUMN, IntegerType()),
+                             StructField("_key", StringType()),
+                             StructField("_state", StringType())])
+        df = read_handles(self.ctx.spark, handles, schema, ["_key"])
+        return df.where("_state IS NOT NULL").selectExpr("_key AS key", "_state AS state")

@@ -1,0 +1,404 @@
+"""Two-phase-commit sinks: stage at every batch, pre-commit at the barrier, commit when the
+checkpoint completes (Flink's TwoPhaseCommitSinkFunction on a micro-batch runtime).
+
+Implement :class:`TwoPhaseCommitSink` for your own system and pass it to
+``stream.write_two_phase(sink)``:
+
+* ``write(df, batch_id)`` stages one batch's output invisibly and returns a JSON-able *piece*;
+* ``pre_commit(checkpoint_id, pieces)`` makes the pieces since the previous barrier one durable,
+  committable *transaction* (JSON-able, stored in the checkpoint's metadata);
+* ``commit(checkpoint_id, txn)`` makes it visible. It must be idempotent: it runs again after a
+  crash between checkpoint completion and commit, and a completed checkpoint's notification
+  commits every earlier transaction a lost notification left pending (subsumption);
+* ``abort(pieces)`` drops staged output that no checkpoint will commit.
+
+Transactions are keyed by the checkpoint id *and* the pipeline's lineage id (kept in the
+checkpoint directory's metadata, as Structured Streaming keeps a query id), so a pipeline started
+with a new checkpoint directory on an existing table never mistakes its checkpoint 1 for another
+lineage's.
+
+Built in: :class:`DeltaTwoPhaseSink` (append, or merge by key for update streams) and
+:class:`ParquetTwoPhaseSink`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.batch.sinks import DeltaSink, _check_files
+from spark_ckpt.checkpoint.listener import CheckpointListener
+from spark_ckpt.errors import CommitError, JobDefinitionError
+from spark_ckpt.execution.graph import SinkSpec
+from spark_ckpt.execution.result_partition import OutputFile
+from spark_ckpt.faults import fault_point
+from spark_ckpt.formats import dump_record, load_record
+from spark_ckpt.storage import Storage, join
+from spark_ckpt.streaming.sinks import _FileSink, staged_files
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from spark_ckpt.streaming.context import StreamingContext
+
+__all__ = ["DeltaTwoPhaseSink", "ParquetTwoPhaseSink", "SinkTransactions",
+           "TwoPhaseCommitSink"]
+
+log = logging.getLogger(__name__)
+
+
+class TwoPhaseCommitSink:
+    """Base class of two-phase-commit sinks. ``name`` is unique within the pipeline."""
+
+    kind = "two_phase"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lineage: str = ""  # "<pipeline>-<pipeline id>", set when the pipeline starts
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind}
+
+    def prepare(self, df: DataFrame) -> None:
+        """Check or create the target for the batch's schema."""
+
+    def write(self, df: DataFrame, batch_id: int) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def pre_commit(self, checkpoint_id: int, pieces: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"pieces": pieces}
+
+    def commit(self, checkpoint_id: int, txn: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def abort(self, pieces: list[dict[str, Any]]) -> None:
+        """Drop staged pieces (default: leave them; they are never made visible)."""
+
+    def cleanup_staging(self) -> None:
+        """After a restore committed the pending transactions: drop every staged piece of this
+        lineage (no checkpoint references them any more)."""
+
+    def committed_batch(self) -> int | None:
+        """The last batch whose output this lineage has made visible, if the sink can tell.
+
+        After a restore from a checkpoint older than the sink's last commit (a corrupt latest
+        checkpoint, or a restore by id) the replayed batches up to this one skip the sink, so
+        nothing shows twice. None: the sink cannot tell (its output may then repeat)."""
+        return None
+
+
+def last_batch(txn: dict[str, Any]) -> int:
+    return max((int(p["batch"]) for p in txn.get("pieces", []) if "batch" in p), default=-1)
+
+
+class SinkTransactions(CheckpointListener):
+    """A sink's open pieces and pending transactions, on the driver.
+
+    Threads: the scheduler's thread stages pieces and pre-commits at barriers; the coordinator's
+    thread commits on notification. ``_lock`` guards ``open`` and ``pending``; commits run
+    outside it, in checkpoint order, on the coordinator's thread only.
+    """
+
+    def __init__(self, sink: TwoPhaseCommitSink, pipeline: str) -> None:
+        self.sink = sink
+        self.pipeline = pipeline
+        self._lock = threading.Lock()
+        self.open: list[dict[str, Any]] = []
+        self.pending: dict[int, dict[str, Any]] = {}
+        self.committed_through = 0
+
+    def staged(self, piece: dict[str, Any] | None) -> None:
+        if piece is not None:
+            with self._lock:
+                self.open.append(piece)
+
+    def pre_commit(self, checkpoint_id: int) -> dict[str, Any]:
+        """At the barrier: the open pieces become checkpoint ``checkpoint_id``'s transaction.
+        Returns the acknowledgement state: every transaction not yet committed."""
+        with self._lock:
+            pieces, self.open = self.open, []
+        txn = self.sink.pre_commit(checkpoint_id, pieces)
+        with self._lock:
+            self.pending[checkpoint_id] = txn
+            return {"pending": [[cid, t] for cid, t in sorted(self.pending.items())]}
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        with self._lock:
+            due = sorted((cid, t) for cid, t in self.pending.items() if cid <= checkpoint_id)
+        for cid, txn in due:
+            self.sink.commit(cid, txn)
+            fault_point("checkpoint.sink.committed")
+            with self._lock:
+                self.pending.pop(cid, None)
+                self.committed_through = max(self.committed_through, cid)
+            log.info("Pipeline %s: sink %s committed checkpoint %d", self.pipeline,
+                     self.sink.name, cid)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        # the transaction stays pending: the next completed checkpoint commits it
+        log.info("Pipeline %s: sink %s keeps checkpoint %d's transaction for the next "
+                 "checkpoint", self.pipeline, self.sink.name, checkpoint_id)
+
+    def recover(self, pending: list[list[Any]]) -> None:
+        """After a restart: commit the transactions the restored checkpoint left pending."""
+        for cid, txn in sorted(pending, key=lambda p: p[0]):
+            self.sink.commit(int(cid), txn)
+            self.committed_through = max(self.committed_through, int(cid))
+            log.info("Pipeline %s: sink %s committed checkpoint %d on restore", self.pipeline,
+                     self.sink.name, cid)
+
+
+def _files(pieces: list[dict[str, Any]]) -> list[OutputFile]:
+    return [OutputFile.from_json(f) for p in pieces for f in p.get("files", [])]
+
+
+class DeltaTwoPhaseSink(TwoPhaseCommitSink):
+    """A Delta table: Spark writes each batch's Parquet files into the table directory (not yet
+    in the log); the commit adds a checkpoint's files in one Delta transaction carrying the app
+    transaction ``(spark_ckpt/<pipeline>-<lineage id>/<output>, checkpoint id)``, checked first.
+
+    ``merge_keys``: upsert instead of append. Each commit merges the transaction's rows (the
+    last row per key wins, in batch order) into the table with delta-rs, keyed by
+    ``merge_keys``: the sink for update streams of keyed aggregations.
+    """
+
+    kind = "delta"
+
+    def __init__(self, name: str, path: str, partition_by: Sequence[str],
+                 ctx: StreamingContext, merge_keys: Sequence[str] = ()) -> None:
+        super().__init__(name)
+        self.path = path
+        self.partition_by = tuple(partition_by)
+        self.merge_keys = tuple(merge_keys)
+        self.ctx = ctx
+        self.store = Storage(path)
+        self._writer = _FileSink(name, path, partition_by, ctx)
+        self._delta: DeltaSink | None = None
+        self._prepared: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path, "partition_by": list(self.partition_by),
+                "merge_keys": list(self.merge_keys)}
+
+    def delta(self) -> DeltaSink:
+        if self._delta is None:
+            if not self.lineage:
+                raise JobDefinitionError(f"sink {self.name}: used before the pipeline started")
+            spec = SinkSpec(self.name, "delta", self.path, "append", self.partition_by)
+            self._delta = DeltaSink(spec, f"{self.lineage}-2pc")  # apart from per-batch ids
+        return self._delta
+
+    def prepare(self, df: DataFrame) -> None:
+        self._writer._check_columns(df)  # noqa: SLF001
+        missing = [k for k in self.merge_keys if k not in df.columns]
+        if missing:
+            raise JobDefinitionError(
+                f"Delta sink {self.name}: merge keys {missing} are not columns of the stream; "
+                f"its columns: {df.columns}"
+            )
+        schema = df.schema.json()
+        if self._prepared != schema:
+            self.delta().prepare(df.schema)
+            self._prepared = schema
+
+    def write(self, df: DataFrame, batch_id: int) -> dict[str, Any] | None:
+        if _FileSink.provably_empty(df):
+            return None
+        if self.merge_keys:
+            directory = join(self.store.root, "_spark_ckpt_staging", self.lineage,
+                             f"{self.name}-b{batch_id:012d}-{uuid.uuid4().hex[:12]}")
+        else:
+            directory = join(self.store.root, "spark_ckpt_staged",
+                             f"{self.lineage}-{self.name}-b{batch_id}-{uuid.uuid4().hex[:12]}")
+        self._writer._write(df, directory)  # noqa: SLF001
+        files = staged_files(self.store, directory, self.name)
+        return {"batch": batch_id, "dir": directory, "files": [f.to_json() for f in files]}
+
+    def pre_commit(self, checkpoint_id: int, pieces: list[dict[str, Any]]) -> dict[str, Any]:
+        _check_files(self.name, _files(pieces))
+        return {"pieces": pieces}
+
+    def commit(self, checkpoint_id: int, txn: dict[str, Any]) -> None:
+        sink = self.delta()
+        files = _files(txn["pieces"])
+        if not files or sink.is_committed(checkpoint_id):
+            return
+        meta = {"spark_ckpt.app": sink.app_id, "spark_ckpt.last_batch": str(last_batch(txn))}
+        if not self.merge_keys:
+            sink.commit(files, checkpoint_id, metadata=meta)
+            return
+        self._merge(sink, files, checkpoint_id, meta)
+
+    def committed_batch(self) -> int | None:
+        from deltalake import DeltaTable
+
+        sink = self.delta()
+        if not DeltaTable.is_deltatable(sink.uri):
+            return None
+        batches = [int(h["spark_ckpt.last_batch"]) for h in DeltaTable(sink.uri).history()
+                   if h.get("spark_ckpt.app") == sink.app_id and "spark_ckpt.last_batch" in h]
+        return max(batches, default=None)
+
+    def _merge(self, sink: DeltaSink, files: list[OutputFile], checkpoint_id: int,
+               meta: dict[str, str]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from deltalake import CommitProperties, DeltaTable, Transaction
+
+        from spark_ckpt.storage import stat_any
+
+        if any(s is None for s in stat_any(f.path for f in files)):
+            raise CommitError(f"Delta sink {self.name}: staged rows of checkpoint "
+                              f"{checkpoint_id} are missing; refusing to merge")
+        tables = [pq.read_table(self.store.fs_path(f.path), filesystem=self.store.fs)
+                  for f in files]
+        rows = pa.concat_tables(tables, promote_options="default")
+        rows = rows.append_column("__seq", pa.array(range(rows.num_rows), pa.int64()))
+        last = rows.group_by(list(self.merge_keys)).aggregate([("__seq", "max")])
+        rows = rows.take(last.column("__seq_max")).drop_columns(["__seq"])
+        table = DeltaTable(sink.uri)
+        rows = rows.cast(pa.schema(table.schema()))
+        predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.merge_keys)
+        (table.merge(rows, predicate, source_alias="s", target_alias="t",
+                     commit_properties=CommitProperties(custom_metadata=meta, app_transactions=[
+                         Transaction(app_id=sink.app_id, version=checkpoint_id)]))
+         .when_matched_update_all().when_not_matched_insert_all().execute())
+        for f in files:  # staged outside the table; gone once merged
+            directory = self.store.fs_path(f.path).rsplit("/", 1)[0]
+            self.store.delete_dir(directory)
+
+    def abort(self, pieces: list[dict[str, Any]]) -> None:
+        for piece in pieces:
+            self.store.delete_dir(piece["dir"])
+
+    def cleanup_staging(self) -> None:
+        staging = join(self.store.root, "_spark_ckpt_staging", self.lineage)
+        for info in self.store.fs.get_file_info(_dirs(staging)):
+            if info.base_name.startswith(f"{self.name}-b"):
+                self.store.delete_dir(info.path)
+
+    def committed_batch(self) -> int | None:
+        prefix = f"{self.lineage}-{self.name}-c"
+        best: int | None = None
+        for info in self.store.list_files(join(self.store.root, "_spark_ckpt_commits"),
+                                          recursive=False):
+            if info.base_name.startswith(prefix):
+                record = load_record(self.store.read_bytes(info.path), "parquet-sink-commit",
+                                     (1,))
+                if record["status"] != "committed":  # a crash mid-commit: finish it first
+                    self.commit(int(record["checkpoint_id"]),
+                                {"moves": record["moves"], "dirs": [],
+                                 "last_batch": record["last_batch"]})
+                best = max(best if best is not None else -1, int(record["last_batch"]))
+        return best
+
+
+class ParquetTwoPhaseSink(TwoPhaseCommitSink):
+    """A Parquet directory: each batch is staged under
+    ``_spark_ckpt_staging/<lineage>/b<batch>-<uuid>/``; the commit of checkpoint ``n`` creates
+    ``_spark_ckpt_commits/<lineage>-<output>-c<n>.json`` if absent (only one driver can), moves
+    the files into place and marks the marker committed; a crash in between is finished from
+    the marker."""
+
+    kind = "parquet"
+
+    def __init__(self, name: str, path: str, partition_by: Sequence[str],
+                 ctx: StreamingContext) -> None:
+        super().__init__(name)
+        self.path = path
+        self.partition_by = tuple(partition_by)
+        self.store = Storage(path)
+        self._writer = _FileSink(name, path, partition_by, ctx)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path, "partition_by": list(self.partition_by)}
+
+    def prepare(self, df: DataFrame) -> None:
+        self._writer._check_columns(df)  # noqa: SLF001
+
+    def _marker(self, checkpoint_id: int) -> str:
+        return join(self.store.root, "_spark_ckpt_commits",
+                    f"{self.lineage}-{self.name}-c{checkpoint_id:08d}.json")
+
+    def write(self, df: DataFrame, batch_id: int) -> dict[str, Any] | None:
+        if _FileSink.provably_empty(df):
+            return None
+        directory = join(self.store.root, "_spark_ckpt_staging", self.lineage,
+                         f"{self.name}-b{batch_id:012d}-{uuid.uuid4().hex[:12]}")
+        self._writer._write(df, directory)  # noqa: SLF001
+        files = staged_files(self.store, directory, self.name)
+        return {"batch": batch_id, "dir": directory, "files": [f.to_json() for f in files]}
+
+    def pre_commit(self, checkpoint_id: int, pieces: list[dict[str, Any]]) -> dict[str, Any]:
+        _check_files(self.name, _files(pieces))
+        moves = []
+        for piece in pieces:
+            prefix = self.store.spark_path(piece["dir"]).rstrip("/") + "/"
+            for f in piece["files"]:
+                relative = f["path"][len(prefix):]
+                moves.append([self.store.fs_path(f["path"]), join(self.store.root, relative)])
+        return {"moves": moves, "dirs": [p["dir"] for p in pieces],
+                "last_batch": max((int(p["batch"]) for p in pieces), default=-1)}
+
+    def commit(self, checkpoint_id: int, txn: dict[str, Any]) -> None:
+        if not txn["moves"]:
+            return
+        marker = self._marker(checkpoint_id)
+        body = {"lineage": self.lineage, "checkpoint_id": checkpoint_id,
+                "status": "committing", "moves": txn["moves"],
+                "last_batch": txn.get("last_batch", -1)}
+        moves = txn["moves"]
+        if not self.store.create_exclusive(marker, dump_record("parquet-sink-commit", 1, body)):
+            existing = load_record(self.store.read_bytes(marker), "parquet-sink-commit", (1,))
+            if existing["status"] == "committed":
+                return
+            moves = existing["moves"]  # finish the commit an earlier driver began
+            body = existing
+        for i, (src, dst) in enumerate(moves):
+            if self.store.exists(src):
+                self.store.move(src, dst)
+            elif not self.store.exists(dst):
+                raise CommitError(
+                    f"Parquet sink {self.name}: checkpoint {checkpoint_id} lost {src}; it is "
+                    f"neither staged nor at {dst}"
+                )
+            if i == 0:
+                fault_point("sink.commit.files")
+        self.store.write_atomic(marker, dump_record("parquet-sink-commit", 1,
+                                                    body | {"status": "committed"}))
+        for directory in txn["dirs"]:
+            self.store.delete_dir(directory)
+
+    def abort(self, pieces: list[dict[str, Any]]) -> None:
+        for piece in pieces:
+            self.store.delete_dir(piece["dir"])
+
+    def cleanup_staging(self) -> None:
+        staging = join(self.store.root, "_spark_ckpt_staging", self.lineage)
+        for info in self.store.fs.get_file_info(_dirs(staging)):
+            if info.base_name.startswith(f"{self.name}-b"):
+                self.store.delete_dir(info.path)
+
+    def committed_batch(self) -> int | None:
+        prefix = f"{self.lineage}-{self.name}-c"
+        best: int | None = None
+        for info in self.store.list_files(join(self.store.root, "_spark_ckpt_commits"),
+                                          recursive=False):
+            if info.base_name.startswith(prefix):
+                record = load_record(self.store.read_bytes(info.path), "parquet-sink-commit",
+                                     (1,))
+                if record["status"] != "committed":  # a crash mid-commit: finish it first
+                    self.commit(int(record["checkpoint_id"]),
+                                {"moves": record["moves"], "dirs": [],
+                                 "last_batch": record["last_batch"]})
+                best = max(best if best is not None else -1, int(record["last_batch"]))
+        return best
+
+
+def _dirs(path: str) -> Any:
+    import pyarrow.fs as pafs
+
+    return pafs.FileSelector(path, allow_not_found=True, recursive=False)

@@ -3,11 +3,15 @@
 Batch jobs record every finished partition in a Delta event log and, when submitted again
 after a driver crash, run only the partitions whose output is missing. Streaming pipelines
 (a DStream-like template over DataFrames) record each batch's input before it runs and commit
-each batch's Delta/Parquet output exactly once.
+each batch's Delta/Parquet output exactly once; keyed state (aggregations and a KeyedProcessor
+API) is checkpointed with barriers by a CheckpointCoordinator, and two-phase-commit sinks make
+output visible exactly once when a checkpoint completes.
 """
 
 from spark_ckpt.batch import BatchJob, Input, JobResult, VertexRef, VertexSummary
+from spark_ckpt.checkpoint import CheckpointListener
 from spark_ckpt.errors import (
+    CheckpointError,
     CommitError,
     ConfigurationError,
     EventLogError,
@@ -19,16 +23,25 @@ from spark_ckpt.errors import (
     PipelineFailedError,
     SourceError,
     SparkCkptError,
+    StateTooLargeError,
     TaskExecutionError,
 )
 from spark_ckpt.options import Settings
 from spark_ckpt.session import get_or_create_session
-from spark_ckpt.streaming import Stream, StreamingContext, StreamingListener
+from spark_ckpt.state import KeyedProcessor, read_state
+from spark_ckpt.streaming import (
+    Stream,
+    StreamingContext,
+    StreamingListener,
+    TwoPhaseCommitSink,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BatchJob",
+    "CheckpointError",
+    "CheckpointListener",
     "CommitError",
     "ConfigurationError",
     "EventLogError",
@@ -39,15 +52,19 @@ __all__ = [
     "JobDefinitionError",
     "JobFencedError",
     "JobResult",
+    "KeyedProcessor",
     "PipelineFailedError",
     "Settings",
     "SourceError",
     "SparkCkptError",
+    "StateTooLargeError",
     "Stream",
     "StreamingContext",
     "StreamingListener",
     "TaskExecutionError",
+    "TwoPhaseCommitSink",
     "VertexRef",
     "VertexSummary",
     "get_or_create_session",
+    "read_state",
 ]

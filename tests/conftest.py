@@ -12,6 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "jobs"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+# Python workers import what tests pickle by reference (processors defined in test modules),
+# as a cluster's executors get a job's modules through --py-files.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(ROOT / "tests"), str(ROOT / "jobs"), os.environ.get("PYTHONPATH")) if p)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 

@@ -105,6 +105,7 @@ class CheckpointCoordinator:
         self._last_end_ms: int | None = None
         self._forced: list[concurrent.futures.Future[int]] = []
         self._waiters: dict[int, list[concurrent.futures.Future[str]]] = {}
+        self._outcomes: dict[int, str] = {}  # the last checkpoints' outcomes, for late waiters
         # -- shared, thread-safe ------------------------------------------------------------
         self.barriers: queue.Queue[int] = queue.Queue()
         self._events: queue.Queue[Any] = queue.Queue()
@@ -200,7 +201,9 @@ class CheckpointCoordinator:
             self._forced.append(event[1])
         elif kind == "wait":
             _, cid, future = event
-            if self.store.get(cid) is not None:
+            if cid in self._outcomes:
+                future.set_result(self._outcomes[cid])
+            elif self.store.get(cid) is not None:
                 future.set_result("completed")
             else:
                 self._waiters.setdefault(cid, []).append(future)
@@ -328,6 +331,9 @@ class CheckpointCoordinator:
             ))
 
     def _finish(self, cid: int, outcome: str, stats: dict[str, Any]) -> None:
+        self._outcomes[cid] = outcome
+        for old in [c for c in self._outcomes if c < cid - 100]:
+            del self._outcomes[old]
         self.storage.write_stats(cid, stats)
         try:
             self._on_stats(stats)

@@ -267,12 +267,13 @@ def merge(kind: str, old: tuple[np.ndarray, np.ndarray], new: tuple[np.ndarray, 
     if kind == "add":
         out = np.where(both, ov + nv, np.where(ok, ov, nv))
     elif kind in ("min", "max"):
-        pick = np.minimum if kind == "min" else np.maximum
-        if ov.dtype == object:
-            combined = np.array([pick(a, b) if x else None for a, b, x in zip(ov, nv, both)],
+        if ov.dtype == object or nv.dtype == object:  # strings: Python's ordering, as Spark's
+            py = min if kind == "min" else max
+            combined = np.array([py(a, b) if x else None for a, b, x in zip(ov, nv, both,
+                                                                            strict=True)],
                                 dtype=object)
         else:
-            combined = pick(ov, nv)
+            combined = (np.minimum if kind == "min" else np.maximum)(ov, nv)
         out = np.where(both, combined, np.where(ok, ov, nv))
     else:  # first/last value or time: take the partial where its event time wins
         assert ts is not None

@@ -82,6 +82,10 @@ class MemoryAggState:
         get = self.slots.get
         slots = np.fromiter((get(k, -1) for k in keys), dtype=np.int64, count=len(keys))
         fresh = np.flatnonzero(slots < 0)
+        if len({keys[i] for i in fresh}) != len(fresh) or \
+                len(np.unique(slots[slots >= 0])) != len(slots) - len(fresh):
+            raise ValueError("internal error: a state update holds a key twice; one partial "
+                             "per key is expected (no state was changed)")
         if len(fresh):
             start = len(self.keys)
             if start + len(fresh) > self.max_rows:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["read_handles"]
+__all__ = ["read_handles", "read_state"]
 
 
 def read_handles(spark: SparkSession, handles: Sequence[StateHandle], schema: StructType,
@@ -41,3 +41,57 @@ def read_handles(spark: SparkSession, handles: Sequence[StateHandle], schema: St
     newest = rows.groupBy(*keys).agg(F.max_by(F.struct(*schema.names), F.col("_seq"))
                                      .alias("_row"))
     return newest.select("_row.*")
+
+
+def read_state(spark: SparkSession, checkpoint_dir: str, operator: str,
+               checkpoint_id: int | None = None) -> DataFrame:
+    """The state of ``operator`` in a completed checkpoint (the latest by default), one row per
+    key: aggregations as their output columns, processors as ``key`` and ``state`` (JSON).
+
+    ``checkpoint_dir`` is the pipeline's checkpoint directory (or, when the pipeline sets
+    ``spark.ckpt.checkpoint.dir``, pass that directory's parent with ``checkpoints`` in it).
+    """
+    import json
+
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+    from spark_ckpt.checkpoint.storage import CheckpointStorage
+    from spark_ckpt.errors import CheckpointError
+    from spark_ckpt.state.aggregates import Agg, AggSpec
+    from spark_ckpt.storage import join
+
+    storage = CheckpointStorage(join(checkpoint_dir, "checkpoints"))
+    ids = storage.completed_ids()
+    if not ids:
+        raise CheckpointError(f"expected completed checkpoints in {storage.uri}, found none")
+    cid = ids[-1] if checkpoint_id is None else checkpoint_id
+    meta = storage.read_metadata(cid)
+    ops = meta.get("operators", {})
+    if operator not in ops:
+        raise CheckpointError(
+            f"checkpoint {cid} has no operator {operator!r}; it has {sorted(ops)}"
+        )
+    op = ops[operator]
+    handles = [StateHandle.from_json(h) for _p, h in
+               sorted(op["handles"].items(), key=lambda kv: int(kv[0]))]
+    keys = list(op["keys"])
+    if op.get("kind") == "agg":
+        if "file_schema" not in op:
+            return spark.createDataFrame([], ", ".join(f"`{k}` STRING" for k in keys))
+        schema = StructType.fromJson(json.loads(op["file_schema"]))
+        types = {f.name: f.dataType for f in schema.fields}
+        inputs = [StructField(k, types[k]) for k in keys]
+        aggs: dict[str, Agg] = {}
+        for name, (func, column, time_column) in op["aggs"].items():
+            value = types.get(name) or types[f"{name}__sum"]
+            if column is not None and column not in {f.name for f in inputs}:
+                inputs.append(StructField(column, value))
+            if time_column is not None and time_column not in {f.name for f in inputs}:
+                inputs.append(StructField(time_column, types[f"{name}__ts"]))
+            aggs[name] = Agg(func, column, time_column)
+        spec = AggSpec(keys, aggs, StructType(inputs))
+        return spec.view(read_handles(spark, handles, schema, keys))
+    schema = StructType([StructField(KG_COLUMN, IntegerType()), StructField("_key", StringType()),
+                         StructField("_state", StringType())])
+    df = read_handles(spark, handles, schema, ["_key"])
+    return df.where("_state IS NOT NULL").selectExpr("_key AS key", "_state AS state")

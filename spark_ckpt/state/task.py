@@ -263,13 +263,21 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
         t0 = time.perf_counter()
         changelog = None
         if table is not None and table.num_rows:
-            data = _internal(table.select(file_schema.names))
-            if state.backend == "rocksdb":
-                changelog = state.apply(data, token=task.token)
-            else:
-                state.token = None  # mutating: the cached version is no longer any token
-                changelog = state.apply(data)
-                state.token = task.token
+            # one input at a time: a key has one partial per input channel
+            channels = [table] if CHANNEL_COLUMN not in table.column_names else [
+                table.filter(pc.equal(table.column(CHANNEL_COLUMN), ch))
+                for ch in sorted(set(table.column(CHANNEL_COLUMN).to_pylist()))]
+            state.token = None  # mutating: the cached version is no longer any token
+            changes = []
+            for i, part in enumerate(channels):
+                data = _internal(part.select(file_schema.names))
+                if state.backend == "rocksdb":
+                    last = i == len(channels) - 1
+                    changes.append(state.apply(data, token=task.token if last else None))
+                else:
+                    changes.append(state.apply(data))
+            state.token = task.token
+            changelog = changes[0] if len(changes) == 1 else _newest(changes, key_names)
         apply_ms = int((time.perf_counter() - t0) * 1000)
         yield from task.finish(state, changelog, state.snapshot, file_schema,
                                {"input_rows": table.num_rows if table is not None else 0,
@@ -424,6 +432,14 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             "max_event_ms": max_event, "output": out_file})
 
     return run
+
+
+def _newest(tables: list[pa.Table], keys: list[str]) -> pa.Table:
+    """The rows of several changelogs of one batch, the last row of each key only."""
+    rows = pa.concat_tables(tables)
+    rows = rows.append_column("__seq", pa.array(range(rows.num_rows), pa.int64()))
+    last = rows.group_by(keys).aggregate([("__seq", "max")])
+    return rows.take(last.column("__seq_max")).drop_columns(["__seq"])
 
 
 def _plain(value: Any) -> Any:

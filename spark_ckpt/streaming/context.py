@@ -377,7 +377,7 @@ class StreamingContext:
             )
         self._cleanup_state(retained)
         self.coordinator = CheckpointCoordinator(
-            self.name, self.lineage, CheckpointConfig(
+            self.name, self.pipeline_id, CheckpointConfig(
                 interval_ms=s.checkpoint_interval_ms, min_pause_ms=s.checkpoint_min_pause_ms,
                 max_concurrent=s.checkpoint_max_concurrent, timeout_ms=s.checkpoint_timeout_ms,
                 tolerable_failures=s.checkpoint_tolerable_failures,
@@ -570,9 +570,10 @@ class StreamingContext:
             raise self._error
         return stopped
 
-    def process_available(self, timeout: float | None = None) -> list[dict[str, Any]]:
+    def process_available(self, timeout: float | None = None, *,
+                          restore_checkpoint: int | None = None) -> list[dict[str, Any]]:
         """Start in available-now mode, wait until done, return this run's progress."""
-        self.start(available_now=True)
+        self.start(available_now=True, restore_checkpoint=restore_checkpoint)
         if not self.await_termination(timeout):
             self.stop(graceful=False)
             raise PipelineFailedError(f"pipeline {self.name}: not done after {timeout} s")

@@ -174,7 +174,11 @@ class StatefulStream(Stream):
         return {"handle": self.live[pid].to_json(),
                 "operator": {"kind": self.kind, "parallelism": self.parallelism,
                              "max_parallelism": self.max_parallelism, "keys": list(self.keys),
-                             "extra": self.extra}}
+                             "extra": self.extra, **self.describe_state()}}
+
+    def describe_state(self) -> dict[str, Any]:
+        """What a reader needs to decode the state files (see state/reader.py)."""
+        return {}
 
     def state_dir(self) -> str:
         store = self.ctx.storage
@@ -260,6 +264,11 @@ class AggregatedStream(StatefulStream):
         if self.spec is None:
             self.spec = AggSpec(self.keys, self.aggs, df.schema)
         return self.spec
+
+    def describe_state(self) -> dict[str, Any]:
+        if self.spec is None:
+            return {}
+        return {"file_schema": self.file_schema().json(), "aggs": self.spec.describe()["aggs"]}
 
     def file_schema(self) -> StructType:
         from pyspark.sql.types import IntegerType, StructField, StructType

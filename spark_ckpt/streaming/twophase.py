@@ -280,21 +280,6 @@ class DeltaTwoPhaseSink(TwoPhaseCommitSink):
             if info.base_name.startswith(f"{self.name}-b"):
                 self.store.delete_dir(info.path)
 
-    def committed_batch(self) -> int | None:
-        prefix = f"{self.lineage}-{self.name}-c"
-        best: int | None = None
-        for info in self.store.list_files(join(self.store.root, "_spark_ckpt_commits"),
-                                          recursive=False):
-            if info.base_name.startswith(prefix):
-                record = load_record(self.store.read_bytes(info.path), "parquet-sink-commit",
-                                     (1,))
-                if record["status"] != "committed":  # a crash mid-commit: finish it first
-                    self.commit(int(record["checkpoint_id"]),
-                                {"moves": record["moves"], "dirs": [],
-                                 "last_batch": record["last_batch"]})
-                best = max(best if best is not None else -1, int(record["last_batch"]))
-        return best
-
 
 class ParquetTwoPhaseSink(TwoPhaseCommitSink):
     """A Parquet directory: each batch is staged under

@@ -1,0 +1,794 @@
+"""Benchmark spark_ckpt's keyed state against Spark Structured Streaming, same input, same run.
+
+    python scripts/bench_state.py --small                # every scenario at toy sizes (check)
+    python scripts/bench_state.py                        # every scenario, default sizes
+    python scripts/bench_state.py --agg --restart        # only these scenarios
+
+Input (both systems read the same files): the rows of spark_ckpt's generator source,
+``id, key = pmod(id, K), value = pmod(xxhash64(id, 42), 1000000) / 100.0,
+event_time = timestamp_millis(1767225600000 + id)``, pre-written as one Parquet file per batch
+into a directory; spark_ckpt reads it with ``file_stream(..., max_files_per_batch=1)``,
+Structured Streaming with ``maxFilesPerTrigger=1`` and ``trigger(availableNow=True)``.
+Structured Streaming keeps its state in RocksDB with changelog checkpointing; spark_ckpt in its
+memory backend (``state_parallelism=2``; Structured Streaming has ``shuffle.partitions=2``).
+
+Scenarios (flags; none given runs them all):
+
+``--agg``          keyed count + sum. spark_ckpt: ``key_by("key").agg(...)`` appended with
+                   ``write_parquet`` (two-phase, checkpoint every 10 s); Structured Streaming:
+                   ``groupBy("key").agg(...)``, update mode, ``foreachBatch`` appending to Parquet.
+                   Input rows per second over the query's wall time.
+``--process``      running per-key n/total in Python: a ``KeyedProcessor`` vs
+                   ``applyInPandasWithState`` (and ``transformWithStateInPandas`` while it works).
+``--tiny``         many tiny batches (10 rows over 10 keys each) through the agg pipeline: median
+                   batch duration (spark_ckpt ``durations_ms.total``, Structured Streaming
+                   ``durationMs.triggerExecution``), and wall time per batch.
+``--interval``     the agg scenario in spark_ckpt with a checkpoint every 10 s versus only the
+                   final checkpoint (``checkpoint_interval_ms=0``): throughput ratio.
+``--incremental``  1,000,000 keys loaded, then batches touching 1% of them, a checkpoint after
+                   every batch: the first full checkpoint's bytes versus later incremental bytes,
+                   p99 checkpoint duration, largest synchronous part.
+``--restart``      the agg pipeline in a driver SIGKILLed after a few committed outputs, then
+                   started again: wall time from the restarted process's start to its first new
+                   committed output file (JVM start included, same for both).
+
+Every measurement is its own driver process (local[2], 4g driver, UI off, 2 shuffle partitions,
+UTC), the order of the systems alternating between repetitions. Every run checks its output:
+the newest row per key of the update output (the one with the largest n) against a plain Spark
+``groupBy(key)`` over all input (n exactly, total within 1e-6 relative); the per-system digests
+(keys, sum of n, sum of total) must also agree. Prints raw figures, medians and ratios and writes
+them to ``docs/benchmarks-state-<date>.json`` (``--json``; a file already there keeps the
+scenarios not run this time). ``--small`` writes to a temporary directory unless ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from spark_ckpt.state.processor import KeyedProcessor  # noqa: E402
+
+SCHEMA = "id BIGINT, key BIGINT, value DOUBLE, event_time TIMESTAMP"
+OUT_SCHEMA = "key BIGINT, n BIGINT, total DOUBLE"
+EPOCH_MS = 1767225600000
+TINY_WARMUP = 2
+TOLERANCE = 1e-6
+SCENARIOS = ("agg", "process", "tiny", "interval", "incremental", "restart")
+
+# size knobs: (full default, --small default)
+SIZES: dict[str, tuple[int, int]] = {
+    "files": (12, 3), "rows_per_file": (250_000, 2000), "keys": (1_000_000, 1000),
+    "process_files": (6, 3), "process_rows_per_file": (50_000, 2000),
+    "process_keys": (1_000_000, 1000),
+    "tiny_files": (20, 8), "tiny_rows": (10, 10), "tiny_keys": (10, 10),
+    "incr_keys": (1_000_000, 1000), "incr_load_files": (4, 1), "incr_batches": (10, 4),
+    "incr_touch": (10_000, 10),
+    "restart_files": (12, 10), "restart_kill_after": (3, 2), "restart_checkpoint_ms": (1000, 1000),
+}
+
+
+# -- the stateful logic, the same in both systems -------------------------------------------
+class Running(KeyedProcessor):
+    """spark_ckpt: running count and sum of ``value`` per key, one output row per key and batch."""
+
+    def process(self, key, rows, ctx):  # noqa: ANN001, ANN201
+        s = ctx.value("s")
+        c = ctx.value("c")
+        total = (s.get() or 0.0) + float(rows["value"].sum())
+        n = (c.get() or 0) + len(rows)
+        s.update(total)
+        c.update(n)
+        yield (key[0], n, total)
+
+
+def running_with_state(key, pdfs, state):  # noqa: ANN001, ANN201
+    """Structured Streaming ``applyInPandasWithState``: the same running count and sum."""
+    import pandas as pd
+
+    n, total = state.get if state.exists else (0, 0.0)
+    for pdf in pdfs:
+        n += len(pdf)
+        total += float(pdf["value"].sum())
+    state.update((n, total))
+    yield pd.DataFrame({"key": [key[0]], "n": [n], "total": [total]})
+
+
+def running_tws_processor():  # noqa: ANN201 - built in the child (imports pyspark there)
+    import pandas as pd
+    from pyspark.sql.streaming import StatefulProcessor
+
+    class RunningTWS(StatefulProcessor):
+        def init(self, handle):  # noqa: ANN001, ANN202
+            self.state = handle.getValueState("s", "n LONG, total DOUBLE")
+
+        def handleInputRows(self, key, rows, timerValues):  # noqa: ANN001, ANN202, N802, N803
+            n, total = (0, 0.0)
+            if self.state.exists():
+                n, total = self.state.get()
+            for pdf in rows:
+                n += len(pdf)
+                total += float(pdf["value"].sum())
+            self.state.update((n, total))
+            yield pd.DataFrame({"key": [key[0]], "n": [n], "total": [total]})
+
+        def close(self):  # noqa: ANN202
+            pass
+
+    return RunningTWS()
+
+
+# -- child drivers ---------------------------------------------------------------------------
+def session(name: str):  # noqa: ANN201
+    import logging
+
+    from spark_ckpt import get_or_create_session
+
+    logging.basicConfig(level=logging.WARNING)
+    spark = get_or_create_session(name, conf={
+        "spark.master": "local[2]", "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC",
+        "spark.driver.memory": "4g"})
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def generated(spark, start: int, end: int, keys: int):  # noqa: ANN001, ANN201
+    """The generator source's rows ``[start, end)``."""
+    from pyspark.sql import functions as F
+
+    return spark.range(start, end, 1, 1).select(
+        "id", F.pmod(F.col("id"), F.lit(keys)).alias("key"),
+        (F.pmod(F.xxhash64(F.col("id"), F.lit(42)), F.lit(1000000)) / 100.0).alias("value"),
+        F.timestamp_millis(F.lit(EPOCH_MS) + F.col("id")).alias("event_time"))
+
+
+def child_generate(args: argparse.Namespace) -> dict:
+    """Write every dataset of the spec (one Parquet file per range) and its expected result."""
+    from pyspark.sql import functions as F
+
+    spark = session("bench-state-gen")
+    spec = json.loads(Path(args.spec).read_text())
+    for ds in spec:
+        target = Path(ds["dir"])
+        target.mkdir(parents=True, exist_ok=True)
+        tmp = Path(ds["dir"] + ".tmp")
+        base_mtime = time.time() - 60 - len(ds["ranges"])
+        for i, (start, end) in enumerate(ds["ranges"]):
+            generated(spark, start, end, ds["keys"]).write.mode("overwrite").parquet(str(tmp))
+            part = next(tmp.glob("part-*.parquet"))
+            dst = target / f"part-{i:05d}.parquet"
+            os.replace(part, dst)
+            os.utime(dst, (base_mtime + i, base_mtime + i))  # strictly increasing: batch order
+        shutil.rmtree(tmp, ignore_errors=True)
+        (spark.read.schema(SCHEMA).parquet(str(target)).groupBy("key")
+         .agg(F.count(F.lit(1)).alias("n"), F.sum("value").alias("total"))
+         .write.mode("overwrite").parquet(ds["expected"]))
+    return {}
+
+
+def check_output(spark, out_dir: str, expected_dir: str) -> dict:  # noqa: ANN001
+    """The newest row per key (largest n) of an update output against the expected totals."""
+    from pyspark.sql import functions as F
+
+    out = spark.read.schema(OUT_SCHEMA).parquet(out_dir)
+    final = out.groupBy("key").agg(F.max("n").alias("n"), F.max_by("total", "n").alias("total"))
+    expected = spark.read.parquet(expected_dir)
+    joined = final.alias("o").join(expected.alias("e"), "key", "full_outer")
+    bad = joined.where(
+        F.col("o.n").isNull() | F.col("e.n").isNull() | (F.col("o.n") != F.col("e.n")) |
+        (F.abs(F.col("o.total") - F.col("e.total")) >
+         F.lit(TOLERANCE) * F.greatest(F.abs(F.col("e.total")), F.lit(1.0))))
+    digest = final.agg(F.count(F.lit(1)).alias("keys"), F.sum("n").alias("sum_n"),
+                       F.sum("total").alias("sum_total")).first()
+    return {"output_rows": out.count(), "keys": int(digest.keys or 0),
+            "sum_n": int(digest.sum_n or 0), "sum_total": float(digest.sum_total or 0.0),
+            "mismatches": bad.count(), "examples": [r.asDict() for r in bad.limit(3).collect()]}
+
+
+def ckpt_settings(interval_ms: int):  # noqa: ANN201
+    from spark_ckpt import Settings
+
+    return Settings(progress="never", checkpoint_interval_ms=interval_ms, state_parallelism=2,
+                    state_backend="memory")
+
+
+def ss_conf(spark) -> None:  # noqa: ANN001
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass",
+                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+                   "true")
+
+
+def child_ckpt(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001, C901
+    from spark_ckpt import StreamingContext
+    from spark_ckpt.state.aggregates import count, sum_
+
+    work = Path(args.work)
+    out = str(work / "out")
+    ctx = StreamingContext(spark, args.batch_interval, str(work / "ckpt"), "bench",
+                           settings=ckpt_settings(args.checkpoint_ms))
+    src = ctx.file_stream("in", args.input, "parquet", schema=SCHEMA, max_files_per_batch=1)
+    if args.scenario == "process":
+        src.key_by("key").process(Running(), OUT_SCHEMA, name="running") \
+            .write_parquet(out, name="running")
+    else:
+        src.key_by("key").agg(n=count(), total=sum_("value")).write_parquet(out, name="totals")
+    print(f"READY {time.time():.3f}", flush=True)
+    t0 = time.perf_counter()
+    progress = ctx.process_available(timeout=3600)
+    seconds = time.perf_counter() - t0
+    checkpoints = [{k: c.get(k) for k in ("checkpoint_id", "status", "barrier_batch",
+                                          "duration_ms", "full_bytes", "incremental_bytes",
+                                          "sync_ms", "async_ms", "alignment_ms")}
+                   for c in ctx.recent_checkpoints]
+    return {"seconds": seconds, "rows": sum(p["num_input_rows"] or 0 for p in progress),
+            "batches": len(progress),
+            "batch_ms": [p["durations_ms"]["total"] for p in progress],
+            "allocation_ms": [p["durations_ms"]["allocation"] for p in progress],
+            "state_ms": [p["durations_ms"].get("state") for p in progress],
+            "checkpoints": checkpoints}
+
+
+def child_ss(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    ss_conf(spark)
+    work = Path(args.work)
+    out = str(work / "out")
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(args.input)
+    if args.system == "ss":
+        result = stream.groupBy("key").agg(F.count(F.lit(1)).alias("n"),
+                                           F.sum("value").alias("total"))
+    elif args.system == "ss_apiws":
+        result = stream.groupBy("key").applyInPandasWithState(
+            running_with_state, OUT_SCHEMA, "n LONG, total DOUBLE", "update",
+            GroupStateTimeout.NoTimeout)
+    else:  # ss_tws
+        result = stream.groupBy("key").transformWithStateInPandas(
+            running_tws_processor(), OUT_SCHEMA, "Update", "None")
+
+    def append(df, batch_id: int) -> None:  # noqa: ANN001
+        df.write.mode("append").parquet(out)
+
+    writer = (result.writeStream.outputMode("update").foreachBatch(append)
+              .option("checkpointLocation", str(work / "ckpt")).trigger(availableNow=True))
+    print(f"READY {time.time():.3f}", flush=True)
+    t0 = time.perf_counter()
+    query = writer.start()
+    query.awaitTermination()
+    seconds = time.perf_counter() - t0
+    progress = query.recentProgress
+    return {"seconds": seconds, "rows": sum(p["numInputRows"] for p in progress),
+            "batches": len(progress),
+            "batch_ms": [p["durationMs"]["triggerExecution"] for p in progress
+                         if p["numInputRows"]],
+            "state_rows": [sum(o.get("numRowsTotal", 0) for o in p["stateOperators"])
+                           for p in progress]}
+
+
+def child(args: argparse.Namespace) -> None:
+    if args.scenario == "gen":
+        result = child_generate(args)
+    else:
+        spark = session(f"bench-state-{args.scenario}-{args.system}")
+        os.makedirs(args.work, exist_ok=True)
+        if args.system == "ckpt":
+            result = child_ckpt(args, spark)
+        else:
+            result = child_ss(args, spark)
+        result["check"] = check_output(spark, str(Path(args.work) / "out"), args.expected)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# -- the parent: runs children, alternates, summarizes ---------------------------------------
+class ChildFailed(RuntimeError):
+    pass
+
+
+def child_env() -> dict[str, str]:
+    return dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+                PYSPARK_SUBMIT_ARGS="--driver-memory 4g pyspark-shell",
+                SPARK_CKPT_DEFAULTS=str(ROOT / "spark-defaults.conf"),
+                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+
+def child_cmd(scenario: str, system: str, **opts: Any) -> list[str]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--scenario", scenario,
+           "--system", system]
+    for key, value in opts.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    return cmd
+
+
+def parse_result(stdout: str) -> dict:
+    line = next((li for li in stdout.splitlines() if li.startswith("RESULT ")), None)
+    if line is None:
+        raise ChildFailed("no RESULT line")
+    return json.loads(line[7:])
+
+
+def run_child(scenario: str, system: str, work: Path | None, **opts: Any) -> dict:
+    if work is not None:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        opts["work"] = work
+    cmd = child_cmd(scenario, system, **opts)
+    proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0 or "RESULT " not in proc.stdout:
+        raise ChildFailed(f"{scenario}/{system} failed (exit {proc.returncode}):\n"
+                          f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}")
+    return parse_result(proc.stdout)
+
+
+def rate(r: dict) -> float:
+    return r["rows"] / r["seconds"]
+
+
+def med(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def orders(systems: list[str], rep: int) -> list[str]:
+    """The systems rotated by repetition, so none is always first."""
+    k = rep % len(systems)
+    return systems[k:] + systems[:k]
+
+
+def check_digests(label: str, runs: dict[str, list[dict]], errors: list[str]) -> None:
+    """Every run matched the expected totals, and all systems' digests agree."""
+    digests = []
+    for system, results in runs.items():
+        for r in results:
+            c = r.get("check")
+            if c is None:
+                continue
+            if c["mismatches"]:
+                errors.append(f"{label}/{system}: {c['mismatches']} keys differ from the expected "
+                              f"totals, e.g. {c['examples']}")
+            digests.append((system, c))
+    for system, c in digests[1:]:
+        ref_system, ref = digests[0]
+        if (c["keys"], c["sum_n"]) != (ref["keys"], ref["sum_n"]) or \
+                abs(c["sum_total"] - ref["sum_total"]) > TOLERANCE * max(abs(ref["sum_total"]), 1):
+            errors.append(f"{label}: digest of {system} {c} differs from {ref_system} {ref}")
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, base: Path) -> None:
+        self.args = args
+        self.base = base
+        self.sizes = {k: (getattr(args, k) if getattr(args, k) is not None
+                          else v[1 if args.small else 0]) for k, v in SIZES.items()}
+        self.errors: list[str] = []
+        self.data: dict[str, dict[str, str]] = {}
+
+    # -- input ---------------------------------------------------------------------------
+    def datasets(self, scenarios: list[str]) -> list[dict]:
+        s = self.sizes
+        spec: dict[str, tuple[list[tuple[int, int]], int]] = {}
+
+        def uniform(files: int, rows: int) -> list[tuple[int, int]]:
+            return [(i * rows, (i + 1) * rows) for i in range(files)]
+
+        if {"agg", "interval"} & set(scenarios):
+            spec["agg"] = (uniform(s["files"], s["rows_per_file"]), s["keys"])
+        if "restart" in scenarios:
+            spec["restart"] = (uniform(s["restart_files"], s["rows_per_file"]), s["keys"])
+        if "process" in scenarios:
+            spec["process"] = (uniform(s["process_files"], s["process_rows_per_file"]),
+                               s["process_keys"])
+        if "tiny" in scenarios:
+            spec["tiny"] = (uniform(s["tiny_files"], s["tiny_rows"]), s["tiny_keys"])
+        if "incremental" in scenarios:
+            k, load = s["incr_keys"], s["incr_load_files"]
+            bounds = [round(k * i / load) for i in range(load + 1)]
+            ranges = [(bounds[i], bounds[i + 1]) for i in range(load)]
+            ranges += [(k + j * s["incr_touch"], k + (j + 1) * s["incr_touch"])
+                       for j in range(s["incr_batches"])]
+            spec["incremental"] = (ranges, k)
+        out = []
+        for name, (ranges, keys) in spec.items():
+            d = {"dir": str(self.base / "input" / name),
+                 "expected": str(self.base / "expected" / name), "ranges": ranges, "keys": keys}
+            self.data[name] = {"input": d["dir"], "expected": d["expected"],
+                               "rows": str(sum(e - b for b, e in ranges))}
+            out.append(d)
+        return out
+
+    def generate(self, scenarios: list[str]) -> float:
+        spec = self.datasets(scenarios)
+        path = self.base / "spec.json"
+        path.write_text(json.dumps(spec))
+        t0 = time.perf_counter()
+        run_child("gen", "spark", None, spec=path)
+        return time.perf_counter() - t0
+
+    def run(self, scenario: str, system: str, data: str, **opts: Any) -> dict:
+        d = self.data[data]
+        opts.setdefault("checkpoint_ms", 10000)
+        opts.setdefault("batch_interval", 0.5)
+        label = f"{scenario}-{system}" + (f"-{opts['tag']}" if "tag" in opts else "")
+        opts.pop("tag", None)
+        return run_child(scenario, system, self.base / "work" / label, input=d["input"],
+                         expected=d["expected"], **opts)
+
+    def report(self, label: str, result: dict) -> None:
+        brief = {k: v for k, v in result.items()
+                 if k not in ("batch_ms", "allocation_ms", "state_ms", "checkpoints",
+                              "state_rows")}
+        if "check" in brief:
+            brief["check"] = {k: v for k, v in brief["check"].items() if k != "examples"}
+        print(f"  {label}: {json.dumps(brief)}", flush=True)
+
+    # -- scenarios -----------------------------------------------------------------------
+    def agg(self) -> dict:
+        runs: dict[str, list[dict]] = {"ss": [], "ckpt": []}
+        for rep in range(self.args.reps):
+            for system in orders(["ss", "ckpt"], rep):
+                r = self.run("agg", system, "agg")
+                runs[system].append(r)
+                self.report(f"rep {rep + 1} agg {system}", r)
+        check_digests("agg", runs, self.errors)
+        ss = [rate(r) for r in runs["ss"]]
+        ck = [rate(r) for r in runs["ckpt"]]
+        return {"runs": runs, "summary": {
+            "ss_rows_per_s": ss, "ckpt_rows_per_s": ck,
+            "ss_rows_per_s_median": med(ss), "ckpt_rows_per_s_median": med(ck),
+            "throughput_ratio_ckpt_over_ss": ratio(med(ck), med(ss)),
+            "ss_seconds": [r["seconds"] for r in runs["ss"]],
+            "ckpt_seconds": [r["seconds"] for r in runs["ckpt"]]}}
+
+    def process(self) -> dict:
+        systems = ["ckpt", "ss_apiws"]
+        failures: dict[str, str] = {}
+        if self.args.no_tws:
+            failures["ss_tws"] = "skipped (--no-tws)"
+        elif not _has_module("google.protobuf"):
+            # its Python side talks to the state server in protobuf messages
+            failures["ss_tws"] = ("skipped: transformWithStateInPandas needs the protobuf "
+                                  "package (google.protobuf), which is not installed")
+        else:
+            systems.append("ss_tws")
+        for system, reason in failures.items():
+            print(f"  process {system}: {reason}", flush=True)
+        runs: dict[str, list[dict]] = {s: [] for s in systems}
+        for rep in range(self.args.reps):
+            for system in orders(systems, rep):
+                if system in failures:
+                    continue
+                try:
+                    r = self.run("process", system, "process")
+                except ChildFailed as exc:
+                    if system != "ss_tws":
+                        raise
+                    failures[system] = _error_tail(str(exc))
+                    print(f"  rep {rep + 1} process {system}: FAILED, dropped: "
+                          f"{failures[system]}", flush=True)
+                    continue
+                runs[system].append(r)
+                self.report(f"rep {rep + 1} process {system}", r)
+        runs = {k: v for k, v in runs.items() if v}
+        check_digests("process", runs, self.errors)
+        rates = {s: [rate(r) for r in v] for s, v in runs.items()}
+        summary: dict[str, Any] = {f"{s}_rows_per_s": v for s, v in rates.items()}
+        summary |= {f"{s}_rows_per_s_median": med(v) for s, v in rates.items()}
+        for s in rates:
+            if s != "ckpt":
+                summary[f"throughput_ratio_ckpt_over_{s}"] = ratio(med(rates.get("ckpt", [])),
+                                                                   med(rates[s]))
+        if failures:
+            summary["failed"] = failures
+        return {"runs": runs, "summary": summary}
+
+    def tiny(self) -> dict:
+        runs: dict[str, list[dict]] = {"ss": [], "ckpt": []}
+        for rep in range(self.args.reps):
+            for system in orders(["ss", "ckpt"], rep):
+                r = self.run("tiny", system, "tiny")
+                runs[system].append(r)
+                self.report(f"rep {rep + 1} tiny {system}", r)
+        check_digests("tiny", runs, self.errors)
+        ss = [med(r["batch_ms"][TINY_WARMUP:]) for r in runs["ss"]]
+        ck = [med(r["batch_ms"][TINY_WARMUP:]) for r in runs["ckpt"]]
+        ck_alloc = [med([b + a for b, a in zip(r["batch_ms"], r["allocation_ms"],
+                                               strict=True)][TINY_WARMUP:])
+                    for r in runs["ckpt"]]
+        ss_wall = [1000 * r["seconds"] / r["batches"] for r in runs["ss"]]
+        ck_wall = [1000 * r["seconds"] / r["batches"] for r in runs["ckpt"]]
+        return {"runs": runs, "summary": {
+            "ss_batch_ms_median": ss, "ckpt_batch_ms_median": ck,
+            "ckpt_batch_plus_allocation_ms_median": ck_alloc,
+            "batch_ms_ratio_ckpt_over_ss": ratio(med(ck), med(ss)),
+            "batch_plus_allocation_ms_ratio_ckpt_over_ss": ratio(med(ck_alloc), med(ss)),
+            "ss_wall_ms_per_batch": ss_wall, "ckpt_wall_ms_per_batch": ck_wall,
+            "wall_per_batch_ratio_ckpt_over_ss": ratio(med(ck_wall), med(ss_wall))}}
+
+    def interval(self) -> dict:
+        configs = {"every_10s": 10000, "final_only": 0}
+        runs: dict[str, list[dict]] = {k: [] for k in configs}
+        for rep in range(self.args.reps):
+            for name in orders(list(configs), rep):
+                r = self.run("interval", "ckpt", "agg", checkpoint_ms=configs[name], tag=name)
+                runs[name].append(r)
+                r["completed_checkpoints"] = sum(1 for c in r["checkpoints"]
+                                                 if c["status"] == "completed")
+                self.report(f"rep {rep + 1} interval {name}", r)
+        check_digests("interval", runs, self.errors)
+        on = [rate(r) for r in runs["every_10s"]]
+        off = [rate(r) for r in runs["final_only"]]
+        return {"runs": runs, "summary": {
+            "every_10s_rows_per_s": on, "final_only_rows_per_s": off,
+            "every_10s_checkpoints": [r["completed_checkpoints"] for r in runs["every_10s"]],
+            "final_only_checkpoints": [r["completed_checkpoints"] for r in runs["final_only"]],
+            "throughput_ratio_every_10s_over_final_only": ratio(med(on), med(off))}}
+
+    def incremental(self) -> dict:
+        load = self.sizes["incr_load_files"]
+        runs: dict[str, list[dict]] = {"ckpt": []}
+        per_rep = []
+        for rep in range(self.args.reps):
+            r = self.run("incremental", "ckpt", "incremental", checkpoint_ms=1,
+                         batch_interval=0.1)
+            runs["ckpt"].append(r)
+            done = [c for c in r["checkpoints"] if c["status"] == "completed"]
+            loaded = [c for c in done if c["barrier_batch"] >= load - 1]
+            first = loaded[0] if loaded else None
+            later = [c for c in loaded[1:] if c["incremental_bytes"]]
+            figures = {
+                "checkpoints": len(done),
+                "barrier_batches": [c["barrier_batch"] for c in done],
+                "first_full_checkpoint": first["checkpoint_id"] if first else None,
+                "first_full_bytes": first["full_bytes"] if first else None,
+                "later_incremental_bytes": [c["incremental_bytes"] for c in later],
+                "later_full_bytes": [c["full_bytes"] for c in later],
+                "incremental_bytes_median": med([c["incremental_bytes"] for c in later]),
+                "duration_ms": [c["duration_ms"] for c in done],
+                "duration_ms_p99": percentile([c["duration_ms"] for c in done], 99),
+                "sync_ms_max": max((c["sync_ms"] for c in done), default=None),
+                "async_ms_max": max((c["async_ms"] for c in done), default=None),
+            }
+            figures["incremental_over_full_median"] = ratio(figures["incremental_bytes_median"],
+                                                            figures["first_full_bytes"])
+            per_rep.append(figures)
+            r["figures"] = figures
+            self.report(f"rep {rep + 1} incremental ckpt",
+                        {"seconds": r["seconds"], "batches": r["batches"], **figures,
+                         "check": r["check"]})
+        check_digests("incremental", runs, self.errors)
+        return {"runs": runs, "summary": {
+            "first_full_bytes": [f["first_full_bytes"] for f in per_rep],
+            "incremental_bytes_median": [f["incremental_bytes_median"] for f in per_rep],
+            "incremental_over_full_median": med([f["incremental_over_full_median"]
+                                                 for f in per_rep
+                                                 if f["incremental_over_full_median"]]),
+            "checkpoint_duration_ms_p99": [f["duration_ms_p99"] for f in per_rep],
+            "sync_ms_max": [f["sync_ms_max"] for f in per_rep]}}
+
+    def restart(self) -> dict:
+        runs: dict[str, list[dict]] = {"ss": [], "ckpt": []}
+        for rep in range(self.args.reps):
+            for system in orders(["ss", "ckpt"], rep):
+                r = self.restart_once(system, rep)
+                runs[system].append(r)
+                self.report(f"rep {rep + 1} restart {system}", r)
+        check_digests("restart", runs, self.errors)
+        ss = [r["first_output_s"] for r in runs["ss"]]
+        ck = [r["first_output_s"] for r in runs["ckpt"]]
+        ss_r = [r["first_output_after_ready_s"] for r in runs["ss"]]
+        ck_r = [r["first_output_after_ready_s"] for r in runs["ckpt"]]
+        return {"runs": runs, "summary": {
+            "ss_first_output_s": ss, "ckpt_first_output_s": ck,
+            "ss_first_output_s_median": med(ss), "ckpt_first_output_s_median": med(ck),
+            "first_output_ratio_ckpt_over_ss": ratio(med(ck), med(ss)),
+            "ss_first_output_after_session_s": ss_r, "ckpt_first_output_after_session_s": ck_r,
+            "first_output_after_session_ratio_ckpt_over_ss": ratio(med(ck_r), med(ss_r))}}
+
+    def restart_once(self, system: str, rep: int) -> dict:
+        """SIGKILL the driver after a few committed outputs, start it again, time the first
+        new output file."""
+        d = self.data["restart"]
+        kill_after = self.sizes["restart_kill_after"]
+        work = self.base / "work" / f"restart-{system}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        out = work / "out"
+        markers = out / "_spark_ckpt_commits" if system == "ckpt" else work / "ckpt" / "commits"
+        cmd = child_cmd("restart", system, work=work, input=d["input"], expected=d["expected"],
+                        checkpoint_ms=self.sizes["restart_checkpoint_ms"], batch_interval=0.5)
+
+        def start(log: str) -> tuple[subprocess.Popen, Any]:
+            fh = open(work / log, "w")  # noqa: SIM115 - closed below
+            return subprocess.Popen(cmd, env=child_env(), stdout=fh, stderr=subprocess.STDOUT,
+                                    cwd=ROOT, start_new_session=True), fh
+
+        first, fh = start("first.log")
+        t0 = time.time()
+        try:
+            while len(_names(markers, ".json" if system == "ckpt" else "")) < kill_after:
+                if first.poll() is not None:
+                    raise ChildFailed(
+                        f"restart/{system}: the first driver ended (exit {first.returncode}) "
+                        f"before {kill_after} committed outputs; use more --restart-files\n"
+                        f"{(work / 'first.log').read_text()[-4000:]}")
+                if time.time() - t0 > 3600:
+                    raise ChildFailed(f"restart/{system}: no {kill_after} commits in an hour")
+                time.sleep(0.02)
+            os.killpg(first.pid, signal.SIGKILL)
+        finally:
+            if first.poll() is None:
+                os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+            fh.close()
+        killed_after_s = time.time() - t0
+        committed_before = len(_names(markers, ".json" if system == "ckpt" else ""))
+        before = _outputs(out)
+        second, fh = start("second.log")
+        t1 = time.time()
+        first_output = None
+        try:
+            while first_output is None:
+                if _outputs(out) - before:
+                    first_output = time.time() - t1
+                    break
+                if second.poll() is not None:
+                    break
+                time.sleep(0.01)
+            second.wait(timeout=3600)
+        finally:
+            if second.poll() is None:
+                os.killpg(second.pid, signal.SIGKILL)
+                second.wait()
+            fh.close()
+        log = (work / "second.log").read_text()
+        if second.returncode != 0 or first_output is None:
+            raise ChildFailed(f"restart/{system}: the restarted driver exited "
+                              f"{second.returncode}, new output: {first_output}\n{log[-6000:]}")
+        ready = next(float(li.split()[1]) for li in log.splitlines() if li.startswith("READY "))
+        result = parse_result(log)
+        return {"first_output_s": first_output,
+                "first_output_after_ready_s": first_output - (ready - t1),
+                "session_ready_s": ready - t1, "killed_after_s": killed_after_s,
+                "commits_before_kill": committed_before,
+                "output_files_before_restart": len(before),
+                "restarted_run_seconds": result["seconds"],
+                "restarted_run_batches": result["batches"], "check": result["check"]}
+
+
+def _names(directory: Path, suffix: str) -> list[str]:
+    try:
+        return [n for n in os.listdir(directory)
+                if not n.startswith((".", "_")) and n.endswith(suffix)]
+    except FileNotFoundError:
+        return []
+
+
+def _outputs(directory: Path) -> set[str]:
+    return set(_names(directory, ".parquet"))
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _error_tail(text: str) -> str:
+    lines = [li for li in text.splitlines() if li.strip()]
+    errors = [li for li in lines if "Error" in li or "Exception" in li]
+    return (errors[-1] if errors else lines[-1] if lines else text)[:500]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name in SCENARIOS:
+        parser.add_argument(f"--{name}", action="store_true", help=f"run the {name} scenario")
+    parser.add_argument("--small", action="store_true", help="toy sizes, to check the script")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--no-tws", action="store_true",
+                        help="skip transformWithStateInPandas in the process scenario")
+    for key, (full, small) in SIZES.items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=None,
+                            help=f"default {full} ({small} with --small)")
+    # child mode
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for option in ("scenario", "system", "work", "input", "expected", "spec"):
+        parser.add_argument(f"--{option}", help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint-ms", type=int, default=10000, help=argparse.SUPPRESS)
+    parser.add_argument("--batch-interval", type=float, default=0.5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+
+    scenarios = [s for s in SCENARIOS if getattr(args, s)] or list(SCENARIOS)
+    base = Path(tempfile.mkdtemp(prefix="spark-ckpt-bench-state-"))
+    bench = Bench(args, base)
+    date = time.strftime("%Y-%m-%d")
+    default_json = (base / f"benchmarks-state-small-{date}.json" if args.small
+                    else ROOT / "docs" / f"benchmarks-state-{date}.json")
+    json_path = Path(args.json) if args.json else default_json
+    figures: dict[str, Any] = {}
+    if json_path.is_file():
+        figures = json.loads(json_path.read_text())
+    figures.update({
+        "date": date,
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+    })
+    figures.setdefault("scenarios", {})
+    t_all = time.perf_counter()
+    print(f"sizes: {json.dumps(bench.sizes)}", flush=True)
+    print(f"generating input for {', '.join(scenarios)} in {base}", flush=True)
+    gen_s = bench.generate(scenarios)
+    print(f"  generated in {gen_s:.1f} s: "
+          f"{json.dumps({k: int(v['rows']) for k, v in bench.data.items()})}", flush=True)
+    failed: dict[str, str] = {}
+    for scenario in scenarios:
+        print(f"== {scenario}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            entry = getattr(bench, scenario)()
+        except ChildFailed as exc:
+            failed[scenario] = str(exc)
+            print(f"  FAILED: {exc}", flush=True)
+            figures["scenarios"][scenario] = {"date": date, "error": str(exc)[-4000:]}
+            continue
+        entry["date"] = date
+        entry["sizes"] = bench.sizes
+        entry["reps"] = args.reps
+        entry["scenario_seconds"] = time.perf_counter() - t0
+        figures["scenarios"][scenario] = entry
+        print(f"-- {scenario} summary ({entry['scenario_seconds']:.0f} s):", flush=True)
+        print(json.dumps(entry["summary"], indent=2), flush=True)
+    figures["errors"] = bench.errors
+    figures["total_seconds"] = time.perf_counter() - t_all
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"wrote {json_path} ({figures['total_seconds']:.0f} s in all)", flush=True)
+    shutil.rmtree(base / "work", ignore_errors=True)
+    shutil.rmtree(base / "input", ignore_errors=True)
+    shutil.rmtree(base / "expected", ignore_errors=True)
+    if bench.errors or failed:
+        for error in bench.errors:
+            print(f"CHECK FAILED: {error}", file=sys.stderr)
+        for scenario in failed:
+            print(f"SCENARIO FAILED: {scenario}", file=sys.stderr)
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""Keyed state: key groups, aggregations, the KeyedProcessor API, backends, and reading state."""
+
+from spark_ckpt.state.aggregates import Agg, count, first, last, max_, mean, min_, sum_
+from spark_ckpt.state.processor import (
+    KeyContext,
+    KeyedProcessor,
+    ListState,
+    MapState,
+    TimerService,
+    ValueState,
+)
+from spark_ckpt.state.reader import read_state
+
+__all__ = [
+    "Agg",
+    "KeyContext",
+    "KeyedProcessor",
+    "ListState",
+    "MapState",
+    "TimerService",
+    "ValueState",
+    "count",
+    "first",
+    "last",
+    "max_",
+    "mean",
+    "min_",
+    "read_state",
+    "sum_",
+]

@@ -1,0 +1,328 @@
+"""Keyed state with checkpoints on a real SparkSession and real Delta tables: results equal the
+same computation in plain Spark, across restores, rescaling and failing checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import functions as F
+
+from spark_ckpt import (
+    CheckpointError,
+    KeyedProcessor,
+    PipelineFailedError,
+    Settings,
+    StateTooLargeError,
+    StreamingContext,
+    read_state,
+)
+from spark_ckpt.state import count, first, last, max_, mean, min_, sum_
+
+EPOCH_MS = 1_767_225_600_000
+BASE = dict(progress="never", checkpoint_interval_ms=1, state_parallelism=3,
+            state_max_parallelism=32)
+
+
+def settings(**kw) -> Settings:
+    return Settings(**{**BASE, **kw})
+
+
+def generated(spark, start: int, end: int, keys: int, seed: int = 42):
+    """The generator source's rows, computed by plain Spark."""
+    return spark.range(start, end).select(
+        "id", F.pmod("id", F.lit(keys)).alias("key"),
+        (F.pmod(F.xxhash64("id", F.lit(seed)), F.lit(1_000_000)) / 100.0).alias("value"),
+        F.timestamp_millis(F.lit(EPOCH_MS) + F.col("id")).alias("event_time"))
+
+
+AGGS = dict(n=count(), total=sum_("value"), lo=min_("value"), hi=max_("value"),
+            avg=mean("value"), first_v=first("value", "event_time"),
+            last_v=last("value", "event_time"))
+
+
+def expected_aggs(df) -> pd.DataFrame:
+    return df.groupBy("key").agg(
+        F.count("*").alias("n"), F.sum("value").alias("total"), F.min("value").alias("lo"),
+        F.max("value").alias("hi"), F.avg("value").alias("avg"),
+        F.min_by("value", "event_time").alias("first_v"),
+        F.max_by("value", "event_time").alias("last_v")).toPandas()
+
+
+def same(got: pd.DataFrame, want: pd.DataFrame, key: str = "key") -> None:
+    got = got[list(want.columns)].sort_values(key).reset_index(drop=True)
+    want = want.sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-9)
+
+
+def agg_pipeline(spark, tmp_path, *, total: int, name: str = "agg", ckpt: str = "ckpt",
+                 parallelism: int | None = None, **kw):
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / ckpt), name, settings=settings(**kw))
+    gen = ctx.generator_stream("gen", rows_per_batch=400, total_rows=total, keys=97)
+    agg = gen.key_by("key", parallelism=parallelism).agg(name="totals", **AGGS)
+    agg.write_delta(str(tmp_path / "totals"), name="totals", merge_keys=["key"])
+    agg.write_parquet(str(tmp_path / "updates"), name="updates")
+    return ctx, agg
+
+
+def test_keyed_aggregates_equal_plain_spark_in_every_view(spark, tmp_path):
+    ctx, agg = agg_pipeline(spark, tmp_path, total=2000)
+    progress = ctx.process_available(timeout=300)
+    assert [p["num_input_rows"] for p in progress] == [400] * 5
+    want = expected_aggs(generated(spark, 0, 2000, 97))
+    same(DeltaTable(str(tmp_path / "totals")).to_pandas(), want)
+    same(agg.state_view().toPandas(), want)
+    same(read_state(spark, str(tmp_path / "ckpt"), "totals").toPandas(), want)
+    # the update stream: every batch's changed keys with their values after that batch
+    updates = spark.read.parquet(str(tmp_path / "updates")).toPandas()
+    assert len(updates) == sum(p["state"]["totals"]["changed_keys"] for p in progress)
+    latest = updates.sort_values("n").groupby("key").tail(1)
+    same(latest, want)
+    stats = ctx.recent_checkpoints[-1]
+    assert stats["status"] == "completed" and stats["barrier_batch"] == 4
+    assert set(stats["operators"]) == {"totals"}
+
+
+class Sessionize(KeyedProcessor):
+    """Counts rows per key (value state), keeps the last three ids (list state), counts parity
+    (map state); an event-time timer 50 ms after the key's first event closes the key."""
+
+    def process(self, key, rows, ctx):
+        n = ctx.value("n")
+        count_ = (n.get() or 0) + len(rows)
+        n.update(count_)
+        recent = ctx.list("recent")
+        recent.put((recent.get() + sorted(rows["id"].tolist()))[-3:])
+        parity = ctx.map("parity")
+        for i in rows["id"]:
+            p = "even" if i % 2 == 0 else "odd"
+            parity.put(p, parity.get(p, 0) + 1)
+        if not ctx.timers.list():
+            first_ms = int(rows["event_time"].min().value // 1_000_000)
+            ctx.timers.register_event_time(first_ms + 50)
+        yield (key[0], "rows", count_, json.dumps(recent.get()), parity.get("even", 0))
+
+    def on_timer(self, key, timer_ms, ctx):
+        total = ctx.value("n").get()
+        ctx.clear()
+        yield (key[0], "closed", total, "[]", timer_ms)
+
+
+def test_processor_value_list_map_state_and_event_time_timers(spark, tmp_path):
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "sess", settings=settings())
+    gen = ctx.generator_stream("gen", rows_per_batch=40, total_rows=200, keys=4)
+    out = gen.key_by("key").process(Sessionize(), "key BIGINT, kind STRING, n BIGINT, "
+                                    "recent STRING, extra BIGINT", name="sess",
+                                    event_time="event_time", watermark_delay_ms=0)
+    out.write_parquet(str(tmp_path / "out"), name="out")
+    progress = ctx.process_available(timeout=300)
+    rows = spark.read.parquet(str(tmp_path / "out")).toPandas()
+    # simulate: batch b has ids [40b, 40b+40); event time = epoch + id ms; watermark = max
+    # event time of the earlier batches
+    expect = []
+    state: dict[int, dict] = {}
+    watermark = None
+    for b in range(5):
+        ids = list(range(40 * b, 40 * b + 40))
+        for k in range(4):
+            mine = [i for i in ids if i % 4 == k]
+            s = state.setdefault(k, {"n": 0, "recent": [], "even": 0, "timer": None})
+            s["n"] += len(mine)
+            s["recent"] = (s["recent"] + mine)[-3:]
+            s["even"] += sum(1 for i in mine if i % 2 == 0)
+            if s["timer"] is None:
+                s["timer"] = EPOCH_MS + min(mine) + 50
+            expect.append((k, "rows", s["n"], json.dumps(s["recent"]), s["even"]))
+        top = max(ids)
+        for k in range(4):  # timers fire after data, up to the watermark of earlier batches
+            s = state[k]
+            if watermark is not None and s["timer"] is not None and s["timer"] <= watermark:
+                expect.append((k, "closed", s["n"], "[]", s["timer"]))
+                state[k] = {"n": 0, "recent": [], "even": 0, "timer": None}
+        watermark = EPOCH_MS + top
+    got = sorted(map(tuple, rows[["key", "kind", "n", "recent", "extra"]].values.tolist()))
+    assert got == sorted(expect)
+    assert sum(p["state"]["sess"]["timers_fired"] for p in progress) == \
+        sum(1 for e in expect if e[1] == "closed")
+    state_rows = read_state(spark, str(tmp_path / "ckpt"), "sess").toPandas()
+    assert len(state_rows) == 4
+    assert all(json.loads(s)["v"]["n"] > 0 for s in state_rows.state)
+
+
+class Counter(KeyedProcessor):
+    def process(self, key, rows, ctx):
+        n = ctx.value("n")
+        n.update((n.get() or 0) + len(rows))
+        yield (key[0], n.get())
+
+
+def test_ttl_expires_state_between_batches(spark, tmp_path):
+    ctx = StreamingContext(spark, 0.3, str(tmp_path / "ckpt"), "ttl", settings=settings())
+    gen = ctx.generator_stream("gen", rows_per_batch=8, total_rows=24, keys=2)
+    gen.key_by("key").process(Counter(), "key BIGINT, n BIGINT", ttl_ms=1) \
+        .write_parquet(str(tmp_path / "out"), name="out")
+    ctx.process_available(timeout=300)
+    rows = spark.read.parquet(str(tmp_path / "out")).toPandas()
+    assert sorted(rows.n) == [4] * 6  # every batch starts afresh: the state expired
+
+
+def test_rescale_4_to_2_to_8_gives_the_uninterrupted_result(spark, tmp_path):
+    for parallelism, total in ((4, 800), (2, 1600), (8, 2400)):
+        ctx, agg = agg_pipeline(spark, tmp_path, total=total, parallelism=parallelism)
+        ctx.process_available(timeout=300)
+        assert agg.parallelism == parallelism
+        same(agg.state_view().toPandas(), expected_aggs(generated(spark, 0, total, 97)))
+    want = expected_aggs(generated(spark, 0, 2400, 97))
+    same(DeltaTable(str(tmp_path / "totals")).to_pandas(), want)
+    updates = spark.read.parquet(str(tmp_path / "updates")).toPandas()
+    same(updates.sort_values("n").groupby("key").tail(1), want)
+
+
+def test_restore_by_id_replays_from_that_checkpoint(spark, tmp_path):
+    ctx, _ = agg_pipeline(spark, tmp_path, total=2000, checkpoint_retained=10)
+    ctx.process_available(timeout=300)
+    done = [c for c in ctx.recent_checkpoints if c["status"] == "completed"]
+    early = next(c for c in done if c["barrier_batch"] == 1)
+    ctx2, agg2 = agg_pipeline(spark, tmp_path, total=2000, checkpoint_retained=10)
+    progress = ctx2.process_available(timeout=300, restore_checkpoint=early["checkpoint_id"])
+    assert ctx2.restored.checkpoint_id == early["checkpoint_id"]
+    # the batches after the restored barrier ran again over the same input: same state
+    assert [(p["batch_id"], p["recovered"]) for p in progress] == [(2, True), (3, True),
+                                                                  (4, True)]
+    outputs = [p["outputs"] for p in progress]
+    assert all(o == {"skipped": "already visible (committed before a restore)"}
+               for p in outputs for o in p.values()), outputs
+    same(agg2.state_view().toPandas(), expected_aggs(generated(spark, 0, 2000, 97)))
+    # newer checkpoints were abandoned: the next start restores the new history
+    assert ctx2.checkpoint_storage.completed_ids()[-1] > done[-1]["checkpoint_id"]
+    assert all(c["barrier_batch"] <= 4 for c in ctx2.recent_checkpoints)
+    with pytest.raises(CheckpointError, match="expected checkpoint 999"):
+        agg_pipeline(spark, tmp_path, total=2000)[0].start(restore_checkpoint=999)
+
+
+def test_corrupt_latest_checkpoint_falls_back_and_shows_nothing_twice(spark, tmp_path, caplog):
+    ctx, _ = agg_pipeline(spark, tmp_path, total=1200)
+    ctx.process_available(timeout=300)
+    latest = max((tmp_path / "ckpt" / "checkpoints").glob("chk-*/_metadata.json"))
+    latest.write_text('{"kind": "checkpoint-metadata", "format_version": 1, "checkpo')
+    ctx2, agg2 = agg_pipeline(spark, tmp_path, total=2000)
+    ctx2.process_available(timeout=300)
+    assert "cannot be restored" in caplog.text and "falling back" in caplog.text
+    want = expected_aggs(generated(spark, 0, 2000, 97))
+    same(DeltaTable(str(tmp_path / "totals")).to_pandas(), want)
+    updates = spark.read.parquet(str(tmp_path / "updates")).toPandas()
+    # each batch's updates are in the append-only output once: 5 batches x 97 keys
+    assert len(updates) == 5 * 97
+    assert not updates.duplicated(["key", "n"]).any()
+
+
+@pytest.mark.parametrize("kind", ["delta", "parquet"])
+@pytest.mark.parametrize("checkpointing", ["true", "false"])
+def test_new_checkpoint_directory_on_an_existing_table_keeps_new_rows(spark, tmp_path, kind,
+                                                                      checkpointing):
+    def run(ckpt: str, start: int) -> None:
+        ctx = StreamingContext(spark, 0.05, str(tmp_path / ckpt), "lineage",
+                               settings=settings(checkpoint_enabled=checkpointing))
+        gen = ctx.generator_stream("gen", rows_per_batch=10, total_rows=30, keys=3)
+        shifted = gen.with_column("id", F.col("id") + start)
+        if kind == "delta":
+            shifted.write_delta(str(tmp_path / "table"), name="out")
+        else:
+            shifted.write_parquet(str(tmp_path / "table"), name="out")
+        ctx.process_available(timeout=300)
+
+    run("ckpt-a", 0)
+    run("ckpt-b", 1000)  # a new checkpoint directory, the same table and output name
+    if kind == "delta":
+        ids = DeltaTable(str(tmp_path / "table")).to_pandas().id
+    else:
+        ids = spark.read.parquet(str(tmp_path / "table")).toPandas().id
+    assert sorted(ids) == list(range(30)) + list(range(1000, 1030))
+
+
+def test_memory_backend_fails_clearly_past_its_limit_and_rocksdb_takes_it(spark, tmp_path):
+    ctx, _ = agg_pipeline(spark, tmp_path, total=800, state_memory_max_rows=20)
+    with pytest.raises(PipelineFailedError) as info:
+        ctx.process_available(timeout=300)
+    assert "memoryMaxRows=20" in str(info.value) and "rocksdb" in str(info.value)
+    assert StateTooLargeError.__name__ in str(info.value)
+    shutil.rmtree(tmp_path)
+    ctx, agg = agg_pipeline(spark, tmp_path, total=1600, state_memory_max_rows=20,
+                            state_backend="rocksdb", state_local_dir=str(tmp_path / "local"))
+    ctx.process_available(timeout=300)
+    want = expected_aggs(generated(spark, 0, 1600, 97))
+    same(DeltaTable(str(tmp_path / "totals")).to_pandas(), want)
+    same(agg.state_view().toPandas(), want)
+
+
+def test_checkpoints_align_two_inputs_of_very_different_speeds(spark, tmp_path):
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "align",
+                           settings=settings(checkpoint_retained=20))
+    fast = ctx.generator_stream("fast", rows_per_batch=1000, total_rows=6000, keys=50, seed=1)
+    slow = ctx.generator_stream("slow", rows_per_batch=7, total_rows=42, keys=50, seed=2)
+    both = fast.key_by("key").union(slow.key_by("key")).agg(name="both", n=count(),
+                                                            total=sum_("value"))
+    both.write_delta(str(tmp_path / "out"), name="out", merge_keys=["key"])
+    ctx.process_available(timeout=300)
+    completed = [c for c in ctx.recent_checkpoints if c["status"] == "completed"]
+    assert len(completed) >= 3
+    for stats in completed:
+        meta = ctx.checkpoint_storage.read_metadata(stats["checkpoint_id"])
+        ends = {name: src["piece"]["end"] for name, src in meta["sources"].items()}
+        want = generated(spark, 0, ends["fast"], 50, 1).unionByName(
+            generated(spark, 0, ends["slow"], 50, 2)).groupBy("key").agg(
+            F.count("*").alias("n"), F.sum("value").alias("total")).toPandas()
+        got = read_state(spark, str(tmp_path / "ckpt"), "both",
+                         stats["checkpoint_id"]).toPandas()
+        same(got, want)
+        assert all("alignment_ms" in m for t, m in stats["tasks"].items() if t.startswith("op:"))
+
+
+def test_failing_checkpoint_storage_is_tolerated_then_fails_clearly(spark, tmp_path,
+                                                                    monkeypatch):
+    monkeypatch.setenv("SPARK_CKPT_FAULT", "checkpoint.metadata:1-2:fail")
+    ctx, _ = agg_pipeline(spark, tmp_path, total=1600, checkpoint_tolerable_failures=2)
+    ctx.process_available(timeout=300)
+    statuses = [c["status"] for c in ctx.recent_checkpoints]
+    assert statuses[:2] == ["aborted", "aborted"] and statuses[-1] == "completed"
+    same(DeltaTable(str(tmp_path / "totals")).to_pandas(),
+         expected_aggs(generated(spark, 0, 1600, 97)))
+
+    monkeypatch.setenv("SPARK_CKPT_FAULT", "checkpoint.metadata:1-:fail")
+    ctx, _ = agg_pipeline(spark, tmp_path, total=3200, checkpoint_tolerable_failures=1)
+    with pytest.raises(CheckpointError, match="2 checkpoint.*tolerableFailures=1"):
+        ctx.process_available(timeout=300)
+    monkeypatch.delenv("SPARK_CKPT_FAULT")
+    ctx, _ = agg_pipeline(spark, tmp_path, total=3200)
+    ctx.process_available(timeout=300)
+    same(DeltaTable(str(tmp_path / "totals")).to_pandas(),
+         expected_aggs(generated(spark, 0, 3200, 97)))
+    updates = spark.read.parquet(str(tmp_path / "updates")).toPandas()
+    assert len(updates) == 8 * 97 and not updates.duplicated(["key", "n"]).any()
+
+
+def test_a_checkpoint_that_times_out_is_aborted_and_output_stays_exactly_once(spark, tmp_path):
+    def slow(batches):
+        import time
+
+        time.sleep(0.8)
+        yield from batches
+
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "slow",
+                           settings=settings(checkpoint_timeout_ms=300,
+                                             checkpoint_tolerable_failures=100,
+                                             checkpoint_interval_ms=50))
+    gen = ctx.generator_stream("gen", rows_per_batch=100, total_rows=400, keys=5)
+    slowed = gen.transform(lambda df: df.repartition(1).mapInPandas(slow, df.schema),
+                           name="slow")
+    slowed.key_by("key").agg(name="n", n=count()).write_delta(
+        str(tmp_path / "out"), name="out", merge_keys=["key"])
+    ctx.process_available(timeout=300)
+    reasons = [c["reason"] for c in ctx.recent_checkpoints if c["status"] == "aborted"]
+    assert any("expired" in r for r in reasons)
+    assert ctx.recent_checkpoints[-1]["status"] == "completed"
+    got = DeltaTable(str(tmp_path / "out")).to_pandas().sort_values("key")
+    assert got.n.tolist() == [80] * 5

@@ -75,12 +75,12 @@ SCENARIOS = ("agg", "process", "tiny", "interval", "incremental", "restart")
 # size knobs: (full default, --small default)
 SIZES: dict[str, tuple[int, int]] = {
     "files": (12, 3), "rows_per_file": (250_000, 2000), "keys": (1_000_000, 1000),
-    "process_files": (6, 3), "process_rows_per_file": (50_000, 2000),
-    "process_keys": (1_000_000, 1000),
+    "process_files": (4, 3), "process_rows_per_file": (5000, 2000),
+    "process_keys": (5000, 1000),
     "tiny_files": (20, 8), "tiny_rows": (10, 10), "tiny_keys": (10, 10),
     "incr_keys": (1_000_000, 1000), "incr_load_files": (4, 1), "incr_batches": (10, 4),
     "incr_touch": (10_000, 10),
-    "restart_files": (12, 10), "restart_kill_after": (3, 2), "restart_checkpoint_ms": (1000, 1000),
+    "restart_files": (6, 10), "restart_kill_after": (3, 2), "restart_checkpoint_ms": (1000, 1000),
 }
 
 
@@ -234,12 +234,16 @@ def child_ckpt(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001, C901
     t0 = time.perf_counter()
     progress = ctx.process_available(timeout=3600)
     seconds = time.perf_counter() - t0
+    end_ms = int(time.time() * 1000)
     checkpoints = [{k: c.get(k) for k in ("checkpoint_id", "status", "barrier_batch",
+                                          "trigger_ms", "barrier_ms", "end_ms",
                                           "duration_ms", "full_bytes", "incremental_bytes",
                                           "sync_ms", "async_ms", "alignment_ms")}
                    for c in ctx.recent_checkpoints]
     return {"seconds": seconds, "rows": sum(p["num_input_rows"] or 0 for p in progress),
             "batches": len(progress),
+            "end_ms": end_ms, "batch_rows": [p["num_input_rows"] for p in progress],
+            "batch_start_ms": [_iso_ms(p["timestamp"]) for p in progress],
             "batch_ms": [p["durations_ms"]["total"] for p in progress],
             "allocation_ms": [p["durations_ms"]["allocation"] for p in progress],
             "state_ms": [p["durations_ms"].get("state") for p in progress],
@@ -275,13 +279,24 @@ def child_ss(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001
     query = writer.start()
     query.awaitTermination()
     seconds = time.perf_counter() - t0
+    end_ms = int(time.time() * 1000)
     progress = query.recentProgress
     return {"seconds": seconds, "rows": sum(p["numInputRows"] for p in progress),
             "batches": len(progress),
+            "end_ms": end_ms,
+            "batch_rows": [p["numInputRows"] for p in progress if p["numInputRows"]],
+            "batch_start_ms": [_iso_ms(p["timestamp"]) for p in progress if p["numInputRows"]],
             "batch_ms": [p["durationMs"]["triggerExecution"] for p in progress
                          if p["numInputRows"]],
             "state_rows": [sum(o.get("numRowsTotal", 0) for o in p["stateOperators"])
                            for p in progress]}
+
+
+def _iso_ms(stamp: str) -> int:
+    """Epoch milliseconds of a progress timestamp such as ``2026-11-21T23:41:02.123Z``."""
+    from datetime import datetime
+
+    return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -342,6 +357,17 @@ def rate(r: dict) -> float:
     return r["rows"] / r["seconds"]
 
 
+def steady_rate(r: dict) -> float | None:
+    """Input rows per second from the second batch's start to the query's end."""
+    if len(r.get("batch_start_ms", [])) < 2:
+        return None
+    return (r["rows"] - r["batch_rows"][0]) * 1000 / (r["end_ms"] - r["batch_start_ms"][1])
+
+
+def _known(values: list[Any]) -> list[Any]:
+    return [v for v in values if v is not None]
+
+
 def med(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -391,6 +417,8 @@ class Bench:
                           else v[1 if args.small else 0]) for k, v in SIZES.items()}
         self.errors: list[str] = []
         self.data: dict[str, dict[str, str]] = {}
+        self.scenarios: list[str] = []
+        self._agg_runs: dict[str, list[dict]] | None = None
 
     # -- input ---------------------------------------------------------------------------
     def datasets(self, scenarios: list[str]) -> list[dict]:
@@ -444,29 +472,55 @@ class Bench:
 
     def report(self, label: str, result: dict) -> None:
         brief = {k: v for k, v in result.items()
-                 if k not in ("batch_ms", "allocation_ms", "state_ms", "checkpoints",
-                              "state_rows")}
+                 if k not in ("batch_ms", "batch_start_ms", "batch_rows", "end_ms",
+                              "allocation_ms", "state_ms", "checkpoints", "state_rows")}
         if "check" in brief:
             brief["check"] = {k: v for k, v in brief["check"].items() if k != "examples"}
         print(f"  {label}: {json.dumps(brief)}", flush=True)
 
     # -- scenarios -----------------------------------------------------------------------
+    def agg_family(self) -> dict[str, list[dict]]:
+        """The runs over the agg input: Structured Streaming (agg), spark_ckpt checkpointing every
+        10 s (agg and interval), spark_ckpt with only the final checkpoint (interval); one
+        rotation per repetition, so the arms the two scenarios share are measured once."""
+        if self._agg_runs is None:
+            configs: dict[str, tuple[str, int]] = {}
+            if "agg" in self.scenarios:
+                configs["ss"] = ("ss", 10000)
+            configs["ckpt"] = ("ckpt", 10000)
+            if "interval" in self.scenarios:
+                configs["ckpt_final_only"] = ("ckpt", 0)
+            runs: dict[str, list[dict]] = {k: [] for k in configs}
+            for rep in range(self.args.reps):
+                for name in orders(list(configs), rep):
+                    system, interval_ms = configs[name]
+                    r = self.run("agg", system, "agg", checkpoint_ms=interval_ms, tag=name)
+                    if system == "ckpt":
+                        r["completed_checkpoints"] = sum(1 for c in r["checkpoints"]
+                                                         if c["status"] == "completed")
+                    runs[name].append(r)
+                    self.report(f"rep {rep + 1} agg {name}", r)
+            check_digests("agg", runs, self.errors)
+            self._agg_runs = runs
+        return self._agg_runs
+
     def agg(self) -> dict:
-        runs: dict[str, list[dict]] = {"ss": [], "ckpt": []}
-        for rep in range(self.args.reps):
-            for system in orders(["ss", "ckpt"], rep):
-                r = self.run("agg", system, "agg")
-                runs[system].append(r)
-                self.report(f"rep {rep + 1} agg {system}", r)
-        check_digests("agg", runs, self.errors)
+        family = self.agg_family()
+        runs = {"ss": family["ss"], "ckpt": family["ckpt"]}
         ss = [rate(r) for r in runs["ss"]]
         ck = [rate(r) for r in runs["ckpt"]]
+        ss_steady = [steady_rate(r) for r in runs["ss"]]
+        ck_steady = [steady_rate(r) for r in runs["ckpt"]]
         return {"runs": runs, "summary": {
             "ss_rows_per_s": ss, "ckpt_rows_per_s": ck,
             "ss_rows_per_s_median": med(ss), "ckpt_rows_per_s_median": med(ck),
             "throughput_ratio_ckpt_over_ss": ratio(med(ck), med(ss)),
             "ss_seconds": [r["seconds"] for r in runs["ss"]],
-            "ckpt_seconds": [r["seconds"] for r in runs["ckpt"]]}}
+            "ckpt_seconds": [r["seconds"] for r in runs["ckpt"]],
+            # from the second batch's start to the end: without the cold first batch
+            "ss_steady_rows_per_s": ss_steady, "ckpt_steady_rows_per_s": ck_steady,
+            "steady_throughput_ratio_ckpt_over_ss": ratio(med(_known(ck_steady)),
+                                                          med(_known(ss_steady)))}}
 
     def process(self) -> dict:
         systems = ["ckpt", "ss_apiws"]
@@ -502,10 +556,14 @@ class Bench:
         rates = {s: [rate(r) for r in v] for s, v in runs.items()}
         summary: dict[str, Any] = {f"{s}_rows_per_s": v for s, v in rates.items()}
         summary |= {f"{s}_rows_per_s_median": med(v) for s, v in rates.items()}
+        steady = {s: _known([steady_rate(r) for r in v]) for s, v in runs.items()}
+        summary |= {f"{s}_steady_rows_per_s": v for s, v in steady.items()}
         for s in rates:
             if s != "ckpt":
                 summary[f"throughput_ratio_ckpt_over_{s}"] = ratio(med(rates.get("ckpt", [])),
                                                                    med(rates[s]))
+                summary[f"steady_throughput_ratio_ckpt_over_{s}"] = ratio(
+                    med(steady.get("ckpt", [])), med(steady[s]))
         if failures:
             summary["failed"] = failures
         return {"runs": runs, "summary": summary}
@@ -523,34 +581,31 @@ class Bench:
         ck_alloc = [med([b + a for b, a in zip(r["batch_ms"], r["allocation_ms"],
                                                strict=True)][TINY_WARMUP:])
                     for r in runs["ckpt"]]
-        ss_wall = [1000 * r["seconds"] / r["batches"] for r in runs["ss"]]
-        ck_wall = [1000 * r["seconds"] / r["batches"] for r in runs["ckpt"]]
+        ss_wall = [_period(r["batch_start_ms"]) for r in runs["ss"]]
+        ck_wall = [_period(r["batch_start_ms"]) for r in runs["ckpt"]]
         return {"runs": runs, "summary": {
             "ss_batch_ms_median": ss, "ckpt_batch_ms_median": ck,
             "ckpt_batch_plus_allocation_ms_median": ck_alloc,
             "batch_ms_ratio_ckpt_over_ss": ratio(med(ck), med(ss)),
             "batch_plus_allocation_ms_ratio_ckpt_over_ss": ratio(med(ck_alloc), med(ss)),
-            "ss_wall_ms_per_batch": ss_wall, "ckpt_wall_ms_per_batch": ck_wall,
-            "wall_per_batch_ratio_ckpt_over_ss": ratio(med(ck_wall), med(ss_wall))}}
+            "ss_batch_period_ms": ss_wall, "ckpt_batch_period_ms": ck_wall,
+            "batch_period_ratio_ckpt_over_ss": ratio(med(ck_wall), med(ss_wall))}}
 
     def interval(self) -> dict:
-        configs = {"every_10s": 10000, "final_only": 0}
-        runs: dict[str, list[dict]] = {k: [] for k in configs}
-        for rep in range(self.args.reps):
-            for name in orders(list(configs), rep):
-                r = self.run("interval", "ckpt", "agg", checkpoint_ms=configs[name], tag=name)
-                runs[name].append(r)
-                r["completed_checkpoints"] = sum(1 for c in r["checkpoints"]
-                                                 if c["status"] == "completed")
-                self.report(f"rep {rep + 1} interval {name}", r)
-        check_digests("interval", runs, self.errors)
+        family = self.agg_family()
+        runs = {"every_10s": family["ckpt"], "final_only": family["ckpt_final_only"]}
         on = [rate(r) for r in runs["every_10s"]]
         off = [rate(r) for r in runs["final_only"]]
-        return {"runs": runs, "summary": {
+        on_steady = [steady_rate(r) for r in runs["every_10s"]]
+        off_steady = [steady_rate(r) for r in runs["final_only"]]
+        return {"runs": runs, "shared_with_agg": "agg" in self.scenarios, "summary": {
             "every_10s_rows_per_s": on, "final_only_rows_per_s": off,
             "every_10s_checkpoints": [r["completed_checkpoints"] for r in runs["every_10s"]],
             "final_only_checkpoints": [r["completed_checkpoints"] for r in runs["final_only"]],
-            "throughput_ratio_every_10s_over_final_only": ratio(med(on), med(off))}}
+            "throughput_ratio_every_10s_over_final_only": ratio(med(on), med(off)),
+            "every_10s_steady_rows_per_s": on_steady, "final_only_steady_rows_per_s": off_steady,
+            "steady_throughput_ratio_every_10s_over_final_only": ratio(
+                med(_known(on_steady)), med(_known(off_steady)))}}
 
     def incremental(self) -> dict:
         load = self.sizes["incr_load_files"]
@@ -574,6 +629,11 @@ class Bench:
                 "incremental_bytes_median": med([c["incremental_bytes"] for c in later]),
                 "duration_ms": [c["duration_ms"] for c in done],
                 "duration_ms_p99": percentile([c["duration_ms"] for c in done], 99),
+                # trigger -> end includes waiting for the running batch to finish (the barrier
+                # goes after it); barrier -> end is the checkpoint's own work
+                "after_barrier_ms": [c["end_ms"] - c["barrier_ms"] for c in done],
+                "after_barrier_ms_p99": percentile([c["end_ms"] - c["barrier_ms"]
+                                                    for c in done], 99),
                 "sync_ms_max": max((c["sync_ms"] for c in done), default=None),
                 "async_ms_max": max((c["async_ms"] for c in done), default=None),
             }
@@ -592,6 +652,7 @@ class Bench:
                                                  for f in per_rep
                                                  if f["incremental_over_full_median"]]),
             "checkpoint_duration_ms_p99": [f["duration_ms_p99"] for f in per_rep],
+            "checkpoint_after_barrier_ms_p99": [f["after_barrier_ms_p99"] for f in per_rep],
             "sync_ms_max": [f["sync_ms_max"] for f in per_rep]}}
 
     def restart(self) -> dict:
@@ -634,7 +695,7 @@ class Bench:
         first, fh = start("first.log")
         t0 = time.time()
         try:
-            while len(_names(markers, ".json" if system == "ckpt" else "")) < kill_after:
+            while _commits(markers, system) < kill_after:
                 if first.poll() is not None:
                     raise ChildFailed(
                         f"restart/{system}: the first driver ended (exit {first.returncode}) "
@@ -650,7 +711,7 @@ class Bench:
             first.wait()
             fh.close()
         killed_after_s = time.time() - t0
-        committed_before = len(_names(markers, ".json" if system == "ckpt" else ""))
+        committed_before = _commits(markers, system)
         before = _outputs(out)
         second, fh = start("second.log")
         t1 = time.time()
@@ -684,12 +745,33 @@ class Bench:
                 "restarted_run_batches": result["batches"], "check": result["check"]}
 
 
+def _period(starts: list[int]) -> float | None:
+    """Milliseconds from one batch's start to the next, after the warm-up batches."""
+    steady = starts[TINY_WARMUP:]
+    return (steady[-1] - steady[0]) / (len(steady) - 1) if len(steady) > 1 else None
+
+
 def _names(directory: Path, suffix: str) -> list[str]:
     try:
         return [n for n in os.listdir(directory)
                 if not n.startswith((".", "_")) and n.endswith(suffix)]
     except FileNotFoundError:
         return []
+
+
+def _commits(directory: Path, system: str) -> int:
+    """Committed outputs so far: Structured Streaming's commit log entries, or spark_ckpt's
+    Parquet commit markers once they say committed (a marker is created before the files
+    move into place, and rewritten when they have)."""
+    if system != "ckpt":
+        return len(_names(directory, ""))
+    done = 0
+    for name in _names(directory, ".json"):
+        try:
+            done += '"status":"committed"' in (directory / name).read_text()
+        except OSError:
+            pass
+    return done
 
 
 def _outputs(directory: Path) -> set[str]:
@@ -736,6 +818,7 @@ def main() -> None:
     scenarios = [s for s in SCENARIOS if getattr(args, s)] or list(SCENARIOS)
     base = Path(tempfile.mkdtemp(prefix="spark-ckpt-bench-state-"))
     bench = Bench(args, base)
+    bench.scenarios = scenarios
     date = time.strftime("%Y-%m-%d")
     default_json = (base / f"benchmarks-state-small-{date}.json" if args.small
                     else ROOT / "docs" / f"benchmarks-state-{date}.json")

@@ -3,6 +3,8 @@
     spark-ckpt jobs                      # every job under the work directory
     spark-ckpt history JOB               # attempts, vertices, partitions finished/reused/re-run
     spark-ckpt events JOB --type ExecutionVertexFinished --limit 20
+    spark-ckpt checkpoints list CKPT_DIR # a pipeline's checkpoints: retained and history
+    spark-ckpt checkpoints show CKPT_DIR [ID]   # one checkpoint: sources, state, sinks, sizes
 """
 
 from __future__ import annotations
@@ -167,6 +169,115 @@ def events(job_id: str, work_dir: str | None, event_type: str | None, limit: int
         row["event_time"] = _time(e.time_us)
         row["payload"] = json.loads(row["payload"])
         click.echo(json.dumps(row, default=str))
+
+
+
+
+@main.group()
+def checkpoints() -> None:
+    """A streaming pipeline's checkpoints (CKPT_DIR: its checkpoint directory)."""
+
+
+def _checkpoint_storage(checkpoint_dir: str, storage_dir: str | None):  # noqa: ANN202
+    from spark_ckpt.checkpoint.storage import CheckpointStorage
+    from spark_ckpt.storage import join
+
+    return CheckpointStorage(storage_dir or join(checkpoint_dir, "checkpoints"))
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+storage_option = click.option("--storage", default=None,
+                              help="spark.ckpt.checkpoint.dir, if the pipeline set one.")
+
+
+@checkpoints.command("list")
+@click.argument("checkpoint_dir")
+@storage_option
+@click.option("--json", "as_json", is_flag=True, help="Print the history as JSON lines.")
+def checkpoints_list(checkpoint_dir: str, storage: str | None, as_json: bool) -> None:
+    """Every checkpoint in the history: status, barrier batch, duration, sizes."""
+    store = _checkpoint_storage(checkpoint_dir, storage)
+    history = store.history()
+    retained = set(store.completed_ids())
+    if as_json:
+        for stats in history:
+            click.echo(json.dumps(stats, sort_keys=True))
+        return
+    table = Table(title=f"Checkpoints in {store.uri}")
+    for column in ("id", "status", "retained", "barrier batch", "duration ms", "state",
+                   "incremental", "max sync ms", "max async ms", "max alignment ms",
+                   "reason"):
+        table.add_column(column)
+    for st in history:
+        cid = int(st["checkpoint_id"])
+        table.add_row(str(cid), st["status"], "yes" if cid in retained else "",
+                      str(st.get("barrier_batch")), str(st.get("duration_ms")),
+                      _size(st.get("full_bytes")), _size(st.get("incremental_bytes")),
+                      str(st.get("sync_ms")), str(st.get("async_ms")),
+                      str(st.get("alignment_ms")), (st.get("reason") or "")[:60])
+    Console().print(table)
+    if not history:
+        click.echo("no checkpoints yet")
+
+
+@checkpoints.command("show")
+@click.argument("checkpoint_dir")
+@click.argument("checkpoint_id", required=False, type=int)
+@storage_option
+def checkpoints_show(checkpoint_dir: str, checkpoint_id: int | None,
+                     storage: str | None) -> None:
+    """One completed checkpoint (default: the latest): its sources' offsets, each operator's
+    state (rows, bytes, files per task) and each sink's pending transactions."""
+    from spark_ckpt.errors import CheckpointError
+
+    store = _checkpoint_storage(checkpoint_dir, storage)
+    ids = store.completed_ids()
+    if not ids:
+        raise click.ClickException(f"expected completed checkpoints in {store.uri}, found none")
+    cid = checkpoint_id if checkpoint_id is not None else ids[-1]
+    try:
+        meta = store.read_metadata(cid)
+    except CheckpointError as exc:
+        raise click.ClickException(str(exc)) from exc
+    console = Console()
+    console.print(f"[bold]Checkpoint {cid}[/bold] of pipeline {meta['pipeline']} "
+                  f"(id {meta.get('pipeline_id') or '-'}): barrier after batch "
+                  f"{meta['barrier_batch']}, mode {meta.get('mode')}, completed "
+                  f"{_time(int(meta['completed_ms']) * 1000)}")
+    sources = Table(title="Sources at the barrier")
+    sources.add_column("source")
+    sources.add_column("position")
+    for name, ack in sorted(meta.get("sources", {}).items()):
+        piece = ack.get("piece") or {}
+        shown = {k: v for k, v in piece.items() if k != "files"}
+        if "files" in piece:
+            shown["files"] = len(piece["files"])
+        sources.add_row(name, json.dumps(shown, sort_keys=True))
+    console.print(sources)
+    ops = Table(title="Keyed state")
+    for column in ("operator", "task", "key groups", "rows", "files", "bytes"):
+        ops.add_column(column)
+    for op, entry in sorted(meta.get("operators", {}).items()):
+        for pid, handle in sorted(entry["handles"].items(), key=lambda kv: int(kv[0])):
+            files = handle.get("files", [])
+            ops.add_row(op, pid, handle["range"], str(handle.get("rows", 0)), str(len(files)),
+                        _size(sum(f["bytes"] for f in files)))
+    console.print(ops)
+    sinks = Table(title="Sinks: transactions this checkpoint commits (if not yet done)")
+    sinks.add_column("sink")
+    sinks.add_column("checkpoints")
+    for name, ack in sorted(meta.get("sinks", {}).items()):
+        sinks.add_row(name, ", ".join(str(p[0]) for p in ack.get("pending", [])) or "-")
+    console.print(sinks)
 
 
 if __name__ == "__main__":

@@ -277,6 +277,14 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         minimum=1,
     ),
     _opt(
+        "spark.ckpt.state.localSpill",
+        "bool",
+        True,
+        "Memory backend: leave each range on the executor's local disk after a task, so the "
+        "next task of the range loads it there when it runs in another Python worker of the "
+        "same executor; false: such a task rebuilds the range from durable state.",
+    ),
+    _opt(
         "spark.ckpt.state.localDir",
         "str",
         "",
@@ -325,6 +333,7 @@ class Settings:
     state_max_parallelism: int = 128
     state_memory_max_rows: int = 10000000
     state_materialize_every: int = 10
+    state_local_spill: bool = True
     state_local_dir: str = ""
     progress: str = "auto"
 

@@ -62,7 +62,6 @@ class Harness:
 
     def barrier(self, timeout: float = 10) -> int:
         """Wait for a trigger (the scheduler's side) and return its id."""
-        import queue
 
         return self.coordinator.barriers.get(timeout=timeout)
 
@@ -106,8 +105,8 @@ def test_completes_when_every_task_acknowledged_and_writes_metadata(harness):
     assert meta["barrier_batch"] == 7
     assert sorted(meta["operators"]["agg"]["handles"]) == ["0", "1"]
     assert harness.storage.completed_ids() == [1]
-    stats = json.loads((harness.storage.store.read_bytes(
-        harness.storage.root + "/history/00000001.json")))
+    stats = json.loads(harness.storage.store.read_bytes(
+        harness.storage.root + "/history/00000001.json"))
     assert stats["status"] == "completed" and stats["alignment_ms"] == 3
     assert stats["full_bytes"] == 20 and stats["incremental_bytes"] == 20
 
@@ -153,6 +152,13 @@ def test_retains_n_and_deletes_only_files_no_checkpoint_or_task_still_uses(tmp_p
         assert h.coordinator.completion(cid).result(timeout=10) == "completed"
         assert h.deleted == ["/s/a2"]
         assert h.stats[-1]["incremental_bytes"] == 10  # only /s/a4 is new
+        h.live = set()  # the task let go of /s/a1: the next sweep deletes it
+        h.coordinator.release_files({"/s/a1"})
+        h.clock.advance(1000)
+        cid = h.barrier()
+        h.ack_all(cid, 4, ["/s/shared", "/s/a5"])
+        assert h.coordinator.completion(cid).result(timeout=10) == "completed"
+        assert sorted(h.deleted) == ["/s/a1", "/s/a2", "/s/a3"]
     finally:
         h.stop()
 

@@ -84,6 +84,20 @@ def test_keyed_aggregates_equal_plain_spark_in_every_view(spark, tmp_path):
     stats = ctx.recent_checkpoints[-1]
     assert stats["status"] == "completed" and stats["barrier_batch"] == 4
     assert set(stats["operators"]) == {"totals"}
+    assert progress[-1]["checkpoint"]["status"] == "completed"
+    # the command line shows the same history and the latest checkpoint
+    from click.testing import CliRunner
+
+    from spark_ckpt.cli import main
+
+    listed = CliRunner().invoke(main, ["checkpoints", "list", str(tmp_path / "ckpt"), "--json"])
+    assert listed.exit_code == 0, listed.output
+    history = [json.loads(line) for line in listed.output.splitlines()]
+    assert history[-1]["checkpoint_id"] == stats["checkpoint_id"]
+    shown = CliRunner().invoke(main, ["checkpoints", "show", str(tmp_path / "ckpt")],
+                               env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert f"Checkpoint {stats['checkpoint_id']}" in shown.output and "totals" in shown.output
 
 
 class Sessionize(KeyedProcessor):
@@ -278,7 +292,10 @@ def test_checkpoints_align_two_inputs_of_very_different_speeds(spark, tmp_path):
         got = read_state(spark, str(tmp_path / "ckpt"), "both",
                          stats["checkpoint_id"]).toPandas()
         same(got, want)
-        assert all("alignment_ms" in m for t, m in stats["tasks"].items() if t.startswith("op:"))
+    # tasks that got both inputs measured how long the first input's barrier waited
+    aligned = [m for c in completed for t, m in c["tasks"].items()
+               if t.startswith("op:") and m.get("channels") == 2]
+    assert aligned and all(m["alignment_ms"] >= 0 for m in aligned)
 
 
 def test_failing_checkpoint_storage_is_tolerated_then_fails_clearly(spark, tmp_path,
@@ -326,3 +343,25 @@ def test_a_checkpoint_that_times_out_is_aborted_and_output_stays_exactly_once(sp
     assert ctx.recent_checkpoints[-1]["status"] == "completed"
     got = DeltaTable(str(tmp_path / "out")).to_pandas().sort_values("key")
     assert got.n.tolist() == [80] * 5
+
+
+class TwoTimers(KeyedProcessor):
+    def process(self, key, rows, ctx):
+        ctx.value("n").update(len(rows))
+        ctx.timers.register_processing_time(ctx.processing_time_ms - 1)
+        ctx.timers.register_processing_time(ctx.processing_time_ms)
+
+    def on_timer(self, key, timer_ms, ctx):
+        yield (key[0], ctx.value("n").get(), ctx.timer_kind)
+        ctx.clear()  # the second timer goes with the rest of the key
+
+
+def test_a_timer_cleared_by_an_earlier_callback_does_not_fire(spark, tmp_path):
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "timers", settings=settings())
+    gen = ctx.generator_stream("gen", rows_per_batch=6, total_rows=6, keys=3)
+    gen.key_by("key").process(TwoTimers(), "key BIGINT, n BIGINT, kind STRING") \
+        .write_parquet(str(tmp_path / "out"), name="out")
+    ctx.process_available(timeout=300)
+    rows = spark.read.parquet(str(tmp_path / "out")).toPandas().sort_values("key")
+    assert rows.values.tolist() == [[0, 2, "processing"], [1, 2, "processing"],
+                                    [2, 2, "processing"]]

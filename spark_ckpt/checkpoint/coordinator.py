@@ -79,6 +79,7 @@ class CheckpointCoordinator:
                  on_stats: Callable[[dict[str, Any]], None],
                  delete_files: Callable[[list[str]], None],
                  live_files: Callable[[], set[str]],
+                 fence: Callable[[], None] = lambda: None,
                  clock: Clock | None = None) -> None:
         self.pipeline = pipeline
         self.pipeline_id = pipeline_id
@@ -90,15 +91,17 @@ class CheckpointCoordinator:
         self._on_stats = on_stats
         self._delete_files = delete_files
         self._live_files = live_files
+        self._fence = fence
         # -- owned by the loop thread -------------------------------------------------------
         self.registry = SharedStateRegistry()
         self.store = CompletedCheckpointStore(config.retained, self.registry, self._discard)
+        self.pending: dict[int, PendingCheckpoint] = {}
+        self._dropped: set[str] = set()  # state files no live chain holds, not yet deleted
+        # read by other threads (one int, replaced whole): batches before it are never replayed
+        self.oldest_barrier = -1
         for checkpoint in completed:
             self.store.add(checkpoint)
         self._update_oldest()
-        self.pending: dict[int, PendingCheckpoint] = {}
-        # read by other threads (one int, replaced whole): batches before it are never replayed
-        self.oldest_barrier = -1
         self._next_id = next_id
         self._failures = 0
         self._last_trigger_ms: int | None = None
@@ -135,6 +138,11 @@ class CheckpointCoordinator:
     def acknowledge(self, checkpoint_id: int, ack: TaskAck) -> None:
         self._events.put(("ack", checkpoint_id, ack))
 
+    def release_files(self, files: frozenset[str] | set[str]) -> None:
+        """State files a running task no longer holds: deleted once no retained or pending
+        checkpoint references them."""
+        self._events.put(("release", frozenset(files)))
+
     def decline(self, checkpoint_id: int, task: str, reason: str) -> None:
         self._events.put(("decline", checkpoint_id, task, reason))
 
@@ -166,6 +174,10 @@ class CheckpointCoordinator:
                 self._tick()
             except BaseException as exc:  # noqa: BLE001 - the pipeline must learn of it
                 log.exception("Checkpoint coordinator of pipeline %s failed", self.pipeline)
+                for future in self._forced:
+                    future.set_exception(exc)
+                self._forced.clear()
+                self._stop_pending()
                 self._on_failure(exc)
                 return
 
@@ -197,6 +209,9 @@ class CheckpointCoordinator:
                             self.pipeline, cid, task, reason)
                 return
             self._abort(pending, CheckpointFailureReason.DECLINED, f"{task}: {reason}")
+        elif kind == "release":
+            self._dropped |= event[1]
+            self._sweep()
         elif kind == "force":
             self._forced.append(event[1])
         elif kind == "wait":
@@ -276,6 +291,7 @@ class CheckpointCoordinator:
                 entry["handles"][pid] = ack.state["handle"]
         completed_ms = self.clock.now_ms()
         body["completed_ms"] = completed_ms
+        self._fence()  # a newer driver owns the checkpoint directory: this one stops here
         try:
             size = self.storage.write_metadata(cid, body)
         except Exception as exc:  # noqa: BLE001 - storage failures are checkpoint failures
@@ -289,6 +305,7 @@ class CheckpointCoordinator:
             self._abort(older, CheckpointFailureReason.TIMEOUT, f"subsumed by checkpoint {cid}")
         self.store.add(checkpoint)
         self._update_oldest()
+        self._sweep()
         self._failures = 0
         self._last_end_ms = completed_ms
         stats = self._stats(pending, "completed", None, completed_ms, previous, size)
@@ -357,12 +374,25 @@ class CheckpointCoordinator:
                 future.set_result("unknown")
 
     def _discard(self, checkpoint: CompletedCheckpoint, unreferenced: list[str]) -> None:
-        live = self._live_files()
-        doomed = [f for f in unreferenced if f not in live]
-        self._delete_files(doomed)
+        self._dropped.update(unreferenced)
+        doomed = self._sweep()
         self.storage.discard(checkpoint.checkpoint_id)
         log.info("Pipeline %s: subsumed checkpoint %d; deleted %d unshared state file(s)",
-                 self.pipeline, checkpoint.checkpoint_id, len(doomed))
+                 self.pipeline, checkpoint.checkpoint_id, doomed)
+
+    def _sweep(self) -> int:
+        """Delete dropped state files no retained checkpoint, pending checkpoint or running
+        task references; keep the others for a later sweep."""
+        if not self._dropped:
+            return 0
+        live = self._live_files()
+        pending = {f["path"] for p in self.pending.values() for a in p.acks.values()
+                   for f in a.state.get("handle", {}).get("files", [])}
+        doomed = [f for f in self._dropped
+                  if f not in live and f not in pending and not self.registry.referenced(f)]
+        self._dropped.difference_update(doomed)
+        self._delete_files(doomed)
+        return len(doomed)
 
     def _stats(self, pending: PendingCheckpoint, status: str, reason: str | None,
                end_ms: int, previous: CompletedCheckpoint | None,

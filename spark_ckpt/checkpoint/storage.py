@@ -46,7 +46,12 @@ class CheckpointStorage:
         """Write a completed checkpoint's metadata atomically; return its size in bytes."""
         fault_point("checkpoint.metadata")
         data = dump_record("checkpoint-metadata", METADATA_VERSION, body)
-        self.store.write_atomic(self.metadata_path(checkpoint_id), data)
+        path = self.metadata_path(checkpoint_id)
+        if not self.store.create_exclusive(path, data):  # atomic on local disks (link)
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id}: expected to create {path}, found it already "
+                "written (another driver completed this checkpoint id)"
+            )
         return len(data)
 
     def read_metadata(self, checkpoint_id: int, pipeline_id: str | None = None) -> dict[str, Any]:

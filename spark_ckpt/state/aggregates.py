@@ -273,7 +273,8 @@ def merge(kind: str, old: tuple[np.ndarray, np.ndarray], new: tuple[np.ndarray, 
                                                                             strict=True)],
                                 dtype=object)
         else:
-            combined = (np.minimum if kind == "min" else np.maximum)(ov, nv)
+            # Spark orders NaN above every number: max keeps it, min ignores it
+            combined = (np.fmin if kind == "min" else np.maximum)(ov, nv)
         out = np.where(both, combined, np.where(ok, ov, nv))
     else:  # first/last value or time: take the partial where its event time wins
         assert ts is not None

@@ -84,8 +84,10 @@ class MemoryAggState:
         fresh = np.flatnonzero(slots < 0)
         if len({keys[i] for i in fresh}) != len(fresh) or \
                 len(np.unique(slots[slots >= 0])) != len(slots) - len(fresh):
-            raise ValueError("internal error: a state update holds a key twice; one partial "
-                             "per key is expected (no state was changed)")
+            seen: set[Any] = set()
+            twice = next(k for k in keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+            raise ValueError(f"internal error: expected one partial per key in a state update, "
+                             f"found key {twice!r} twice (no state was changed)")
         if len(fresh):
             start = len(self.keys)
             if start + len(fresh) > self.max_rows:
@@ -320,6 +322,7 @@ class MemoryRecordState:
         self.token: str | None = None
         self.records: dict[str, tuple[int, dict[str, Any]]] = {}
         self.timers: list[tuple[int, str]] = []  # (time ms, key); stale entries are skipped
+        self._queued: set[tuple[int, str]] = set()
 
     @property
     def rows(self) -> int:
@@ -343,19 +346,30 @@ class MemoryRecordState:
                 )
             self.records[key] = (kg, record)
             for ts in record.get("timers", []):
-                heapq.heappush(self.timers, (int(ts[0]), key))
+                entry = (int(ts[0]), key)
+                if entry not in self._queued:
+                    self._queued.add(entry)
+                    heapq.heappush(self.timers, entry)
         if token is not None:
             self.token = token
 
     def due(self, limit_ms: int) -> list[str]:
-        """Keys with a timer at or before ``limit_ms`` (each once)."""
+        """Keys with a timer at or before ``limit_ms`` (each once). Entries stay queued while
+        their key still has the timer: the caller decides which are due for their clock."""
         keys: list[str] = []
+        keep: list[tuple[int, str]] = []
         while self.timers and self.timers[0][0] <= limit_ms:
-            _ts, key = heapq.heappop(self.timers)
-            record = self.get(key)
-            if record and any(int(t[0]) <= limit_ms for t in record.get("timers", [])) \
-                    and key not in keys:
-                keys.append(key)
+            entry = heapq.heappop(self.timers)
+            record = self.get(entry[1])
+            if record is None or not any(int(t[0]) == entry[0]
+                                         for t in record.get("timers", [])):
+                self._queued.discard(entry)  # deleted or fired: drop the stale entry
+                continue
+            keep.append(entry)
+            if entry[1] not in keys:
+                keys.append(entry[1])
+        for entry in keep:
+            heapq.heappush(self.timers, entry)
         return keys
 
     def kg_of(self, key: str) -> int:

@@ -89,7 +89,7 @@ def _local_dir(params: dict[str, Any]) -> str:
     return os.path.join(base, "spark_ckpt_state", params["pipeline_id"], params["operator"])
 
 
-def _consume(batches: Iterator[pa.RecordBatch]) -> tuple[pa.Table | None, int]:
+def _consume(batches: Iterator[pa.RecordBatch]) -> tuple[pa.Table | None, int, int]:
     """Read the task's input; alignment = time from the first input's last record (its barrier)
     to the last input's."""
     parts: list[pa.RecordBatch] = []
@@ -102,7 +102,7 @@ def _consume(batches: Iterator[pa.RecordBatch]) -> tuple[pa.Table | None, int]:
     table = pa.Table.from_batches(parts) if parts else None
     align = int((max(last_seen.values()) - min(last_seen.values())) * 1000) \
         if len(last_seen) > 1 else 0
-    return table, align
+    return table, align, len(last_seen)
 
 
 class _Run:
@@ -120,7 +120,7 @@ class _Run:
         self.batch = int(params["batch"])
         self.token = uuid.uuid4().hex
         self.dir = f"{params['state_dir'].rstrip('/')}/{self.range.label}"
-        self.metrics: dict[str, Any] = {"restored": False, "restore_ms": 0}
+        self.metrics: dict[str, Any] = {"restored": False, "restore_ms": 0, "cache": None}
         self.started = time.perf_counter()
 
     def cached(self) -> Any | None:
@@ -138,6 +138,8 @@ class _Run:
     def load_spill(self, make: Any) -> Any | None:
         """The memory backend's range as another worker of this executor left it."""
         token = self.plan["token"]
+        if not self.params.get("local_spill", True):
+            return None
         path = self.spill_path(token) if token else None
         if path is None or not os.path.exists(path):
             return None
@@ -170,6 +172,36 @@ class _Run:
 
     def rocks_path(self) -> str:
         return os.path.join(_local_dir(self.params), self.range.label)
+
+    def open_rocks(self, make: Any) -> Any:
+        """The executor's RocksDB copy of the range if it is at the expected version (another
+        worker, or an earlier run, left it); else a fresh one to rebuild from the chain."""
+        path = self.rocks_path()
+        token = self.plan["token"]
+        try:
+            state = make(path, fresh=False)
+        except Exception:  # noqa: BLE001 - locked by a zombie attempt: a private copy
+            return make(f"{path}-{os.getpid()}", fresh=True), False
+        if token and state.token == token:
+            self.metrics["cache"] = "local"
+            return state, True
+        state.close()
+        return make(path, fresh=True), False
+
+    def check_input(self, table: pa.Table | None) -> None:
+        """Spark routed the task only rows of its own key groups (or state would be wrong)."""
+        if table is None or not table.num_rows or KG_COLUMN not in table.column_names:
+            return
+        kg = table.column(KG_COLUMN)
+        if MARKER_COLUMN in table.column_names:
+            kg = kg.filter(pc.invert(table.column(MARKER_COLUMN)))
+        low, high = pc.min(kg).as_py(), pc.max(kg).as_py()
+        if low is not None and (low < self.range.start or high >= self.range.end):
+            raise RuntimeError(
+                f"operator {self.params['operator']} task {self.pid}: expected key groups "
+                f"{self.range.start}..{self.range.end - 1}, found {low}..{high}; no state was "
+                "changed"
+            )
 
     def finish(self, state: Any, changelog: pa.Table | None, snapshot: Any,
                file_schema: pa.Schema, extra: dict[str, Any]) -> Iterator[pa.RecordBatch]:
@@ -206,7 +238,8 @@ class _Run:
         if getattr(state, "backend", "") == "rocksdb":
             state.close()
             _CACHE.pop(self.key, None)
-        elif getattr(state, "load", None) is not None and state.token:
+        elif getattr(state, "load", None) is not None and state.token and \
+                self.params.get("local_spill", True):
             t1 = time.perf_counter()
             self.spill(state)
             self.metrics["spill_ms"] = int((time.perf_counter() - t1) * 1000)
@@ -216,7 +249,9 @@ class _Run:
             "written_bytes": written,
             "async_ms": async_ms,
             "total_ms": int((time.perf_counter() - self.started) * 1000),
-            "executor": f"{os.uname().nodename}:{os.getpid()}",
+            # the Python daemon (one per executor) is the worker's parent
+            "executor": f"{os.uname().nodename}:{os.getppid()}",
+            "worker": os.getpid(),
             **self.metrics, **extra,
         }
         yield pa.RecordBatch.from_pydict({"pid": pa.array([self.pid], pa.int32()),
@@ -235,7 +270,9 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
         from spark_ckpt.state.backends import MemoryAggState, RocksAggState
 
         task = _Run(params, plans)
-        table, align = _consume(batches)
+        table, align, channels = _consume(batches)
+        task.check_input(table)
+
         def memory() -> MemoryAggState:
             return MemoryAggState(key_names, key_types, columns,
                                   max_rows=int(params["memory_max_rows"]))
@@ -245,16 +282,24 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
             t0 = time.perf_counter()
             state = task.load_spill(memory)
             task.metrics["local_load_ms"] = int((time.perf_counter() - t0) * 1000)
+        if state is None and params["backend"] == "rocksdb":
+            state, ready = task.open_rocks(
+                lambda path, fresh: RocksAggState(path, key_names, key_types, columns,
+                                                  fresh=fresh))
+            if not ready:
+                t0 = time.perf_counter()
+                for f in task.chain:
+                    state.apply(_internal(_read(f, task.range).select(file_schema.names)),
+                                replace=True)
+                state.set_token(task.plan["token"] or "")
+                task.metrics.update(restored=True,
+                                    restore_ms=int((time.perf_counter() - t0) * 1000))
         if state is None:
             t0 = time.perf_counter()
-            if params["backend"] == "rocksdb":
-                state = RocksAggState(task.rocks_path(), key_names, key_types, columns,
-                                      fresh=True)
-            else:
-                state = memory()
+            state = memory()
             for i, f in enumerate(task.chain):
                 rows = _internal(_read(f, task.range).select(file_schema.names))
-                if i == 0 and state.backend == "memory":
+                if i == 0:
                     state.load(rows)
                 else:
                     state.apply(rows, replace=True)
@@ -264,15 +309,15 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
         changelog = None
         if table is not None and table.num_rows:
             # one input at a time: a key has one partial per input channel
-            channels = [table] if CHANNEL_COLUMN not in table.column_names else [
+            parts = [table] if CHANNEL_COLUMN not in table.column_names else [
                 table.filter(pc.equal(table.column(CHANNEL_COLUMN), ch))
                 for ch in sorted(set(table.column(CHANNEL_COLUMN).to_pylist()))]
             state.token = None  # mutating: the cached version is no longer any token
             changes = []
-            for i, part in enumerate(channels):
+            for i, part in enumerate(parts):
                 data = _internal(part.select(file_schema.names))
                 if state.backend == "rocksdb":
-                    last = i == len(channels) - 1
+                    last = i == len(parts) - 1
                     changes.append(state.apply(data, token=task.token if last else None))
                 else:
                     changes.append(state.apply(data))
@@ -282,7 +327,8 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
         yield from task.finish(state, changelog, state.snapshot, file_schema,
                                {"input_rows": table.num_rows if table is not None else 0,
                                 "changed": changelog.num_rows if changelog is not None else 0,
-                                "apply_ms": apply_ms, "sync_ms": 0, "alignment_ms": align})
+                                "apply_ms": apply_ms, "sync_ms": 0, "alignment_ms": align,
+                                "channels": channels})
 
     return run
 
@@ -301,13 +347,16 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
         from spark_ckpt.state.processor import KeyContext
 
         task = _Run(params, plans)
-        table, align = _consume(batches)
+        table, align, channels = _consume(batches)
+        task.check_input(table)
         state = task.cached()
-        if state is None:
+        ready = state is not None
+        if state is None and params["backend"] == "rocksdb":
+            state, ready = task.open_rocks(lambda path, fresh: RocksRecordState(path,
+                                                                                fresh=fresh))
+        if not ready:
             t0 = time.perf_counter()
-            if params["backend"] == "rocksdb":
-                state = RocksRecordState(task.rocks_path(), fresh=True)
-            else:
+            if state is None:
                 state = MemoryRecordState(max_rows=int(params["memory_max_rows"]))
             for f in task.chain:
                 loaded = _read(f, task.range).to_pydict()
@@ -315,6 +364,8 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
                              zip(loaded[KG_COLUMN], loaded["_key"], loaded["_state"],
                                  strict=True)})
             state.token = task.plan["token"]
+            if state.backend == "rocksdb":
+                state.write({}, token=task.plan["token"] or "")
             task.metrics.update(restored=True, restore_ms=int((time.perf_counter() - t0) * 1000))
         t0 = time.perf_counter()
         now_ms = int(params["processing_time_ms"])
@@ -348,24 +399,33 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             rows_in = data.num_rows
             if rows_in:
                 internal = {KG_COLUMN, MARKER_COLUMN, CHANNEL_COLUMN, "_pid"}
-                pdf = data.to_pandas()
                 if event_time:
                     column = data.column(event_time)
                     top = pc.max(to_internal(column)).as_py()
-                    if top is not None:  # timestamps: micros -> ms; integers are ms already
+                    if top is not None:  # as ms: timestamps are micros, dates days
                         max_event = int(top) // 1000 if pa.types.is_timestamp(column.type) \
+                            else int(top) * 86_400_000 if pa.types.is_date32(column.type) \
                             else int(top)
-                user_cols = [c for c in pdf.columns if c not in internal]
-                for key, rows in pdf.groupby(key_names, sort=False, dropna=False):
-                    key = key if isinstance(key, tuple) else (key,)
+                user_cols = [c for c in data.column_names if c not in internal]
+                pdf = data.select(user_cols).to_pandas()
+                # group on the Arrow values: a key is the same whatever else is in the batch
+                # (pandas would make an integer column with a null in it float)
+                key_values = list(zip(*[data.column(k).to_pylist() for k in key_names],
+                                      strict=True))
+                kgs = data.column(KG_COLUMN).to_pylist()
+                groups: dict[tuple[Any, ...], list[int]] = {}
+                for i, key in enumerate(key_values):
+                    groups.setdefault(key, []).append(i)
+                for key, index in groups.items():
                     pykey = tuple(_plain(k) for k in key)
                     key_json = json.dumps(pykey, default=str, separators=(",", ":"))
-                    kg = int(rows[KG_COLUMN].iloc[0])
+                    kg = int(kgs[index[0]])
                     record = current(key_json, kg)
                     ctx = KeyContext(json.loads(json.dumps(record)) if record else None,
                                      processing_time_ms=now_ms, watermark_ms=watermark,
                                      ttl_ms=ttl)
-                    emit(processor.process(pykey, rows[user_cols].reset_index(drop=True), ctx))
+                    rows = pdf.iloc[index].reset_index(drop=True)
+                    emit(processor.process(key, rows, ctx))
                     if ctx._dirty:  # noqa: SLF001
                         changes[key_json] = (kg, ctx._result())  # noqa: SLF001
         # timers: event time up to the watermark, processing time (and TTL) up to now
@@ -384,8 +444,8 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             for ms, kind in sorted((int(t[0]), str(t[1])) for t in record.get("timers", [])):
                 due = ms <= (watermark if kind == "event" and watermark is not None else
                              (now_ms if kind != "event" else -1))
-                if not due:
-                    continue
+                if not due or [ms, kind] not in ctx._record.get("timers", []):  # noqa: SLF001
+                    continue  # not yet due, or deleted by an earlier callback of this key
                 ctx.timers.delete(ms, kind)
                 if kind != "ttl":
                     ctx.timer_kind = kind
@@ -428,7 +488,8 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
 
         yield from task.finish(state, changelog, snapshot, file_schema, {
             "input_rows": rows_in, "changed": len(changes), "apply_ms": apply_ms,
-            "sync_ms": sync_ms, "alignment_ms": align, "timers_fired": fired,
+            "sync_ms": sync_ms, "alignment_ms": align, "channels": channels,
+            "timers_fired": fired,
             "max_event_ms": max_event, "output": out_file})
 
     return run

@@ -121,6 +121,7 @@ class StreamingContext:
         self.checkpoint_storage: CheckpointStorage | None = None
         self.transactions: dict[str, SinkTransactions] = {}
         self.restored: CompletedCheckpoint | None = None
+        self._skipped_checkpoints: list[int] = []
         self.skip_output_through: dict[str, int] = {}  # output -> last batch already visible
         self.recent_checkpoints: list[dict[str, Any]] = []
 
@@ -310,9 +311,9 @@ class StreamingContext:
         if mode == "false":
             if self.graph.stateful:
                 raise JobDefinitionError(
-                    f"pipeline {self.name}: keyed state ({[s.operator for s in self.graph.stateful]})"
-                    " needs checkpoints, but spark.ckpt.checkpoint.enabled=false; set it to auto "
-                    "or true"
+                    f"pipeline {self.name}: keyed state "
+                    f"({[s.operator for s in self.graph.stateful]}) needs checkpoints, but "
+                    "spark.ckpt.checkpoint.enabled=false; set it to auto or true"
                 )
             if two_phase_only:
                 raise JobDefinitionError(
@@ -334,8 +335,8 @@ class StreamingContext:
         s = self.settings
         uri = s.checkpoint_dir or self.storage.spark_path(join(self.root, "checkpoints"))
         storage = self.checkpoint_storage = CheckpointStorage(uri)
-        chosen, retained = self._choose_checkpoint(storage, restore_id or
-                                                   s.checkpoint_restore_from or None)
+        restore_id = restore_id or s.checkpoint_restore_from or None
+        chosen, retained = self._choose_checkpoint(storage, restore_id)
         self.restored = chosen
         if chosen is not None and restore_id is not None:
             for cid in storage.completed_ids():
@@ -369,13 +370,18 @@ class StreamingContext:
         replay_from = chosen.barrier_batch + 1 if chosen else 0
         pending = [a for a in records if a.batch_id >= replay_from]
         if pending and pending[0].batch_id != replay_from:
+            what = f"checkpoint {chosen.checkpoint_id}" if chosen else "from the start"
             raise CheckpointError(
-                f"pipeline {self.name}: restoring "
-                f"{'checkpoint %d' % chosen.checkpoint_id if chosen else 'from the start'} "
+                f"pipeline {self.name}: restoring {what} "
                 f"needs the allocation of batch {replay_from}, but the oldest kept is "
                 f"{pending[0].batch_id}; it cannot be replayed"
             )
-        self._cleanup_state(retained)
+        if self._skipped_checkpoints:
+            log.warning("Pipeline %s: not deleting unreferenced state files this start: "
+                        "checkpoint(s) %s could not be read and may only be unreachable for "
+                        "now", self.name, self._skipped_checkpoints)
+        else:
+            self._cleanup_state(retained)
         self.coordinator = CheckpointCoordinator(
             self.name, self.pipeline_id, CheckpointConfig(
                 interval_ms=s.checkpoint_interval_ms, min_pause_ms=s.checkpoint_min_pause_ms,
@@ -385,7 +391,7 @@ class StreamingContext:
             storage, completed=list(reversed(retained)), next_id=storage.highest_id() + 1,
             listeners=list(self.transactions.values()), on_failure=self._checkpoint_failed,
             on_stats=self._checkpoint_stats, delete_files=self._delete_state_files,
-            live_files=self._live_state_files, clock=self.clock)
+            live_files=self._live_state_files, fence=self.check_fenced, clock=self.clock)
         if chosen is not None:
             log.info("Pipeline %s: restored checkpoint %d (barrier after batch %d); replaying "
                      "%d batch(es)", self.name, chosen.checkpoint_id, chosen.barrier_batch,
@@ -403,6 +409,7 @@ class StreamingContext:
                 f"found completed checkpoints {ids or 'none'}"
             )
         usable: list[CompletedCheckpoint] = []
+        self._skipped_checkpoints: list[int] = []
         for cid in reversed(ids):
             if restore_id is not None and cid > restore_id:
                 continue
@@ -420,6 +427,7 @@ class StreamingContext:
                     raise
                 log.warning("Pipeline %s: checkpoint %d cannot be restored (%s); falling back "
                             "to the previous one", self.name, cid, exc)
+                self._skipped_checkpoints.append(cid)
                 continue
             usable.append(CompletedCheckpoint(cid, int(meta["barrier_batch"]), meta))
             if len(usable) >= self.settings.checkpoint_retained:

@@ -18,6 +18,7 @@ Threads: ``live``, ``metrics`` and ``restore_from`` belong to the JobScheduler's
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Sequence
@@ -125,6 +126,7 @@ class StatefulStream(Stream):
         self.restore_from: list[StateHandle] | None = None
         self.live_files: frozenset[str] = frozenset()
         self.extra: dict[str, Any] = {}
+        self.restored_describe: dict[str, Any] = {}
         keyed.ctx.graph.add_stateful(self)
 
     # -- lifecycle (StreamingContext.start, before any thread runs) -------------------------
@@ -153,6 +155,8 @@ class StatefulStream(Stream):
         handles = [StateHandle.from_json(h) for _pid, h in
                    sorted(restored["handles"].items(), key=lambda kv: int(kv[0]))]
         self.extra = dict(restored.get("extra", {}))
+        self.restored_describe = {k: restored[k] for k in ("file_schema", "aggs")
+                                  if k in restored}
         if [h.range for h in handles] == [self.live[i].range for i in sorted(self.live)]:
             self.live = dict(enumerate(handles))
         else:
@@ -165,7 +169,11 @@ class StatefulStream(Stream):
         self._publish()
 
     def _publish(self) -> None:
+        before = self.live_files
         self.live_files = frozenset(f.path for h in self.live.values() for f in h.files)
+        dropped = before - self.live_files
+        if dropped and self.ctx.coordinator is not None:  # deleted once no checkpoint needs them
+            self.ctx.coordinator.release_files(dropped)
 
     def task_ids(self) -> set[str]:
         return {f"op:{self.operator}:{pid}" for pid in self.live}
@@ -174,11 +182,11 @@ class StatefulStream(Stream):
         return {"handle": self.live[pid].to_json(),
                 "operator": {"kind": self.kind, "parallelism": self.parallelism,
                              "max_parallelism": self.max_parallelism, "keys": list(self.keys),
-                             "extra": self.extra, **self.describe_state()}}
+                             "extra": copy.deepcopy(self.extra), **self.describe_state()}}
 
     def describe_state(self) -> dict[str, Any]:
         """What a reader needs to decode the state files (see state/reader.py)."""
-        return {}
+        return dict(self.restored_describe)
 
     def state_dir(self) -> str:
         store = self.ctx.storage
@@ -213,7 +221,8 @@ class StatefulStream(Stream):
         return {"pipeline_id": self.ctx.lineage, "operator": self.operator,
                 "batch": run.batch_id, "state_dir": self.state_dir(), "backend": s.state_backend,
                 "memory_max_rows": s.state_memory_max_rows, "local_dir": s.state_local_dir,
-                "materialize_every": s.state_materialize_every, "keys": list(self.keys)}
+                "materialize_every": s.state_materialize_every, "keys": list(self.keys),
+                "local_spill": s.state_local_spill}
 
     def _plans(self) -> dict[int, dict[str, Any]]:
         return {pid: {"range": h.range, "token": h.token,
@@ -235,19 +244,24 @@ class StatefulStream(Stream):
             handle = StateHandle.from_json(meta["handle"])
             self.live[meta["pid"]] = handle
             self.metrics[meta["pid"]] = {k: meta.get(k) for k in (
-                "sync_ms", "async_ms", "alignment_ms", "apply_ms", "restore_ms", "restored",
-                "input_rows", "changed", "written_bytes", "total_ms", "executor")}
+                "sync_ms", "async_ms", "alignment_ms", "channels", "apply_ms", "restore_ms",
+                "restored",
+                "input_rows", "changed", "written_bytes", "total_ms", "executor", "worker",
+                "cache")}
             self.metrics[meta["pid"]]["batch"] = run.batch_id
             metas.append(meta)
         self._publish()
         run.stats.state[self.operator] = {
-            "tasks": len(metas), "input_rows": sum(m["input_rows"] for m in metas),
+            "tasks_run": len(metas), "input_rows": sum(m["input_rows"] for m in metas),
             "changed_keys": sum(m["changed"] for m in metas),
             "state_rows": sum(h.rows for h in self.live.values()),
             "restored_tasks": sum(1 for m in metas if m.get("restored")),
             "written_bytes": sum(m["written_bytes"] for m in metas),
             "max_task_ms": max((m["total_ms"] for m in metas), default=0),
             "alignment_ms": max((m["alignment_ms"] for m in metas), default=0),
+            "tasks": {str(m["pid"]): {"executor": m["executor"], "worker": m["worker"],
+                                      "restored": m["restored"], "cache": m.get("cache"),
+                                      "ms": m["total_ms"]} for m in metas},
         }
         return metas
 
@@ -266,8 +280,8 @@ class AggregatedStream(StatefulStream):
         return self.spec
 
     def describe_state(self) -> dict[str, Any]:
-        if self.spec is None:
-            return {}
+        if self.spec is None:  # no batch yet since the restore: what the checkpoint said
+            return dict(self.restored_describe)
         return {"file_schema": self.file_schema().json(), "aggs": self.spec.describe()["aggs"]}
 
     def file_schema(self) -> StructType:
@@ -291,7 +305,8 @@ class AggregatedStream(StatefulStream):
         spark = self.ctx.spark
         schema = self.file_schema()
         if _FileSink.provably_empty(df):
-            run.stats.state[self.operator] = {"tasks": 0, "input_rows": 0, "changed_keys": 0}
+            run.stats.state[self.operator] = {"tasks_run": 0, "input_rows": 0,
+                                              "changed_keys": 0}
             return spec.view(spark.createDataFrame([], schema))
         group = [PID_COLUMN, KG_COLUMN, *self.keys]
         if CHANNEL_COLUMN in df.columns:

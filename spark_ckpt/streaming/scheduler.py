@@ -56,7 +56,8 @@ class JobScheduler:
         self._last_start: float | None = None
         self._stopping = threading.Event()
         restored = ctx.restored
-        self.last_batch: int | None = restored.barrier_batch if restored is not None else None
+        # the batch the next barrier goes after; -1: before the first batch (empty state)
+        self.last_batch: int | None = restored.barrier_batch if restored is not None else -1
         self._checkpointed_batch = self.last_batch
 
     def start(self) -> None:

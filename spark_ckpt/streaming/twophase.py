@@ -24,6 +24,7 @@ Built in: :class:`DeltaTwoPhaseSink` (append, or merge by key for update streams
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import uuid
 from collections.abc import Sequence
@@ -120,7 +121,12 @@ class SinkTransactions(CheckpointListener):
         Returns the acknowledgement state: every transaction not yet committed."""
         with self._lock:
             pieces, self.open = self.open, []
-        txn = self.sink.pre_commit(checkpoint_id, pieces)
+        try:
+            txn = self.sink.pre_commit(checkpoint_id, pieces)
+        except BaseException:
+            with self._lock:  # declined: the pieces wait for the next barrier
+                self.open[:0] = pieces
+            raise
         with self._lock:
             self.pending[checkpoint_id] = txn
             return {"pending": [[cid, t] for cid, t in sorted(self.pending.items())]}
@@ -186,7 +192,8 @@ class DeltaTwoPhaseSink(TwoPhaseCommitSink):
     def delta(self) -> DeltaSink:
         if self._delta is None:
             if not self.lineage:
-                raise JobDefinitionError(f"sink {self.name}: used before the pipeline started")
+                raise JobDefinitionError(f"sink {self.name}: expected a started pipeline (it "
+                                         "names the sink's transactions), found none")
             spec = SinkSpec(self.name, "delta", self.path, "append", self.partition_by)
             self._delta = DeltaSink(spec, f"{self.lineage}-2pc")  # apart from per-batch ids
         return self._delta
@@ -250,9 +257,12 @@ class DeltaTwoPhaseSink(TwoPhaseCommitSink):
 
         from spark_ckpt.storage import stat_any
 
-        if any(s is None for s in stat_any(f.path for f in files)):
-            raise CommitError(f"Delta sink {self.name}: staged rows of checkpoint "
-                              f"{checkpoint_id} are missing; refusing to merge")
+        if any(size is None for size in stat_any(f.path for f in files)):
+            missing = [f.path for f, size in zip(files, stat_any(f.path for f in files),
+                                                 strict=True) if size is None]
+            raise CommitError(f"Delta sink {self.name}: expected the staged rows of checkpoint "
+                              f"{checkpoint_id}, found {len(missing)} file(s) missing (e.g. "
+                              f"{missing[0]}); refusing to merge")
         tables = [pq.read_table(self.store.fs_path(f.path), filesystem=self.store.fs)
                   for f in files]
         rows = pa.concat_tables(tables, promote_options="default")
@@ -261,7 +271,8 @@ class DeltaTwoPhaseSink(TwoPhaseCommitSink):
         rows = rows.take(last.column("__seq_max")).drop_columns(["__seq"])
         table = DeltaTable(sink.uri)
         rows = rows.cast(pa.schema(table.schema()))
-        predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.merge_keys)
+        predicate = " AND ".join(f"t.`{k}` IS NOT DISTINCT FROM s.`{k}`"  # null keys match
+                                 for k in self.merge_keys)
         (table.merge(rows, predicate, source_alias="s", target_alias="t",
                      commit_properties=CommitProperties(custom_metadata=meta, app_transactions=[
                          Transaction(app_id=sink.app_id, version=checkpoint_id)]))
@@ -277,7 +288,8 @@ class DeltaTwoPhaseSink(TwoPhaseCommitSink):
     def cleanup_staging(self) -> None:
         staging = join(self.store.root, "_spark_ckpt_staging", self.lineage)
         for info in self.store.fs.get_file_info(_dirs(staging)):
-            if info.base_name.startswith(f"{self.name}-b"):
+            if _STAGED.match(info.base_name) and \
+                    info.base_name.rsplit("-b", 1)[0] == self.name:
                 self.store.delete_dir(info.path)
 
 
@@ -364,7 +376,8 @@ class ParquetTwoPhaseSink(TwoPhaseCommitSink):
     def cleanup_staging(self) -> None:
         staging = join(self.store.root, "_spark_ckpt_staging", self.lineage)
         for info in self.store.fs.get_file_info(_dirs(staging)):
-            if info.base_name.startswith(f"{self.name}-b"):
+            if _STAGED.match(info.base_name) and \
+                    info.base_name.rsplit("-b", 1)[0] == self.name:
                 self.store.delete_dir(info.path)
 
     def committed_batch(self) -> int | None:
@@ -381,6 +394,9 @@ class ParquetTwoPhaseSink(TwoPhaseCommitSink):
                                  "last_batch": record["last_batch"]})
                 best = max(best if best is not None else -1, int(record["last_batch"]))
         return best
+
+
+_STAGED = re.compile(r"^.+-b\d{12}-[0-9a-f]{12}$")
 
 
 def _dirs(path: str) -> Any:

@@ -12,25 +12,34 @@ Structured Streaming with ``maxFilesPerTrigger=1`` and ``trigger(availableNow=Tr
 Structured Streaming keeps its state in RocksDB with changelog checkpointing; spark_ckpt in its
 memory backend (``state_parallelism=2``; Structured Streaming has ``shuffle.partitions=2``).
 
-Scenarios (flags; none given runs them all):
+Scenarios (flags; none given runs them all). Default sizes in ``SIZES`` (``--help``):
 
-``--agg``          keyed count + sum. spark_ckpt: ``key_by("key").agg(...)`` appended with
-                   ``write_parquet`` (two-phase, checkpoint every 10 s); Structured Streaming:
-                   ``groupBy("key").agg(...)``, update mode, ``foreachBatch`` appending to Parquet.
-                   Input rows per second over the query's wall time.
-``--process``      running per-key n/total in Python: a ``KeyedProcessor`` vs
-                   ``applyInPandasWithState`` (and ``transformWithStateInPandas`` while it works).
-``--tiny``         many tiny batches (10 rows over 10 keys each) through the agg pipeline: median
-                   batch duration (spark_ckpt ``durations_ms.total``, Structured Streaming
-                   ``durationMs.triggerExecution``), and wall time per batch.
-``--interval``     the agg scenario in spark_ckpt with a checkpoint every 10 s versus only the
-                   final checkpoint (``checkpoint_interval_ms=0``): throughput ratio.
-``--incremental``  1,000,000 keys loaded, then batches touching 1% of them, a checkpoint after
-                   every batch: the first full checkpoint's bytes versus later incremental bytes,
-                   p99 checkpoint duration, largest synchronous part.
-``--restart``      the agg pipeline in a driver SIGKILLed after a few committed outputs, then
-                   started again: wall time from the restarted process's start to its first new
-                   committed output file (JVM start included, same for both).
+``--agg``          keyed count + sum over 12 files x 250,000 rows, 1,000,000 keys. spark_ckpt:
+                   ``key_by("key").agg(...)`` appended with ``write_parquet`` (two-phase,
+                   checkpoint every 10 s); Structured Streaming: ``groupBy("key").agg(...)``,
+                   update mode, ``foreachBatch`` appending to Parquet. Input rows per second over
+                   the query's wall time (and from the second batch on, without the cold first).
+``--process``      running per-key n/total in Python (4 files x 5,000 rows over 5,000 keys: one
+                   Python call per key and batch): a ``KeyedProcessor`` vs
+                   ``applyInPandasWithState`` (and ``transformWithStateInPandas`` when the
+                   ``protobuf`` package it needs is installed).
+``--tiny``         20 batches of 10 rows over 10 keys through the agg pipeline: median batch
+                   duration after 2 warm-up batches (spark_ckpt ``durations_ms.total``, also
+                   with allocation; Structured Streaming ``durationMs.triggerExecution``), and the
+                   period from one batch's start to the next.
+``--interval``     the agg pipeline in spark_ckpt checkpointing every 10 s versus only the final
+                   checkpoint (``checkpoint_interval_ms=0``): throughput ratio. With ``--agg`` the
+                   two share the every-10-s runs (one rotation of three arms per repetition).
+``--incremental``  1,000,000 keys loaded in 4 batches, then 10 batches touching 10,000 keys
+                   each, a checkpoint after every batch (``checkpoint_interval_ms=1``): the first
+                   full checkpoint's bytes versus later incremental bytes, p99 checkpoint
+                   duration (trigger to end, and barrier to end), largest synchronous part.
+``--restart``      the agg pipeline (6 files) in a driver SIGKILLed once 3 outputs are committed
+                   (spark_ckpt: Parquet commit markers marked committed, checkpoint every 1 s;
+                   Structured Streaming: commit log entries), then started again: wall time from
+                   the restarted process's start to its first new output file (JVM start
+                   included, same for both; also from the session being ready). The restarted
+                   driver runs to the end and its output is checked like the others.
 
 Every measurement is its own driver process (local[2], 4g driver, UI off, 2 shuffle partitions,
 UTC), the order of the systems alternating between repetitions. Every run checks its output:

@@ -9,6 +9,7 @@ equals an uninterrupted run's.
 from __future__ import annotations
 
 import random
+import select
 import subprocess
 import sys
 import time
@@ -68,23 +69,25 @@ def test_exactly_once_across_twenty_sigkills_at_random_moments(spark, tmp_path):
                                 stderr=subprocess.DEVNULL, text=True, start_new_session=True,
                                 cwd=ROOT)
         assert proc.stdout is not None
-        # kill at a random moment once the driver is processing (or earlier, now and then)
-        delay = rng.uniform(0.0, 1.2)
-        started = None
+        # half the kills at a random moment of the driver's life (start-up, restore, replay,
+        # a batch, a checkpoint), half shortly after it first reports work
+        launched = time.monotonic()
+        by_clock = rng.random() < 0.5
+        deadline = launched + rng.uniform(2.0, 12.0) if by_clock else None
         finished = False
         while True:
-            line = proc.stdout.readline()
-            if not line:
-                finished = True
-                break
-            if line.startswith("RESULT"):
-                finished = True
-                break
-            if line.startswith(("PROGRESS", "CHECKPOINT")) and started is None:
-                started = time.monotonic()
-                if rng.random() < 0.15:  # sometimes right at the first batch
+            if deadline is not None:
+                ready, _, _ = select.select([proc.stdout], [], [],
+                                            max(0.0, deadline - time.monotonic()))
+                if not ready:
                     break
-            if started is not None and time.monotonic() - started >= delay:
+            line = proc.stdout.readline()
+            if not line or line.startswith("RESULT"):
+                finished = True
+                break
+            if deadline is None and line.startswith(("PROGRESS", "CHECKPOINT")):
+                deadline = time.monotonic() + rng.uniform(0.0, 1.2)
+            if deadline is not None and time.monotonic() >= deadline:
                 break
         if finished:
             proc.wait(timeout=120)

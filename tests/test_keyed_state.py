@@ -59,23 +59,31 @@ def same(got: pd.DataFrame, want: pd.DataFrame, key: str = "key") -> None:
 
 
 def agg_pipeline(spark, tmp_path, *, total: int, name: str = "agg", ckpt: str = "ckpt",
-                 parallelism: int | None = None, **kw):
+                 parallelism: int | None = None, full: bool = False, **kw):
     ctx = StreamingContext(spark, 0.05, str(tmp_path / ckpt), name, settings=settings(**kw))
     gen = ctx.generator_stream("gen", rows_per_batch=400, total_rows=total, keys=97)
     agg = gen.key_by("key", parallelism=parallelism).agg(name="totals", **AGGS)
     agg.write_delta(str(tmp_path / "totals"), name="totals", merge_keys=["key"])
     agg.write_parquet(str(tmp_path / "updates"), name="updates")
+    if full:
+        agg.full_state().foreach_batch(
+            lambda df, b: df.write.mode("overwrite").parquet(str(tmp_path / "full" / str(b))),
+            name="full")
     return ctx, agg
 
 
 def test_keyed_aggregates_equal_plain_spark_in_every_view(spark, tmp_path):
-    ctx, agg = agg_pipeline(spark, tmp_path, total=2000)
+    ctx, agg = agg_pipeline(spark, tmp_path, total=2000, full=True)
     progress = ctx.process_available(timeout=300)
     assert [p["num_input_rows"] for p in progress] == [400] * 5
     want = expected_aggs(generated(spark, 0, 2000, 97))
     same(DeltaTable(str(tmp_path / "totals")).to_pandas(), want)
     same(agg.state_view().toPandas(), want)
     same(read_state(spark, str(tmp_path / "ckpt"), "totals").toPandas(), want)
+    # the full state after every batch (complete mode)
+    for b in range(5):
+        same(spark.read.parquet(str(tmp_path / "full" / str(b))).toPandas(),
+             expected_aggs(generated(spark, 0, 400 * (b + 1), 97)))
     # the update stream: every batch's changed keys with their values after that batch
     updates = spark.read.parquet(str(tmp_path / "updates")).toPandas()
     assert len(updates) == sum(p["state"]["totals"]["changed_keys"] for p in progress)

@@ -62,13 +62,18 @@ def _read(file: StateFile, target: KeyGroupRange) -> pa.Table:
     return table
 
 
-def _write(table: pa.Table, directory: str, name: str) -> tuple[str, int]:
+def _write(table: pa.Table, directory: str, name: str, *, internal: bool = True,
+           ) -> tuple[str, int]:
+    """Write a Parquet file; state files favour speed (lz4, no dictionary), sink files size."""
     import pyarrow.parquet as pq
 
     fs, path = _fs(directory)
     fs.create_dir(path, recursive=True)
     full = f"{path.rstrip('/')}/{name}"
-    pq.write_table(table, full, filesystem=fs, compression="lz4", use_dictionary=False)
+    if internal:
+        pq.write_table(table, full, filesystem=fs, compression="lz4", use_dictionary=False)
+    else:
+        pq.write_table(table, full, filesystem=fs, compression="snappy")
     size = fs.get_file_info(full).size
     uri = full if "://" not in directory else directory.rstrip("/") + "/" + name
     return uri, int(size)
@@ -324,8 +329,10 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
             state.token = task.token
             changelog = changes[0] if len(changes) == 1 else _newest(changes, key_names)
         apply_ms = int((time.perf_counter() - t0) * 1000)
+        chained = _write_chained(params, task, changelog, file_schema)
         yield from task.finish(state, changelog, state.snapshot, file_schema,
-                               {"input_rows": table.num_rows if table is not None else 0,
+                               {"sinks": chained,
+                                "input_rows": table.num_rows if table is not None else 0,
                                 "changed": changelog.num_rows if changelog is not None else 0,
                                 "apply_ms": apply_ms, "sync_ms": 0, "alignment_ms": align,
                                 "channels": channels})
@@ -493,6 +500,36 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             "max_event_ms": max_event, "output": out_file})
 
     return run
+
+
+def _view(changelog: pa.Table, keys: list[str], outputs: list[list[str]]) -> pa.Table:
+    """The update stream's rows (keys and outputs), as AggSpec.view computes them in Spark."""
+    columns = [changelog.column(k) for k in keys]
+    for name, func in outputs:
+        if func == "mean":
+            total = pc.cast(changelog.column(f"{name}__sum"), pa.float64())
+            n = changelog.column(f"{name}__count")
+            columns.append(pc.if_else(pc.greater(n, 0), pc.divide(total, pc.cast(n, pa.float64())),
+                                      pa.scalar(None, pa.float64())))
+        else:
+            columns.append(changelog.column(name))
+    return pa.Table.from_arrays(columns, names=[*keys, *[o[0] for o in outputs]])
+
+
+def _write_chained(params: dict[str, Any], task: _Run, changelog: pa.Table | None,
+                   file_schema: pa.Schema) -> dict[str, list[dict[str, Any]]]:
+    """Sinks chained to this operator: write their staged files here (no Spark job)."""
+    sinks = params.get("sinks") or []
+    if not sinks or changelog is None or not changelog.num_rows:
+        return {}
+    view = _view(_external(changelog, file_schema), list(params["keys"]), params["view"])
+    out: dict[str, list[dict[str, Any]]] = {}
+    for sink in sinks:
+        schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(sink["schema"])))
+        uri, size = _write(view.cast(schema), sink["dir"],
+                           f"part-{task.pid:05d}-{task.token}.parquet", internal=False)
+        out[sink["name"]] = [{"path": uri, "size": size, "rows": view.num_rows}]
+    return out
 
 
 def _newest(tables: list[pa.Table], keys: list[str]) -> pa.Table:

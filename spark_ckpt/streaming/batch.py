@@ -64,6 +64,8 @@ class BatchRun:
         self.allocation = allocation
         self.batch_id = allocation.batch_id
         self.memo: dict[tuple[int, int], Any] = {} if memo is None else memo
+        # outputs whose staged files a stateful task upstream wrote itself (operator chaining)
+        self.chained: dict[str, dict[str, Any] | None] = {}
         self.stats = stats or BatchStats(batch_id=allocation.batch_id)
 
     def at(self, batch_id: int) -> BatchRun:

@@ -52,7 +52,8 @@ if TYPE_CHECKING:
     from spark_ckpt.streaming.batch import BatchRun
     from spark_ckpt.streaming.context import StreamingContext
 
-__all__ = ["AggregatedStream", "KeyedStream", "ProcessedStream", "StatefulStream"]
+__all__ = ["AggregatedStream", "FullState", "KeyedStream", "ProcessedStream",
+           "StatefulStream"]
 
 log = logging.getLogger(__name__)
 
@@ -313,16 +314,48 @@ class AggregatedStream(StatefulStream):
             group.append(CHANNEL_COLUMN)
         partials = df.repartitionById(self.parallelism, PID_COLUMN).groupBy(*group) \
             .agg(*spec.partial_columns())
+        chained = self._chain(run, spec.view(spark.createDataFrame([], schema)))
         params = self._params(run) | {
             "file_schema": to_arrow(schema).serialize().to_pybytes().hex(),
             "columns": [[n, k] for n, k, _t in spec.state_columns()],
+            "view": [[o.name, o.agg.func] for o in spec.outputs],
+            "sinks": [{"name": n, "dir": d, "schema": h} for n, (d, h) in chained.items()],
         }
         metas = self._run_job(run, partials, agg_task(params, self._plans()), partitioned=True)
+        for name, (directory, _h) in chained.items():
+            files = [f for m in metas for f in (m.get("sinks") or {}).get(name, [])]
+            sink = self.ctx.transactions[name].sink
+            run.chained[name] = sink.chained_piece(run.batch_id, directory, files)
         files = [m["changelog"]["path"] for m in metas if m.get("changelog")]
         if not files:
             return spec.view(spark.createDataFrame([], schema))
         return spec.view(spark.read.schema(schema).parquet(*files).select(
             *[F.col(f.name) for f in schema.fields]))
+
+    def _chain(self, run: BatchRun, view: DataFrame) -> dict[str, tuple[str, str]]:
+        """Two-phase outputs reading this stream directly, whose files the tasks can write:
+        output name -> (staging directory, Arrow schema of its files)."""
+        from spark_ckpt.batch.sinks import arrow_schema_for
+
+        chained: dict[str, tuple[str, str]] = {}
+        for output in self.ctx.graph.outputs:
+            name = output.output_name
+            txns = self.ctx.transactions.get(name)
+            if output.parents[0] is not self or txns is None or \
+                    run.batch_id <= self.ctx.skip_output_through.get(name, -1):
+                continue
+            directory = txns.sink.chain_target(run.batch_id)
+            if directory is None:
+                continue
+            txns.sink.prepare(view)
+            schema = arrow_schema_for(view.schema).serialize().to_pybytes().hex()
+            chained[name] = (txns.sink.store.spark_path(directory), schema)  # type: ignore[attr-defined]
+        return chained
+
+    def full_state(self, name: str | None = None) -> Stream:
+        """A stream whose every batch is the whole state after that batch (Structured
+        Streaming's complete mode): one row per key, for sinks that want a full picture."""
+        return FullState(self, name or f"{self.operator}.full_state")
 
     def state_view(self, checkpoint_id: int | None = None) -> DataFrame:
         """The whole state now (or of a retained checkpoint): one row per key."""
@@ -418,3 +451,16 @@ class ProcessedStream(StatefulStream):
                              StructField("_state", StringType())])
         df = read_handles(self.ctx.spark, handles, schema, ["_key"])
         return df.where("_state IS NOT NULL").selectExpr("_key AS key", "_state AS state")
+
+
+class FullState(Stream):
+    """The whole state of a stateful stream after each batch."""
+
+    def __init__(self, parent: StatefulStream, name: str) -> None:
+        super().__init__(parent.ctx, (parent,), name)
+        self.stateful = parent
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        if run.get_or_compute(self.stateful) is None:
+            return None
+        return self.stateful.state_view()  # type: ignore[attr-defined]

@@ -219,6 +219,12 @@ class JobScheduler:
                 elif b <= ctx.skip_output_through.get(name, -1):
                     outputs[name] = {"skipped": "already visible (committed before a restore)"}
                     continue
+                elif txns is not None and name in run.chained:  # staged by the state tasks
+                    piece = run.chained[name]
+                    txns.staged(piece)
+                    outputs[name] = {"staged_files": len(piece["files"]) if piece else 0,
+                                     "chained": True}
+                    continue
                 t0 = time.perf_counter()
                 df = run.get_or_compute(output)
                 if df is None:

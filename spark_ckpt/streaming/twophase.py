@@ -82,6 +82,16 @@ class TwoPhaseCommitSink:
         """After a restore committed the pending transactions: drop every staged piece of this
         lineage (no checkpoint references them any more)."""
 
+    def chain_target(self, batch_id: int) -> str | None:
+        """A fresh staging directory the stateful task upstream may write this batch's Parquet
+        files into itself (operator chaining, no Spark job of its own); None: not chainable."""
+        return None
+
+    def chained_piece(self, batch_id: int, directory: str,
+                      files: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The piece for files a chained task wrote (``path``, ``size``, ``rows`` each)."""
+        return None
+
     def committed_batch(self) -> int | None:
         """The last batch whose output this lineage has made visible, if the sink can tell.
 
@@ -161,7 +171,62 @@ def _files(pieces: list[dict[str, Any]]) -> list[OutputFile]:
     return [OutputFile.from_json(f) for p in pieces for f in p.get("files", [])]
 
 
-class DeltaTwoPhaseSink(TwoPhaseCommitSink):
+class _FileTwoPhaseSink(TwoPhaseCommitSink):
+    """Two-phase sinks whose pieces are Parquet files Spark (or a chained task) writes into a
+    staging directory per batch."""
+
+    def __init__(self, name: str, path: str, partition_by: Sequence[str],
+                 ctx: StreamingContext) -> None:
+        super().__init__(name)
+        self.path = path
+        self.partition_by = tuple(partition_by)
+        self.store = Storage(path)
+        self._writer = _FileSink(name, path, partition_by, ctx)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path, "partition_by": list(self.partition_by)}
+
+    def prepare(self, df: DataFrame) -> None:
+        self._writer._check_columns(df)  # noqa: SLF001
+
+    def _staging_dir(self, batch_id: int) -> str:
+        return join(self.store.root, "_spark_ckpt_staging", self.lineage,
+                    f"{self.name}-b{batch_id:012d}-{uuid.uuid4().hex[:12]}")
+
+    def write(self, df: DataFrame, batch_id: int) -> dict[str, Any] | None:
+        if _FileSink.provably_empty(df):
+            return None
+        directory = self._staging_dir(batch_id)
+        self._writer._write(df, directory)  # noqa: SLF001
+        files = staged_files(self.store, directory, self.name)
+        return {"batch": batch_id, "dir": directory, "files": [f.to_json() for f in files]}
+
+    def chain_target(self, batch_id: int) -> str | None:
+        if self.partition_by:
+            return None
+        return self._staging_dir(batch_id)
+
+    def chained_piece(self, batch_id: int, directory: str,
+                      files: list[dict[str, Any]]) -> dict[str, Any] | None:
+        if not files:
+            return None
+        staged = [OutputFile("sink", self.name, self.store.spark_path(self.store.fs_path(
+            f["path"])), int(f["size"]), int(f["rows"])) for f in files]
+        return {"batch": batch_id, "dir": directory, "files": [f.to_json() for f in staged]}
+
+    def abort(self, pieces: list[dict[str, Any]]) -> None:
+        for piece in pieces:
+            self.store.delete_dir(piece["dir"])
+
+    def cleanup_staging(self) -> None:
+        staging = join(self.store.root, "_spark_ckpt_staging", self.lineage)
+        for info in self.store.fs.get_file_info(_dirs(staging)):
+            if _STAGED.match(info.base_name) and \
+                    info.base_name.rsplit("-b", 1)[0] == self.name:
+                self.store.delete_dir(info.path)
+
+
+class DeltaTwoPhaseSink(_FileTwoPhaseSink):
     """A Delta table: Spark writes each batch's Parquet files into the table directory (not yet
     in the log); the commit adds a checkpoint's files in one Delta transaction carrying the app
     transaction ``(spark_ckpt/<pipeline>-<lineage id>/<output>, checkpoint id)``, checked first.
@@ -175,19 +240,13 @@ class DeltaTwoPhaseSink(TwoPhaseCommitSink):
 
     def __init__(self, name: str, path: str, partition_by: Sequence[str],
                  ctx: StreamingContext, merge_keys: Sequence[str] = ()) -> None:
-        super().__init__(name)
-        self.path = path
-        self.partition_by = tuple(partition_by)
+        super().__init__(name, path, partition_by, ctx)
         self.merge_keys = tuple(merge_keys)
-        self.ctx = ctx
-        self.store = Storage(path)
-        self._writer = _FileSink(name, path, partition_by, ctx)
         self._delta: DeltaSink | None = None
         self._prepared: str | None = None
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": self.path, "partition_by": list(self.partition_by),
-                "merge_keys": list(self.merge_keys)}
+        return super().describe() | {"merge_keys": list(self.merge_keys)}
 
     def delta(self) -> DeltaSink:
         if self._delta is None:
@@ -211,18 +270,12 @@ class DeltaTwoPhaseSink(TwoPhaseCommitSink):
             self.delta().prepare(df.schema)
             self._prepared = schema
 
-    def write(self, df: DataFrame, batch_id: int) -> dict[str, Any] | None:
-        if _FileSink.provably_empty(df):
-            return None
-        if self.merge_keys:
-            directory = join(self.store.root, "_spark_ckpt_staging", self.lineage,
-                             f"{self.name}-b{batch_id:012d}-{uuid.uuid4().hex[:12]}")
-        else:
-            directory = join(self.store.root, "spark_ckpt_staged",
-                             f"{self.lineage}-{self.name}-b{batch_id}-{uuid.uuid4().hex[:12]}")
-        self._writer._write(df, directory)  # noqa: SLF001
-        files = staged_files(self.store, directory, self.name)
-        return {"batch": batch_id, "dir": directory, "files": [f.to_json() for f in files]}
+    def _staging_dir(self, batch_id: int) -> str:
+        if self.merge_keys:  # rows to merge: outside the table
+            return super()._staging_dir(batch_id)
+        # files to add: inside the table directory, not yet in its log
+        return join(self.store.root, "spark_ckpt_staged",
+                    f"{self.lineage}-{self.name}-b{batch_id}-{uuid.uuid4().hex[:12]}")
 
     def pre_commit(self, checkpoint_id: int, pieces: list[dict[str, Any]]) -> dict[str, Any]:
         _check_files(self.name, _files(pieces))
@@ -281,19 +334,8 @@ class DeltaTwoPhaseSink(TwoPhaseCommitSink):
             directory = self.store.fs_path(f.path).rsplit("/", 1)[0]
             self.store.delete_dir(directory)
 
-    def abort(self, pieces: list[dict[str, Any]]) -> None:
-        for piece in pieces:
-            self.store.delete_dir(piece["dir"])
 
-    def cleanup_staging(self) -> None:
-        staging = join(self.store.root, "_spark_ckpt_staging", self.lineage)
-        for info in self.store.fs.get_file_info(_dirs(staging)):
-            if _STAGED.match(info.base_name) and \
-                    info.base_name.rsplit("-b", 1)[0] == self.name:
-                self.store.delete_dir(info.path)
-
-
-class ParquetTwoPhaseSink(TwoPhaseCommitSink):
+class ParquetTwoPhaseSink(_FileTwoPhaseSink):
     """A Parquet directory: each batch is staged under
     ``_spark_ckpt_staging/<lineage>/b<batch>-<uuid>/``; the commit of checkpoint ``n`` creates
     ``_spark_ckpt_commits/<lineage>-<output>-c<n>.json`` if absent (only one driver can), moves
@@ -302,32 +344,9 @@ class ParquetTwoPhaseSink(TwoPhaseCommitSink):
 
     kind = "parquet"
 
-    def __init__(self, name: str, path: str, partition_by: Sequence[str],
-                 ctx: StreamingContext) -> None:
-        super().__init__(name)
-        self.path = path
-        self.partition_by = tuple(partition_by)
-        self.store = Storage(path)
-        self._writer = _FileSink(name, path, partition_by, ctx)
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": self.path, "partition_by": list(self.partition_by)}
-
-    def prepare(self, df: DataFrame) -> None:
-        self._writer._check_columns(df)  # noqa: SLF001
-
     def _marker(self, checkpoint_id: int) -> str:
         return join(self.store.root, "_spark_ckpt_commits",
                     f"{self.lineage}-{self.name}-c{checkpoint_id:08d}.json")
-
-    def write(self, df: DataFrame, batch_id: int) -> dict[str, Any] | None:
-        if _FileSink.provably_empty(df):
-            return None
-        directory = join(self.store.root, "_spark_ckpt_staging", self.lineage,
-                         f"{self.name}-b{batch_id:012d}-{uuid.uuid4().hex[:12]}")
-        self._writer._write(df, directory)  # noqa: SLF001
-        files = staged_files(self.store, directory, self.name)
-        return {"batch": batch_id, "dir": directory, "files": [f.to_json() for f in files]}
 
     def pre_commit(self, checkpoint_id: int, pieces: list[dict[str, Any]]) -> dict[str, Any]:
         _check_files(self.name, _files(pieces))
@@ -368,17 +387,6 @@ class ParquetTwoPhaseSink(TwoPhaseCommitSink):
                                                     body | {"status": "committed"}))
         for directory in txn["dirs"]:
             self.store.delete_dir(directory)
-
-    def abort(self, pieces: list[dict[str, Any]]) -> None:
-        for piece in pieces:
-            self.store.delete_dir(piece["dir"])
-
-    def cleanup_staging(self) -> None:
-        staging = join(self.store.root, "_spark_ckpt_staging", self.lineage)
-        for info in self.store.fs.get_file_info(_dirs(staging)):
-            if _STAGED.match(info.base_name) and \
-                    info.base_name.rsplit("-b", 1)[0] == self.name:
-                self.store.delete_dir(info.path)
 
     def committed_batch(self) -> int | None:
         prefix = f"{self.lineage}-{self.name}-c"

@@ -39,6 +39,7 @@ POINTS = (
 
 _lock = threading.Lock()
 _counts: dict[str, int] = {}
+_spec_seen: list[str | None] = [None]  # passes are counted afresh when the spec changes
 
 
 def _spec() -> tuple[str, int, float, str] | None:
@@ -61,6 +62,10 @@ def fault_point(name: str) -> None:
     if spec is None or spec[0] != name:
         return
     with _lock:
+        raw = os.environ.get("SPARK_CKPT_FAULT")
+        if raw != _spec_seen[0]:
+            _spec_seen[0] = raw
+            _counts.clear()
         _counts[name] = _counts.get(name, 0) + 1
         hit = spec[1] <= _counts[name] <= spec[2]
     if not hit:

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 KEYS = 10
 LONG = 6_000  # 30 batches of 200 ids: more than twenty killed drivers get through
-SHORT = 2_000
+SHORT = 1_400  # 7 batches
 
 
 def command(tmp_path, total: int) -> list[str]:
@@ -105,7 +105,7 @@ def test_exactly_once_across_twenty_sigkills_at_random_moments(spark, tmp_path):
 @pytest.mark.parametrize("fault", [
     "checkpoint.completed:3",  # metadata durable: every sink pre-committed, none committed
     "checkpoint.sink.committed:5",  # one sink committed checkpoint 3, the other not
-    "stream.batch.staged:7",  # outputs staged, no barrier yet
+    "stream.batch.staged:5",  # outputs staged, no barrier yet
 ])
 def test_kill_between_pre_commit_and_commit_then_restart(spark, tmp_path, fault):
     crashed = run(tmp_path, SHORT, fault=fault)

@@ -142,3 +142,22 @@ def test_record_state_keeps_timers_and_deletes(kind, tmp_path):
     assert sorted(k for _g, k, _r in state.items()) == ['["b"]']
     assert state.due(1000) == ['["b"]']
     state.close()
+
+
+def test_a_state_file_of_an_unknown_format_is_refused(tmp_path):
+    import pyarrow.parquet as pq
+
+    from spark_ckpt.errors import FormatVersionError
+    from spark_ckpt.state.chain import StateFile
+    from spark_ckpt.state.keygroups import KeyGroupRange
+    from spark_ckpt.state.task import _read, _write
+
+    table = pa.table({KG_COLUMN: pa.array([1], pa.int32()), "k": [5]})
+    uri, size = _write(table, str(tmp_path), "ok.parquet")
+    ok = StateFile(uri, "snapshot", 0, 1, size, "kg00000-00004")
+    assert _read(ok, KeyGroupRange(0, 4)).column("k").to_pylist() == [5]
+    pq.write_table(table.replace_schema_metadata({b"spark_ckpt.state": b"9"}),
+                   str(tmp_path / "new.parquet"))
+    new = StateFile(str(tmp_path / "new.parquet"), "snapshot", 0, 1, 1, "kg00000-00004")
+    with pytest.raises(FormatVersionError, match="expected spark_ckpt.state format 1, found 9"):
+        _read(new, KeyGroupRange(0, 4))

@@ -48,8 +48,16 @@ class KeyGroupRange:
         return cls(int(start), int(end))
 
 
+MAX_KEY_GROUPS = 32768  # key groups are stored in two bytes below RocksDB's reserved prefixes
+
+
 def ranges(parallelism: int, max_parallelism: int) -> list[KeyGroupRange]:
     """The key-group range of each of ``parallelism`` tasks."""
+    if not 1 <= max_parallelism <= MAX_KEY_GROUPS:
+        raise JobDefinitionError(
+            f"expected a max parallelism from 1 to {MAX_KEY_GROUPS}, found {max_parallelism} "
+            "(spark.ckpt.state.maxParallelism or key_by(max_parallelism=))"
+        )
     if not 1 <= parallelism <= max_parallelism:
         raise JobDefinitionError(
             f"expected 1 <= parallelism <= max parallelism ({max_parallelism}), found "

@@ -50,11 +50,23 @@ def _fs(uri: str) -> tuple[Any, str]:
     return pafs.FileSystem.from_uri(uri)
 
 
+STATE_FORMAT = b"1"  # Parquet key-value metadata spark_ckpt.state of every state file
+
+
 def _read(file: StateFile, target: KeyGroupRange) -> pa.Table:
     import pyarrow.parquet as pq
 
+    from spark_ckpt.errors import FormatVersionError
+
     fs, path = _fs(file.path)
     table = pq.read_table(path, filesystem=fs)
+    version = (table.schema.metadata or {}).get(b"spark_ckpt.state")
+    if version != STATE_FORMAT:
+        raise FormatVersionError(
+            f"state file {file.path}: expected spark_ckpt.state format "
+            f"{STATE_FORMAT.decode()}, found {version.decode() if version else 'none'}; "
+            "upgrade spark_ckpt to read it"
+        )
     if KeyGroupRange.parse(file.range) != target:
         kg = table.column(KG_COLUMN)
         mask = pc.and_(pc.greater_equal(kg, target.start), pc.less(kg, target.end))
@@ -71,6 +83,7 @@ def _write(table: pa.Table, directory: str, name: str, *, internal: bool = True,
     fs.create_dir(path, recursive=True)
     full = f"{path.rstrip('/')}/{name}"
     if internal:
+        table = table.replace_schema_metadata({b"spark_ckpt.state": STATE_FORMAT})
         pq.write_table(table, full, filesystem=fs, compression="lz4", use_dictionary=False)
     else:
         pq.write_table(table, full, filesystem=fs, compression="snappy")
@@ -224,7 +237,7 @@ class _Run:
             written += size
         changelogs = sum(1 for f in files if f.kind == "changelog")
         mixed = any(f.range != self.range.label for f in files)
-        if mixed or changelogs > int(self.params["materialize_every"]):
+        if mixed or changelogs >= int(self.params["materialize_every"]):
             table = snapshot()
             uri, size = _write(_external(table, file_schema), self.dir,
                                f"b{self.batch:012d}-snapshot-{self.token}.parquet")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import random
 import shutil
 import subprocess
@@ -71,8 +73,9 @@ def assert_same_output(spark, expected, tmp_path):
         assert len(got_df) == len(want_df)
         assert got_df[key].is_unique or table.endswith("deadletter")
         pd.testing.assert_frame_equal(got_df, want_df, check_like=True)
+    pipeline_id = json.loads((tmp_path / "ckpt" / "metadata.json").read_text())["pipeline_id"]
     assert DeltaTable(str(tmp_path / "out/enriched")).transaction_version(
-        f"spark_ckpt/{NAME}/enriched") == FILES
+        f"spark_ckpt/{NAME}-{pipeline_id}/enriched") == FILES
     cols = ["order_id", "customer_id", "region", "segment", "day", "amount", "quantity"]
     got_pq = spark.read.parquet(str(tmp_path / "out" / "by_region")).select(*cols)
     want_pq = spark.read.parquet(str(expected / "out" / "by_region")).select(*cols)

@@ -329,7 +329,8 @@ def test_rerun_batches_do_not_duplicate_delta_or_parquet_output(spark, tmp_path)
                for o in p["outputs"].values())
     delta = DeltaTable(str(tmp_path / "delta"))
     assert sorted(delta.to_pyarrow_table().column("id").to_pylist()) == list(range(30))
-    assert delta.transaction_version("spark_ckpt/p/d") == 3
+    lineage = f"p-{json.loads((tmp_path / 'ckpt' / 'metadata.json').read_text())['pipeline_id']}"
+    assert delta.transaction_version(f"spark_ckpt/{lineage}/d") == 3
     assert sorted(spark.read.parquet(str(tmp_path / "pq")).select("id").toPandas().id) == \
         list(range(30))
 

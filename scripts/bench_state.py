@@ -308,7 +308,25 @@ def _iso_ms(stamp: str) -> int:
     return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000)
 
 
+def code_version() -> str:
+    """The commit and a digest of the spark_ckpt sources this process runs (the working tree
+    may change between runs: the results say so)."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for path in sorted((ROOT / "spark_ckpt").rglob("*.py")):
+        digest.update(path.relative_to(ROOT).as_posix().encode())
+        digest.update(path.read_bytes())
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        head = "unknown"
+    return f"{head}+{digest.hexdigest()[:12]}"
+
+
 def child(args: argparse.Namespace) -> None:
+    code = code_version()
     if args.scenario == "gen":
         result = child_generate(args)
     else:
@@ -319,6 +337,7 @@ def child(args: argparse.Namespace) -> None:
         else:
             result = child_ss(args, spark)
         result["check"] = check_output(spark, str(Path(args.work) / "out"), args.expected)
+    result["code"] = code
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -482,7 +501,8 @@ class Bench:
     def report(self, label: str, result: dict) -> None:
         brief = {k: v for k, v in result.items()
                  if k not in ("batch_ms", "batch_start_ms", "batch_rows", "end_ms",
-                              "allocation_ms", "state_ms", "checkpoints", "state_rows")}
+                              "allocation_ms", "state_ms", "checkpoints", "state_rows",
+                              "code")}
         if "check" in brief:
             brief["check"] = {k: v for k, v in brief["check"].items() if k != "examples"}
         print(f"  {label}: {json.dumps(brief)}", flush=True)
@@ -751,7 +771,8 @@ class Bench:
                 "commits_before_kill": committed_before,
                 "output_files_before_restart": len(before),
                 "restarted_run_seconds": result["seconds"],
-                "restarted_run_batches": result["batches"], "check": result["check"]}
+                "restarted_run_batches": result["batches"], "check": result["check"],
+                "code": result["code"]}
 
 
 def _period(starts: list[int]) -> float | None:
@@ -840,6 +861,7 @@ def main() -> None:
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "code_at_start": code_version(),
     })
     figures.setdefault("scenarios", {})
     t_all = time.perf_counter()
@@ -859,6 +881,10 @@ def main() -> None:
             print(f"  FAILED: {exc}", flush=True)
             figures["scenarios"][scenario] = {"date": date, "error": str(exc)[-4000:]}
             continue
+        versions = sorted({r.get("code") or "unknown" for rs in entry["runs"].values() for r in rs})
+        entry["code_versions"] = versions
+        if len(versions) > 1:
+            print(f"  WARNING: spark_ckpt changed during {scenario}: {versions}", flush=True)
         entry["date"] = date
         entry["sizes"] = bench.sizes
         entry["reps"] = args.reps

@@ -333,6 +333,8 @@ def test_a_checkpoint_that_times_out_is_aborted_and_output_stays_exactly_once(sp
     def slow(batches):
         import time
 
+        # not a synchronization: it makes every batch longer than the 300 ms checkpoint timeout
+        # (a slower machine only makes it longer), so a barrier that waits for it expires
         time.sleep(0.8)
         yield from batches
 

@@ -329,27 +329,23 @@ def test_failing_checkpoint_storage_is_tolerated_then_fails_clearly(spark, tmp_p
     assert len(updates) == 8 * 97 and not updates.duplicated(["key", "n"]).any()
 
 
-def test_a_checkpoint_that_times_out_is_aborted_and_output_stays_exactly_once(spark, tmp_path):
-    def slow(batches):
-        import time
-
-        # not a synchronization: it makes every batch longer than the 300 ms checkpoint timeout
-        # (a slower machine only makes it longer), so a barrier that waits for it expires
-        time.sleep(0.8)
-        yield from batches
-
+def test_a_checkpoint_that_times_out_is_aborted_and_output_stays_exactly_once(
+        spark, tmp_path, monkeypatch):
+    # the sinks' pre-commit of the first two checkpoints stalls (as slow storage would) past
+    # the 300 ms timeout: both expire; the third completes and commits what they staged
+    monkeypatch.setenv("SPARK_CKPT_FAULT", "checkpoint.barrier:1-2:pause")
+    monkeypatch.setenv("SPARK_CKPT_FAULT_PAUSE_S", "0.6")
     ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "slow",
                            settings=settings(checkpoint_timeout_ms=300,
                                              checkpoint_tolerable_failures=100,
                                              checkpoint_interval_ms=50))
     gen = ctx.generator_stream("gen", rows_per_batch=100, total_rows=400, keys=5)
-    slowed = gen.transform(lambda df: df.repartition(1).mapInPandas(slow, df.schema),
-                           name="slow")
-    slowed.key_by("key").agg(name="n", n=count()).write_delta(
+    gen.key_by("key").agg(name="n", n=count()).write_delta(
         str(tmp_path / "out"), name="out", merge_keys=["key"])
     ctx.process_available(timeout=300)
-    reasons = [c["reason"] for c in ctx.recent_checkpoints if c["status"] == "aborted"]
-    assert any("expired" in r for r in reasons)
+    statuses = [(c["checkpoint_id"], c["status"], c["reason"]) for c in ctx.recent_checkpoints]
+    assert [s[:2] for s in statuses[:2]] == [(1, "aborted"), (2, "aborted")], statuses
+    assert all("expired" in s[2] for s in statuses[:2]), statuses
     assert ctx.recent_checkpoints[-1]["status"] == "completed"
     got = DeltaTable(str(tmp_path / "out")).to_pandas().sort_values("key")
     assert got.n.tolist() == [80] * 5
@@ -375,3 +371,59 @@ def test_a_timer_cleared_by_an_earlier_callback_does_not_fire(spark, tmp_path):
     rows = spark.read.parquet(str(tmp_path / "out")).toPandas().sort_values("key")
     assert rows.values.tolist() == [[0, 2, "processing"], [1, 2, "processing"],
                                     [2, 2, "processing"]]
+
+
+def test_a_checkpoint_goes_at_the_last_finished_batch_without_waiting_for_the_running_one(
+        spark, tmp_path):
+    """Triggered while batch 1 is held in its task, checkpoint 1 completes at once with its
+    barrier after batch 0: state, offsets and committed output are batch 0's, and the sink made
+    visible only batch 0's rows. Released, the run ends equal to plain Spark."""
+    import threading
+
+    from spark_ckpt.streaming.progress import StreamingListener
+
+    gate = tmp_path / "gate"
+
+    def hold(frames):  # in a Python worker: batch 1 (ids 100..199) waits for the test's gate
+        import os
+        import time
+
+        for pdf in frames:
+            if ((pdf.id >= 100) & (pdf.id < 200)).any():
+                deadline = time.time() + 120
+                while not os.path.exists(str(gate)) and time.time() < deadline:
+                    time.sleep(0.05)
+            yield pdf
+
+    batch1_started = threading.Event()
+
+    class Events(StreamingListener):
+        def on_batch_started(self, info):
+            if info["batch_id"] == 1:
+                batch1_started.set()
+
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "nowait",
+                           settings=settings(checkpoint_interval_ms=3_600_000))
+    ctx.add_listener(Events())
+    gen = ctx.generator_stream("gen", rows_per_batch=100, total_rows=300, keys=5)
+    held = gen.transform(lambda df: df.repartition(1).mapInPandas(hold, df.schema), name="held")
+    held.key_by("key").agg(name="n", n=count()).write_delta(
+        str(tmp_path / "out"), name="out", merge_keys=["key"])
+    ctx.start(available_now=True)
+    try:
+        assert batch1_started.wait(120)
+        cid = ctx.coordinator.trigger_now().result(timeout=60)
+        assert ctx.coordinator.completion(cid).result(timeout=60) == "completed"
+        assert not gate.exists()  # batch 1 is still held: nothing waited for it
+        stats = next(c for c in ctx.recent_checkpoints if c["checkpoint_id"] == cid)
+        assert stats["barrier_batch"] == 0
+        meta = ctx.checkpoint_storage.read_metadata(cid)
+        assert meta["sources"]["gen"]["piece"]["end"] == 100
+        same(read_state(spark, str(tmp_path / "ckpt"), "n", cid).toPandas(),
+             generated(spark, 0, 100, 5).groupBy("key").agg(F.count("*").alias("n")).toPandas())
+        assert DeltaTable(str(tmp_path / "out")).to_pandas().n.sum() == 100
+    finally:
+        gate.touch()
+    assert ctx.await_termination(300)
+    same(DeltaTable(str(tmp_path / "out")).to_pandas(),
+         generated(spark, 0, 300, 5).groupBy("key").agg(F.count("*").alias("n")).toPandas())

@@ -9,6 +9,7 @@ from spark_ckpt.checkpoint.coordinator import CheckpointConfig, CheckpointCoordi
 from spark_ckpt.checkpoint.listener import CheckpointListener
 from spark_ckpt.checkpoint.pending import (
     AckResult,
+    Boundary,
     CheckpointFailureReason,
     PendingCheckpoint,
     TaskAck,
@@ -17,6 +18,7 @@ from spark_ckpt.checkpoint.storage import CheckpointStorage
 
 __all__ = [
     "AckResult",
+    "Boundary",
     "CheckpointConfig",
     "CheckpointCoordinator",
     "CheckpointFailureReason",

@@ -9,13 +9,18 @@ with a manual clock the loop wakes whenever a test advances it, so tests wait on
 
 The protocol in the micro-batch runtime:
 
-1. *Trigger* (this thread): every ``interval`` (respecting the minimum pause after the previous
-   checkpoint ended and the maximum of concurrent checkpoints) a PendingCheckpoint ``n`` is
-   created and ``n`` is put on :attr:`barriers`.
-2. *Barrier* (the JobScheduler's thread): at the next batch boundary the scheduler takes ``n``,
-   places the barrier after the batch that just finished (:meth:`place_barrier`, naming every
-   task that must acknowledge: each source with its offsets, each stateful task with its state
-   handle, each two-phase sink with its pre-committed transaction) and acknowledges for them.
+1. *Boundary* (the JobScheduler's thread): when a batch ends, the scheduler publishes its
+   :class:`~spark_ckpt.checkpoint.pending.Boundary` (:meth:`publish_boundary`): each source's
+   position and each stateful task's state handle after the batch, all durable and immutable.
+2. *Trigger and barrier* (this thread): every ``interval`` (respecting the minimum pause after
+   the previous checkpoint ended and the maximum of concurrent checkpoints) a PendingCheckpoint
+   ``n`` is created and its barrier placed at once at the latest boundary, naming every task
+   that must acknowledge; the boundary's acknowledgements are received and each two-phase sink
+   pre-commits the pieces it staged up to that batch (``pre_commit``). The batch running now
+   is not waited for: after a restore it is replayed from the sources, as the in-flight records
+   an unaligned Flink barrier overtakes. So a checkpoint's duration does not grow with the
+   batch's. (Without ``pre_commit``, the coordinator only puts ``n`` on :attr:`barriers` and an
+   external placer calls :meth:`place_barrier` and :meth:`acknowledge`.)
 3. *Complete* (this thread): when every task acknowledged, the metadata is written atomically,
    the checkpoint joins the store (older ones are subsumed and their unshared files deleted), the
    statistics are written, and every CheckpointListener is notified (sinks commit).
@@ -42,6 +47,7 @@ from spark_ckpt.checkpoint.completed import (
 from spark_ckpt.checkpoint.listener import CheckpointListener
 from spark_ckpt.checkpoint.pending import (
     AckResult,
+    Boundary,
     CheckpointFailureReason,
     PendingCheckpoint,
     TaskAck,
@@ -80,7 +86,9 @@ class CheckpointCoordinator:
                  delete_files: Callable[[list[str]], None],
                  live_files: Callable[[], set[str]],
                  fence: Callable[[], None] = lambda: None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None,
+                 pre_commit: Callable[[int, int], dict[str, TaskAck | Exception]] | None = None,
+                 ) -> None:
         self.pipeline = pipeline
         self.pipeline_id = pipeline_id
         self.config = config
@@ -92,13 +100,18 @@ class CheckpointCoordinator:
         self._delete_files = delete_files
         self._live_files = live_files
         self._fence = fence
+        self._pre_commit = pre_commit
         # -- owned by the loop thread -------------------------------------------------------
         self.registry = SharedStateRegistry()
         self.store = CompletedCheckpointStore(config.retained, self.registry, self._discard)
         self.pending: dict[int, PendingCheckpoint] = {}
         self._dropped: set[str] = set()  # state files no live chain holds, not yet deleted
-        # read by other threads (one int, replaced whole): batches before it are never replayed
+        self._boundary: Boundary | None = None  # the latest finished batch's cut
+        self._notify_failed = False  # a listener failed on complete: the next one retries
+        # read by other threads (ints, replaced whole): batches before the oldest retained
+        # barrier are never replayed; the latest completed barrier's batch
         self.oldest_barrier = -1
+        self.latest_barrier: int | None = None
         for checkpoint in completed:
             self.store.add(checkpoint)
         self._update_oldest()
@@ -131,6 +144,10 @@ class CheckpointCoordinator:
             return self.barriers.get_nowait()
         except queue.Empty:
             return None
+
+    def publish_boundary(self, boundary: Boundary) -> None:
+        """A batch ended (or the pipeline started): later barriers go at ``boundary``."""
+        self._events.put(("boundary", boundary))
 
     def place_barrier(self, checkpoint_id: int, batch_id: int, tasks: set[str]) -> None:
         self._events.put(("barrier", checkpoint_id, batch_id, frozenset(tasks)))
@@ -188,7 +205,12 @@ class CheckpointCoordinator:
 
     def _handle(self, event: tuple[Any, ...]) -> None:
         kind = event[0]
-        if kind == "barrier":
+        if kind == "boundary":
+            self._boundary = event[1]
+            for pending in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
+                if pending.waiting is None:  # triggered before the first boundary
+                    self._place(pending, event[1])
+        elif kind == "barrier":
             _, cid, batch, tasks = event
             pending = self.pending.get(cid)
             if pending is None:
@@ -258,21 +280,60 @@ class CheckpointCoordinator:
         last = self._last_trigger_ms if self._last_trigger_ms is not None else self._started_ms
         if now < last + c.interval_ms:
             return False
-        return self._last_end_ms is None or now >= self._last_end_ms + c.min_pause_ms
+        if self._last_end_ms is not None and now < self._last_end_ms + c.min_pause_ms:
+            return False
+        if self._pre_commit is None:
+            return True
+        # placed at boundaries: only when there is one, and a new one (or a commit to retry)
+        if self._boundary is None:
+            return False
+        covered = [p.barrier_batch for p in self.pending.values() if p.barrier_batch is not None]
+        if self.latest_barrier is not None:
+            covered.append(self.latest_barrier)
+        return self._notify_failed or self._boundary.batch > max(covered, default=-1)
 
     def _trigger(self, now: int) -> int:
         cid = self._next_id
         self._next_id += 1
         self._last_trigger_ms = now
-        self.pending[cid] = PendingCheckpoint(cid, now, timeout_ms=self.config.timeout_ms)
-        self.barriers.put(cid)
+        pending = self.pending[cid] = PendingCheckpoint(cid, now,
+                                                        timeout_ms=self.config.timeout_ms)
         log.info("Pipeline %s: triggered checkpoint %d", self.pipeline, cid)
+        if self._pre_commit is None:
+            self.barriers.put(cid)
+        elif self._boundary is not None:
+            self._place(pending, self._boundary)
         return cid
+
+    def _place(self, pending: PendingCheckpoint, boundary: Boundary) -> None:
+        """The barrier of ``pending`` at ``boundary``: take the acknowledgements fixed there,
+        then let every two-phase sink pre-commit what it staged up to the boundary's batch."""
+        assert self._pre_commit is not None
+        cid = pending.checkpoint_id
+        pending.place_barrier(boundary.batch, self.clock.now_ms(), boundary.tasks())
+        log.info("Pipeline %s checkpoint %d: barrier after batch %d", self.pipeline, cid,
+                 boundary.batch)
+        for ack in boundary.acks:
+            self._receive_ack(cid, ack)
+        if not boundary.sinks:
+            return
+        fault_point("checkpoint.barrier")
+        for task, result in self._pre_commit(cid, boundary.batch).items():
+            if cid not in self.pending:
+                return  # declined by an earlier sink
+            if isinstance(result, Exception):
+                self._abort(pending, CheckpointFailureReason.DECLINED, f"{task}: {result}")
+            else:
+                self._receive_ack(cid, result)
 
     # -- completion --------------------------------------------------------------------------
     def _complete(self, pending: PendingCheckpoint) -> None:
         cid = pending.checkpoint_id
         assert pending.barrier_batch is not None
+        if self.clock.now_ms() > pending.deadline_ms:  # acknowledged, but too late
+            self._abort(pending, CheckpointFailureReason.TIMEOUT,
+                        f"not complete after {self.config.timeout_ms} ms")
+            return
         body: dict[str, Any] = {
             "checkpoint_id": cid, "pipeline": self.pipeline, "pipeline_id": self.pipeline_id,
             "barrier_batch": pending.barrier_batch, "trigger_ms": pending.trigger_ms,
@@ -312,10 +373,12 @@ class CheckpointCoordinator:
         log.info("Completed checkpoint %d for pipeline %s after batch %d (%s state bytes, %s "
                  "incremental, in %d ms)", cid, self.pipeline, pending.barrier_batch,
                  stats["full_bytes"], stats["incremental_bytes"], stats["duration_ms"])
+        self._notify_failed = False
         for listener in self.listeners:
             try:
                 listener.notify_checkpoint_complete(cid)
             except Exception as exc:  # noqa: BLE001 - best effort; a later one subsumes it
+                self._notify_failed = True
                 log.warning("Pipeline %s checkpoint %d: listener %s failed on complete: %s",
                             self.pipeline, cid, type(listener).__name__, exc)
         self._finish(cid, "completed", stats)
@@ -362,6 +425,8 @@ class CheckpointCoordinator:
     def _update_oldest(self) -> None:
         oldest = self.store.checkpoints[0] if self.store.checkpoints else None
         self.oldest_barrier = oldest.barrier_batch if oldest is not None else -1
+        latest = self.store.latest
+        self.latest_barrier = latest.barrier_batch if latest is not None else None
 
     def _stop_pending(self) -> None:
         for pending in list(self.pending.values()):
@@ -388,6 +453,8 @@ class CheckpointCoordinator:
         live = self._live_files()
         pending = {f["path"] for p in self.pending.values() for a in p.acks.values()
                    for f in a.state.get("handle", {}).get("files", [])}
+        if self._boundary is not None:  # the next barrier may still go there
+            pending |= self._boundary.state_files()
         doomed = [f for f in self._dropped
                   if f not in live and f not in pending and not self.registry.referenced(f)]
         self._dropped.difference_update(doomed)

@@ -7,7 +7,7 @@ import dataclasses
 import enum
 from typing import Any
 
-__all__ = ["AckResult", "CheckpointFailureReason", "PendingCheckpoint", "TaskAck"]
+__all__ = ["AckResult", "Boundary", "CheckpointFailureReason", "PendingCheckpoint", "TaskAck"]
 
 
 class AckResult(enum.Enum):
@@ -26,7 +26,6 @@ class CheckpointFailureReason(enum.Enum):
     DECLINED = "a task declined the checkpoint"
     STORAGE = "writing the checkpoint metadata failed"
     PIPELINE_STOPPED = "the pipeline stopped before the checkpoint completed"
-    BARRIER_LOST = "the batch carrying the barrier failed or was never run"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +35,28 @@ class TaskAck:
     task: str
     state: dict[str, Any]
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Boundary:
+    """The end of a finished batch: a consistent cut a barrier can be placed at without waiting
+    for the batch that runs now (which is replayed from the sources after a restore, like the
+    in-flight data an unaligned Flink barrier overtakes).
+
+    ``acks`` were fixed when the batch ended: each source's position and each stateful task's
+    state handle (durable files, immutable). ``sinks`` name the two-phase sinks, which
+    pre-commit at the barrier itself every piece they staged up to ``batch``.
+    """
+
+    batch: int
+    acks: tuple[TaskAck, ...]
+    sinks: tuple[str, ...] = ()
+
+    def tasks(self) -> set[str]:
+        return {a.task for a in self.acks} | {f"sink:{name}" for name in self.sinks}
+
+    def state_files(self) -> set[str]:
+        return {f["path"] for a in self.acks for f in a.state.get("handle", {}).get("files", [])}
 
 
 class PendingCheckpoint:

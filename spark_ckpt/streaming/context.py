@@ -34,6 +34,7 @@ from spark_ckpt.checkpoint import (
     CheckpointCoordinator,
     CheckpointStorage,
     CompletedCheckpoint,
+    TaskAck,
 )
 from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import (
@@ -391,7 +392,8 @@ class StreamingContext:
             storage, completed=list(reversed(retained)), next_id=storage.highest_id() + 1,
             listeners=list(self.transactions.values()), on_failure=self._checkpoint_failed,
             on_stats=self._checkpoint_stats, delete_files=self._delete_state_files,
-            live_files=self._live_state_files, fence=self.check_fenced, clock=self.clock)
+            live_files=self._live_state_files, fence=self.check_fenced, clock=self.clock,
+            pre_commit=self._pre_commit_sinks)
         if chosen is not None:
             log.info("Pipeline %s: restored checkpoint %d (barrier after batch %d); replaying "
                      "%d batch(es)", self.name, chosen.checkpoint_id, chosen.barrier_batch,
@@ -459,6 +461,22 @@ class StreamingContext:
             except OSError as exc:
                 log.warning("Pipeline %s: could not delete state file %s: %s", self.name, path,
                             exc)
+
+    def _pre_commit_sinks(self, checkpoint_id: int, batch_id: int,
+                          ) -> dict[str, TaskAck | Exception]:
+        """At the barrier of ``checkpoint_id`` after ``batch_id`` (the coordinator's thread):
+        every two-phase sink's acknowledgement, or why it declined."""
+        out: dict[str, TaskAck | Exception] = {}
+        for name, txns in self.transactions.items():
+            t0 = time.perf_counter()
+            try:
+                state = txns.pre_commit(checkpoint_id, batch_id)
+            except Exception as exc:  # noqa: BLE001 - a declined checkpoint, not a crash
+                out[f"sink:{name}"] = exc
+                continue
+            out[f"sink:{name}"] = TaskAck(f"sink:{name}", state, {
+                "sync_ms": int((time.perf_counter() - t0) * 1000)})
+        return out
 
     def _live_state_files(self) -> set[str]:
         return {f for op in self.graph.stateful for f in op.live_files}

@@ -8,14 +8,13 @@ then, per output:
   then *commit* every output keyed by the batch id, then record the batch in ``commits/``;
   outputs a previous driver already committed for the batch are skipped;
 * with checkpointing: two-phase outputs *stage* the batch as a piece of their open transaction;
-  nothing is committed here. After the batch, every checkpoint the coordinator triggered
-  meanwhile gets its barrier *after this batch*: the scheduler names the tasks that must
-  acknowledge and acknowledges for them (source offsets, state handles, sinks' pre-committed
-  transactions). When idle it places waiting barriers after the last batch it ran.
+  nothing is committed here. After the batch the scheduler publishes its boundary to the
+  coordinator (source positions and state handles after the batch, all immutable); a checkpoint
+  triggered while the next batch runs places its barrier there at once.
 
-Threads: this thread owns the batch run, the stateful operators' live handles and the sinks'
-open pieces; it talks to the coordinator only through its ``barriers`` queue and posted
-acknowledgements. Progress goes to the listeners and the progress log.
+Threads: this thread owns the batch run and the stateful operators' live handles; it talks to
+the coordinator only by posting boundaries (and, for a final checkpoint, by waiting on a
+future). Progress goes to the listeners and the progress log.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.checkpoint.pending import TaskAck
+from spark_ckpt.checkpoint.pending import Boundary, TaskAck
 from spark_ckpt.errors import CheckpointError, CommitError
 from spark_ckpt.faults import fault_point
 from spark_ckpt.streaming.batch import BatchAllocation, BatchRun
@@ -41,7 +40,6 @@ log = logging.getLogger(__name__)
 
 _STOP = object()
 _FINISH = object()
-_IDLE_POLL_S = 0.05
 
 
 class JobScheduler:
@@ -57,10 +55,10 @@ class JobScheduler:
         self._stopping = threading.Event()
         restored = ctx.restored
         # the batch the next barrier goes after; -1: before the first batch (empty state)
-        self.last_batch: int | None = restored.barrier_batch if restored is not None else -1
-        self._checkpointed_batch = self.last_batch
+        self.last_batch: int = restored.barrier_batch if restored is not None else -1
 
     def start(self) -> None:
+        self._publish_boundary(self.last_batch)  # where a barrier goes before the first batch
         self.thread.start()
 
     def submit(self, allocation: BatchAllocation, recovered: bool = False) -> None:
@@ -78,19 +76,13 @@ class JobScheduler:
 
     def _loop(self) -> None:
         ctx = self.ctx
-        poll = _IDLE_POLL_S if ctx.coordinator is not None else None
         while True:
-            try:
-                item = self.queue.get(timeout=poll)
-            except queue.Empty:
-                self._place_barriers()
-                continue
+            item = self.queue.get()
             if item is _FINISH:
                 try:
                     self.final_checkpoint()
                 except BaseException as exc:  # noqa: BLE001 - handed to await_termination
-                    ctx._batch_failed(self.last_batch if self.last_batch is not None else -1,  # noqa: SLF001
-                                      exc)
+                    ctx._batch_failed(self.last_batch, exc)  # noqa: SLF001
                     return
                 ctx._finish(None)  # noqa: SLF001
                 return
@@ -111,65 +103,44 @@ class JobScheduler:
             finally:
                 if not recovered:
                     self.in_flight.release()
-            self._place_barriers()
 
     # -- checkpoints ---------------------------------------------------------------------
-    def _place_barriers(self) -> None:
-        coordinator = self.ctx.coordinator
-        if coordinator is None or self.last_batch is None:
-            return
-        while (cid := coordinator.take_barrier()) is not None:
-            self._snapshot(cid, self.last_batch)
-
-    def _snapshot(self, cid: int, batch_id: int) -> None:
-        """Barrier ``cid`` after ``batch_id``: name every task and acknowledge for it."""
+    def _publish_boundary(self, batch_id: int) -> None:
+        """The cut after ``batch_id`` (-1: before the first batch), for the coordinator."""
         ctx = self.ctx
         coordinator = ctx.coordinator
-        assert coordinator is not None
+        if coordinator is None:
+            return
         allocation = ctx.allocation(batch_id) if batch_id >= 0 else None
-        operators = [op for op in ctx.graph.stateful if op.live]
-        tasks = {f"source:{name}" for name in ctx.tracker.sources}
-        tasks |= {t for op in operators for t in op.task_ids()}
-        tasks |= {f"sink:{name}" for name in ctx.transactions}
-        coordinator.place_barrier(cid, batch_id, tasks)
+        acks = []
         for name in ctx.tracker.sources:
             piece = allocation.pieces.get(name) if allocation is not None else None
-            coordinator.acknowledge(cid, TaskAck(f"source:{name}", {"batch": batch_id,
-                                                                    "piece": piece}))
-        for op in operators:
+            acks.append(TaskAck(f"source:{name}", {"batch": batch_id, "piece": piece}))
+        for op in ctx.graph.stateful:
             for pid in sorted(op.live):
                 metrics = op.metrics.get(pid, {})
                 if metrics.get("batch") != batch_id:  # no input this batch: state unchanged
                     metrics = {"sync_ms": 0, "async_ms": 0, "alignment_ms": 0, "ran": False}
-                coordinator.acknowledge(cid, TaskAck(f"op:{op.operator}:{pid}",
-                                                     op.ack_state(pid), metrics))
-        for name, txns in ctx.transactions.items():
-            t0 = time.perf_counter()
-            try:
-                state = txns.pre_commit(cid)
-            except Exception as exc:  # noqa: BLE001 - a declined checkpoint, not a crash
-                coordinator.decline(cid, f"sink:{name}", str(exc))
-                continue
-            coordinator.acknowledge(cid, TaskAck(f"sink:{name}", state, {
-                "sync_ms": int((time.perf_counter() - t0) * 1000)}))
-        self._checkpointed_batch = batch_id
+                acks.append(TaskAck(f"op:{op.operator}:{pid}", op.ack_state(pid), metrics))
+        coordinator.publish_boundary(Boundary(batch_id, tuple(acks), tuple(ctx.transactions)))
 
     def final_checkpoint(self) -> None:
         """A checkpoint after the last batch, waited for (available-now end, graceful stop)."""
         ctx = self.ctx
         coordinator = ctx.coordinator
-        if coordinator is None or self.last_batch is None:
+        if coordinator is None:
             return
-        if self._checkpointed_batch == self.last_batch and \
+        if coordinator.latest_barrier == self.last_batch and \
                 not any(t.open or t.pending for t in ctx.transactions.values()):
             return  # nothing happened since the last checkpoint
         timeout = ctx.settings.checkpoint_timeout_ms / 1000
-        cid = coordinator.trigger_now().result(timeout=timeout)
-        self._place_barriers()
+        cid = coordinator.trigger_now().result(timeout=timeout)  # placed after self.last_batch
         outcome = coordinator.completion(cid).result(timeout=timeout + 5)
         if outcome != "completed":
             raise CheckpointError(f"pipeline {ctx.name}: final checkpoint {cid} {outcome}")
-        left = {name: sorted(t.pending) for name, t in ctx.transactions.items() if t.pending}
+        left = {name: [c for c in sorted(t.pending) if c <= cid]
+                for name, t in ctx.transactions.items()}
+        left = {name: ids for name, ids in left.items() if ids}
         if left:
             raise CommitError(
                 f"pipeline {ctx.name}: final checkpoint {cid} completed but outputs {left} did "
@@ -221,7 +192,7 @@ class JobScheduler:
                     continue
                 elif txns is not None and name in run.chained:  # staged by the state tasks
                     piece = run.chained[name]
-                    txns.staged(piece)
+                    txns.staged(b, piece)
                     outputs[name] = {"staged_files": len(piece["files"]) if piece else 0,
                                      "chained": True}
                     continue
@@ -238,7 +209,7 @@ class JobScheduler:
                                     f"spark_ckpt pipeline {ctx.name} batch {b} output {name}")
                 if txns is not None:
                     piece = txns.sink.write(df, b)
-                    txns.staged(piece)
+                    txns.staged(b, piece)
                     outputs[name] = {"staged_files": len(piece["files"]) if piece else 0}
                 else:
                     staged[name] = output.sink.stage(df, b)  # type: ignore[union-attr]
@@ -266,6 +237,7 @@ class JobScheduler:
             sc.setLocalProperty("spark.job.description", None)
             run.cleanup()
         self.last_batch = b
+        self._publish_boundary(b)
         total = time.perf_counter() - started
         durations["total"] = _ms(total)
         durations["allocation"] = ctx.allocation_ms.pop(b, 0)

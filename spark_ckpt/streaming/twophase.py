@@ -6,7 +6,9 @@ Implement :class:`TwoPhaseCommitSink` for your own system and pass it to
 
 * ``write(df, batch_id)`` stages one batch's output invisibly and returns a JSON-able *piece*;
 * ``pre_commit(checkpoint_id, pieces)`` makes the pieces since the previous barrier one durable,
-  committable *transaction* (JSON-able, stored in the checkpoint's metadata);
+  committable *transaction* (JSON-able, stored in the checkpoint's metadata). It runs on the
+  checkpoint coordinator's thread, possibly while ``write`` stages a later batch (the barrier
+  goes at the last finished batch; its pieces are the ones up to that batch);
 * ``commit(checkpoint_id, txn)`` makes it visible. It must be idempotent: it runs again after a
   crash between checkpoint completion and commit, and a completed checkpoint's notification
   commits every earlier transaction a lost notification left pending (subsumption);
@@ -108,34 +110,39 @@ def last_batch(txn: dict[str, Any]) -> int:
 class SinkTransactions(CheckpointListener):
     """A sink's open pieces and pending transactions, on the driver.
 
-    Threads: the scheduler's thread stages pieces and pre-commits at barriers; the coordinator's
-    thread commits on notification. ``_lock`` guards ``open`` and ``pending``; commits run
-    outside it, in checkpoint order, on the coordinator's thread only.
+    Threads: the scheduler's thread stages pieces; the coordinator's thread pre-commits at
+    barriers and commits on notification. ``_lock`` guards ``open`` (``(batch, piece)`` in
+    batch order) and ``pending``; pre-commits and commits run outside it, in checkpoint order,
+    on the coordinator's thread only.
     """
 
     def __init__(self, sink: TwoPhaseCommitSink, pipeline: str) -> None:
         self.sink = sink
         self.pipeline = pipeline
         self._lock = threading.Lock()
-        self.open: list[dict[str, Any]] = []
+        self.open: list[tuple[int, dict[str, Any]]] = []
         self.pending: dict[int, dict[str, Any]] = {}
         self.committed_through = 0
 
-    def staged(self, piece: dict[str, Any] | None) -> None:
+    def staged(self, batch_id: int, piece: dict[str, Any] | None) -> None:
         if piece is not None:
             with self._lock:
-                self.open.append(piece)
+                self.open.append((batch_id, piece))
 
-    def pre_commit(self, checkpoint_id: int) -> dict[str, Any]:
-        """At the barrier: the open pieces become checkpoint ``checkpoint_id``'s transaction.
-        Returns the acknowledgement state: every transaction not yet committed."""
+    def pre_commit(self, checkpoint_id: int, through_batch: int) -> dict[str, Any]:
+        """At the barrier after ``through_batch``: the pieces open up to that batch become
+        checkpoint ``checkpoint_id``'s transaction (later batches' pieces stay open). Returns
+        the acknowledgement state: every transaction not yet committed."""
         with self._lock:
-            pieces, self.open = self.open, []
+            taken = [p for p in self.open if p[0] <= through_batch]
+            self.open = [p for p in self.open if p[0] > through_batch]
+            if not taken:  # nothing staged since the last barrier: no transaction
+                return {"pending": [[cid, t] for cid, t in sorted(self.pending.items())]}
         try:
-            txn = self.sink.pre_commit(checkpoint_id, pieces)
+            txn = self.sink.pre_commit(checkpoint_id, [piece for _, piece in taken])
         except BaseException:
             with self._lock:  # declined: the pieces wait for the next barrier
-                self.open[:0] = pieces
+                self.open[:0] = taken
             raise
         with self._lock:
             self.pending[checkpoint_id] = txn

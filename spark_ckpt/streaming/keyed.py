@@ -214,8 +214,18 @@ class StatefulStream(Stream):
                 f"operator {self.operator}: key columns {missing} are not in its input; "
                 f"columns: {df.columns}"
             )
-        return df.withColumn(KG_COLUMN, key_group_column(self.keys, self.max_parallelism)) \
-            .withColumn(PID_COLUMN, partition_column(self.max_parallelism, self.parallelism))
+        return df.withColumns({
+            KG_COLUMN: key_group_column(self.keys, self.max_parallelism),
+            PID_COLUMN: partition_column(self.max_parallelism, self.parallelism)})
+
+    def _read_back_needed(self, run: BatchRun) -> bool:
+        """Whether any stream or output reads this batch's update stream from the files the
+        tasks wrote; not when every reader is a sink the tasks wrote themselves (chained)."""
+        for stream in self.ctx.graph.reachable():
+            if any(p is self for p in stream.parents) and \
+                    getattr(stream, "output_name", None) not in run.chained:
+                return True
+        return False
 
     def _params(self, run: BatchRun) -> dict[str, Any]:
         s = self.ctx.settings
@@ -274,6 +284,14 @@ class AggregatedStream(StatefulStream):
         super().__init__(keyed, name)
         self.aggs = dict(aggs)
         self.spec: AggSpec | None = None
+        self._empty: DataFrame | None = None  # the update stream's view with no rows
+        self._chain_schemas: dict[tuple[str, str], str] = {}  # (output, view schema) -> Arrow
+
+    def _empty_view(self) -> DataFrame:
+        if self._empty is None:
+            assert self.spec is not None
+            self._empty = self.spec.view(self.ctx.spark.createDataFrame([], self.file_schema()))
+        return self._empty
 
     def _spec(self, df: DataFrame) -> AggSpec:
         if self.spec is None:
@@ -308,13 +326,13 @@ class AggregatedStream(StatefulStream):
         if _FileSink.provably_empty(df):
             run.stats.state[self.operator] = {"tasks_run": 0, "input_rows": 0,
                                               "changed_keys": 0}
-            return spec.view(spark.createDataFrame([], schema))
+            return self._empty_view()
         group = [PID_COLUMN, KG_COLUMN, *self.keys]
         if CHANNEL_COLUMN in df.columns:
             group.append(CHANNEL_COLUMN)
         partials = df.repartitionById(self.parallelism, PID_COLUMN).groupBy(*group) \
             .agg(*spec.partial_columns())
-        chained = self._chain(run, spec.view(spark.createDataFrame([], schema)))
+        chained = self._chain(run, self._empty_view())
         params = self._params(run) | {
             "file_schema": to_arrow(schema).serialize().to_pybytes().hex(),
             "columns": [[n, k] for n, k, _t in spec.state_columns()],
@@ -327,8 +345,8 @@ class AggregatedStream(StatefulStream):
             sink = self.ctx.transactions[name].sink
             run.chained[name] = sink.chained_piece(run.batch_id, directory, files)
         files = [m["changelog"]["path"] for m in metas if m.get("changelog")]
-        if not files:
-            return spec.view(spark.createDataFrame([], schema))
+        if not files or not self._read_back_needed(run):
+            return self._empty_view()  # no changes, or only chained sinks read them
         return spec.view(spark.read.schema(schema).parquet(*files).select(
             *[F.col(f.name) for f in schema.fields]))
 
@@ -347,8 +365,12 @@ class AggregatedStream(StatefulStream):
             directory = txns.sink.chain_target(run.batch_id)
             if directory is None:
                 continue
-            txns.sink.prepare(view)
-            schema = arrow_schema_for(view.schema).serialize().to_pybytes().hex()
+            key = (name, view.schema.json())
+            if key not in self._chain_schemas:  # checked once per schema, as a batch would be
+                txns.sink.prepare(view)
+                self._chain_schemas[key] = \
+                    arrow_schema_for(view.schema).serialize().to_pybytes().hex()
+            schema = self._chain_schemas[key]
             chained[name] = (txns.sink.store.spark_path(directory), schema)  # type: ignore[attr-defined]
         return chained
 

@@ -277,6 +277,22 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         minimum=1,
     ),
     _opt(
+        "spark.ckpt.state.smallBatchBytes",
+        "int",
+        1048576,
+        "Keyed aggregation: a batch whose input Spark estimates at most this many bytes, on a "
+        "state of at most smallBatchMaxStateRows keys, runs in one Spark stage and one task "
+        "that updates every key-group range in turn (no shuffle); 0: always one task per range.",
+        minimum=0,
+    ),
+    _opt(
+        "spark.ckpt.state.smallBatchMaxStateRows",
+        "int",
+        100000,
+        "The most keys a keyed aggregation may hold for a small batch to run in one task.",
+        minimum=0,
+    ),
+    _opt(
         "spark.ckpt.state.localSpill",
         "bool",
         True,
@@ -333,6 +349,8 @@ class Settings:
     state_max_parallelism: int = 128
     state_memory_max_rows: int = 10000000
     state_materialize_every: int = 10
+    state_small_batch_bytes: int = 1048576
+    state_small_batch_max_state_rows: int = 100000
     state_local_spill: bool = True
     state_local_dir: str = ""
     progress: str = "auto"

@@ -64,8 +64,14 @@ def assert_exactly_once(spark, tmp_path, total: int) -> None:
 def test_exactly_once_across_twenty_sigkills_at_random_moments(spark, tmp_path):
     rng = random.Random(20261121)
     kills = 0
-    for _ in range(24):
-        proc = subprocess.Popen(command(tmp_path, LONG), env=child_env(), stdout=subprocess.PIPE,
+    # every other driver runs each batch with one task per key-group range (not the one-task
+    # path of small batches): both paths, and a switch between them at every restart
+    spread = tmp_path / "spread-defaults.conf"
+    spread.write_text((ROOT / "spark-defaults.conf").read_text() +
+                      "\nspark.ckpt.state.smallBatchBytes 0\n")
+    for attempt in range(24):
+        env = child_env(**({"SPARK_CKPT_DEFAULTS": str(spread)} if attempt % 2 else {}))
+        proc = subprocess.Popen(command(tmp_path, LONG), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True, start_new_session=True,
                                 cwd=ROOT)
         assert proc.stdout is not None

@@ -72,10 +72,13 @@ def agg_pipeline(spark, tmp_path, *, total: int, name: str = "agg", ckpt: str = 
     return ctx, agg
 
 
-def test_keyed_aggregates_equal_plain_spark_in_every_view(spark, tmp_path):
-    ctx, agg = agg_pipeline(spark, tmp_path, total=2000, full=True)
+@pytest.mark.parametrize("small_batch_bytes", [1 << 20, 0], ids=["one-task", "task-per-range"])
+def test_keyed_aggregates_equal_plain_spark_in_every_view(spark, tmp_path, small_batch_bytes):
+    ctx, agg = agg_pipeline(spark, tmp_path, total=2000, full=True,
+                            state_small_batch_bytes=small_batch_bytes)
     progress = ctx.process_available(timeout=300)
     assert [p["num_input_rows"] for p in progress] == [400] * 5
+    assert {p["state"]["totals"]["single_task"] for p in progress} == {small_batch_bytes > 0}
     want = expected_aggs(generated(spark, 0, 2000, 97))
     same(DeltaTable(str(tmp_path / "totals")).to_pandas(), want)
     same(agg.state_view().toPandas(), want)

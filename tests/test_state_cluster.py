@@ -28,7 +28,7 @@ from spark_ckpt import Settings, StreamingContext
 from spark_ckpt.state import count, sum_
 ctx = StreamingContext(spark, 0.1, sys.argv[1], "cluster", settings=Settings(
     progress="never", checkpoint_interval_ms=1, state_parallelism=4,
-    state_local_spill=False))
+    state_local_spill=False, state_small_batch_bytes=0))  # one task per range, to move
 gen = ctx.generator_stream("gen", rows_per_batch=500, total_rows=6000, keys=200, partitions=4)
 agg = gen.key_by("key").agg(name="totals", n=count(), total=sum_("value"))
 agg.write_delta(sys.argv[2], name="totals", merge_keys=["key"])

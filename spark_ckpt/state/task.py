@@ -1,4 +1,5 @@
-"""The stateful task: runs in a Python worker, one per key-group range and batch.
+"""The stateful task: runs in a Python worker, one per key-group range and batch (a small
+batch of a keyed aggregation: one task updates every range in turn, see ``single_task``).
 
 For its range the task (1) takes the state from the worker's cache when the cached version
 token is the one the driver expects, or else rebuilds it from the durable chain; (2) applies the
@@ -30,7 +31,7 @@ import pyarrow.compute as pc
 
 from spark_ckpt.state.aggregates import from_internal, to_internal
 from spark_ckpt.state.chain import StateFile, StateHandle
-from spark_ckpt.state.keygroups import KG_COLUMN, KeyGroupRange
+from spark_ckpt.state.keygroups import KG_COLUMN, PID_COLUMN, KeyGroupRange
 
 __all__ = ["CHANNEL_COLUMN", "MARKER_COLUMN", "META_SCHEMA", "agg_task", "processor_task"]
 
@@ -126,11 +127,12 @@ def _consume(batches: Iterator[pa.RecordBatch]) -> tuple[pa.Table | None, int, i
 class _Run:
     """Shared bookkeeping of one task attempt."""
 
-    def __init__(self, params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> None:
+    def __init__(self, params: dict[str, Any], plans: dict[int, dict[str, Any]],
+                 pid: int | None = None) -> None:
         from pyspark import TaskContext
 
         self.params = params
-        self.pid = TaskContext.get().partitionId()
+        self.pid = TaskContext.get().partitionId() if pid is None else pid
         self.plan = plans[self.pid]
         self.range = KeyGroupRange.parse(self.plan["range"])
         self.chain = [StateFile.from_json(f) for f in self.plan["files"]]
@@ -257,7 +259,8 @@ class _Run:
             state.close()
             _CACHE.pop(self.key, None)
         elif getattr(state, "load", None) is not None and state.token and \
-                self.params.get("local_spill", True):
+                self.params.get("local_spill", True) and \
+                not os.path.exists(self.spill_path(state.token)):  # unchanged: spilled already
             t1 = time.perf_counter()
             self.spill(state)
             self.metrics["spill_ms"] = int((time.perf_counter() - t1) * 1000)
@@ -285,10 +288,21 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
     key_types = [to_internal(pa.nulls(0, file_schema.field(k).type)).type for k in key_names]
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        table, align, channels = _consume(batches)
+        if not params.get("single_task"):
+            yield from one_range(None, table, align, channels)
+            return
+        # a small batch in one task: every range in turn, as its own task would
+        for pid in sorted(plans):
+            part = None if table is None else \
+                table.filter(pc.equal(table.column(PID_COLUMN), pa.scalar(pid, pa.int32())))
+            yield from one_range(int(pid), part, align, channels)
+
+    def one_range(pid: int | None, table: pa.Table | None, align: int,
+                  channels: int) -> Iterator[pa.RecordBatch]:
         from spark_ckpt.state.backends import MemoryAggState, RocksAggState
 
-        task = _Run(params, plans)
-        table, align, channels = _consume(batches)
+        task = _Run(params, plans, pid)
         task.check_input(table)
 
         def memory() -> MemoryAggState:

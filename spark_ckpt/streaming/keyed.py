@@ -330,16 +330,20 @@ class AggregatedStream(StatefulStream):
         group = [PID_COLUMN, KG_COLUMN, *self.keys]
         if CHANNEL_COLUMN in df.columns:
             group.append(CHANNEL_COLUMN)
-        partials = df.repartitionById(self.parallelism, PID_COLUMN).groupBy(*group) \
-            .agg(*spec.partial_columns())
+        single = self._small(df)
+        # small: one stage, one task updating every range in turn; else one task per range
+        spread = df.coalesce(1) if single else df.repartitionById(self.parallelism, PID_COLUMN)
+        partials = spread.groupBy(*group).agg(*spec.partial_columns())
         chained = self._chain(run, self._empty_view())
         params = self._params(run) | {
             "file_schema": to_arrow(schema).serialize().to_pybytes().hex(),
             "columns": [[n, k] for n, k, _t in spec.state_columns()],
             "view": [[o.name, o.agg.func] for o in spec.outputs],
             "sinks": [{"name": n, "dir": d, "schema": h} for n, (d, h) in chained.items()],
+            "single_task": single,
         }
         metas = self._run_job(run, partials, agg_task(params, self._plans()), partitioned=True)
+        run.stats.state[self.operator]["single_task"] = single
         for name, (directory, _h) in chained.items():
             files = [f for m in metas for f in (m.get("sinks") or {}).get(name, [])]
             sink = self.ctx.transactions[name].sink
@@ -349,6 +353,17 @@ class AggregatedStream(StatefulStream):
             return self._empty_view()  # no changes, or only chained sinks read them
         return spec.view(spark.read.schema(schema).parquet(*files).select(
             *[F.col(f.name) for f in schema.fields]))
+
+    def _small(self, df: DataFrame) -> bool:
+        """A batch small enough for one task: Spark's size estimate of the input (as for a
+        broadcast join) and the state both small, and more than one range to save a shuffle
+        for."""
+        s = self.ctx.settings
+        if s.state_small_batch_bytes <= 0 or self.parallelism < 2 or \
+                sum(h.rows for h in self.live.values()) > s.state_small_batch_max_state_rows:
+            return False
+        size = df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()  # noqa: SLF001
+        return int(str(size)) <= s.state_small_batch_bytes  # a Scala BigInt: any size
 
     def _chain(self, run: BatchRun, view: DataFrame) -> dict[str, tuple[str, str]]:
         """Two-phase outputs reading this stream directly, whose files the tasks can write:

@@ -133,9 +133,12 @@ class JobScheduler:
         if coordinator.latest_barrier == self.last_batch and \
                 not any(t.open or t.pending for t in ctx.transactions.values()):
             return  # nothing happened since the last checkpoint
-        timeout = ctx.settings.checkpoint_timeout_ms / 1000
-        cid = coordinator.trigger_now().result(timeout=timeout)  # placed after self.last_batch
-        outcome = coordinator.completion(cid).result(timeout=timeout + 5)
+        # The coordinator aborts a checkpoint past its timeout and so resolves the future; the
+        # bound here only guards against a coordinator that is stuck (a sink's commit of an
+        # earlier checkpoint can hold its thread longer than one checkpoint's timeout).
+        bound = 2 * ctx.settings.checkpoint_timeout_ms / 1000 + 600
+        cid = coordinator.trigger_now().result(timeout=bound)  # placed after self.last_batch
+        outcome = coordinator.completion(cid).result(timeout=bound)
         if outcome != "completed":
             raise CheckpointError(f"pipeline {ctx.name}: final checkpoint {cid} {outcome}")
         left = {name: [c for c in sorted(t.pending) if c <= cid]

@@ -128,6 +128,7 @@ class StatefulStream(Stream):
         self.live_files: frozenset[str] = frozenset()
         self.extra: dict[str, Any] = {}
         self.restored_describe: dict[str, Any] = {}
+        self._routing: dict[str, Any] | None = None  # _kg and _pid columns
         keyed.ctx.graph.add_stateful(self)
 
     # -- lifecycle (StreamingContext.start, before any thread runs) -------------------------
@@ -136,6 +137,7 @@ class StatefulStream(Stream):
         default_p = settings.state_parallelism or self.ctx.spark.sparkContext.defaultParallelism
         self.parallelism = self.requested_parallelism or default_p
         self.max_parallelism = self.requested_max or settings.state_max_parallelism
+        self._routing = None
         layout = ranges(self.parallelism, self.max_parallelism)
         self.live = {i: StateHandle.empty(r) for i, r in enumerate(layout)}
         self.restore_from = None
@@ -214,9 +216,11 @@ class StatefulStream(Stream):
                 f"operator {self.operator}: key columns {missing} are not in its input; "
                 f"columns: {df.columns}"
             )
-        return df.withColumns({
-            KG_COLUMN: key_group_column(self.keys, self.max_parallelism),
-            PID_COLUMN: partition_column(self.max_parallelism, self.parallelism)})
+        if self._routing is None:  # the same expressions every batch: built once
+            self._routing = {
+                KG_COLUMN: key_group_column(self.keys, self.max_parallelism),
+                PID_COLUMN: partition_column(self.max_parallelism, self.parallelism)}
+        return df.withColumns(self._routing)
 
     def _read_back_needed(self, run: BatchRun) -> bool:
         """Whether any stream or output reads this batch's update stream from the files the
@@ -286,6 +290,7 @@ class AggregatedStream(StatefulStream):
         self.spec: AggSpec | None = None
         self._empty: DataFrame | None = None  # the update stream's view with no rows
         self._chain_schemas: dict[tuple[str, str], str] = {}  # (output, view schema) -> Arrow
+        self._partials: list[Any] | None = None  # the partial aggregate columns
 
     def _empty_view(self) -> DataFrame:
         if self._empty is None:
@@ -333,7 +338,9 @@ class AggregatedStream(StatefulStream):
         single = self._small(df)
         # small: one stage, one task updating every range in turn; else one task per range
         spread = df.coalesce(1) if single else df.repartitionById(self.parallelism, PID_COLUMN)
-        partials = spread.groupBy(*group).agg(*spec.partial_columns())
+        if self._partials is None:
+            self._partials = spec.partial_columns()
+        partials = spread.groupBy(*group).agg(*self._partials)
         chained = self._chain(run, self._empty_view())
         params = self._params(run) | {
             "file_schema": to_arrow(schema).serialize().to_pybytes().hex(),

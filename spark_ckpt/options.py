@@ -173,7 +173,8 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "int",
         10000,
         "Time between checkpoint triggers, independent of the batch interval; the barrier "
-        "goes after the batch running then. 0: only a final checkpoint on stop.",
+        "goes at once after the last finished batch (none is waited for). 0: only a final "
+        "checkpoint on stop.",
         minimum=0,
     ),
     _opt(

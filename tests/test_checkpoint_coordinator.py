@@ -265,3 +265,199 @@ def test_trigger_now_ignores_the_interval(harness):
     future = harness.coordinator.trigger_now()
     cid = future.result(timeout=10)
     assert harness.barrier() == cid
+
+
+# -- barriers placed at published batch boundaries (the micro-batch runtime's mode) -----------
+
+class BoundaryHarness:
+    """The coordinator as the JobScheduler drives it: boundaries published after batches, one
+    two-phase sink pre-committed by the coordinator itself (see make_boundary_harness)."""
+
+    def pre_commit(self, cid: int, batch: int) -> dict:
+        self.pre_commits.append((cid, batch))
+        if self.decline:
+            return {"sink:out": OSError("staged file missing")}
+        return {"sink:out": TaskAck("sink:out", {"pending": [[cid, {"batch": batch}]]})}
+
+    def boundary(self, batch: int, files: list[str]) -> None:
+        from spark_ckpt.checkpoint import Boundary
+
+        acks = [TaskAck("source:s", {"batch": batch})]
+        for pid, f in enumerate(files):
+            handle = {"range": f"kg{pid:05d}-{pid + 1:05d}", "token": f"t{batch}",
+                      "files": [{"path": f, "kind": "changelog", "batch": batch, "rows": 1,
+                                 "bytes": 10, "range": "x"}]}
+            acks.append(TaskAck(f"op:agg:{pid}", {"handle": handle}, {"sync_ms": 1}))
+        self.coordinator.publish_boundary(Boundary(batch, tuple(acks), ("out",)))
+
+    def stop(self) -> None:
+        self.coordinator.stop()
+
+
+@pytest.fixture
+def boundaries(tmp_path):
+    h = make_boundary_harness(tmp_path)
+    yield h
+    h.stop()
+
+
+def make_boundary_harness(tmp_path, **kw) -> BoundaryHarness:
+    h = BoundaryHarness()
+    h.pre_commits = []
+    h.decline = kw.pop("decline", False)
+    fence = kw.pop("fence", None)
+    h.clock = ManualClock()
+    h.storage = CheckpointStorage(str(tmp_path / "checkpoints"))
+    h.listener = Recorder()
+    h.failures, h.deleted, h.live, h.stats = [], [], set(), []
+    h.coordinator = CheckpointCoordinator(
+        "p", "pid", CheckpointConfig(**{"interval_ms": 1000, **kw}), h.storage,
+        completed=[], next_id=1, listeners=[h.listener], on_failure=h.failures.append,
+        on_stats=h.stats.append, delete_files=h.deleted.extend,
+        live_files=lambda: set(h.live), fence=fence or (lambda: None), clock=h.clock,
+        pre_commit=lambda cid, batch: h.pre_commit(cid, batch))
+    h.coordinator.start()
+    return h
+
+
+def test_a_barrier_goes_at_once_at_the_latest_boundary(boundaries):
+    h = boundaries
+    h.boundary(2, ["/s/a2", "/s/b2"])
+    h.boundary(3, ["/s/a3", "/s/b3"])
+    h.clock.advance(1000)
+    assert h.listener.wait_for(1) == [("complete", 1)]  # nobody acknowledged by hand
+    meta = h.storage.read_metadata(1, "pid")
+    assert meta["barrier_batch"] == 3
+    assert meta["sources"]["s"] == {"batch": 3}
+    assert meta["sinks"]["out"] == {"pending": [[1, {"batch": 3}]]}
+    assert [f["path"] for f in meta["operators"]["agg"]["handles"]["0"]["files"]] == ["/s/a3"]
+    assert h.pre_commits == [(1, 3)]
+    assert h.coordinator.latest_barrier == 3
+    assert h.coordinator.take_barrier() is None  # no external placer is asked
+
+
+def test_no_trigger_without_a_new_boundary_and_a_failed_commit_is_retried(boundaries):
+    h = boundaries
+    h.clock.advance(5000)  # no boundary yet: nothing to cut
+    h.boundary(0, ["/s/a0", "/s/b0"])
+    assert h.coordinator.completion(1).result(timeout=10) == "completed"
+    h.clock.advance(5000)  # no batch ended since: no checkpoint 2
+    assert h.listener.events == [("complete", 1)] and h.stats[-1]["checkpoint_id"] == 1
+    h.boundary(1, ["/s/a1", "/s/b1"])
+    h.clock.advance(1000)
+    assert h.coordinator.completion(2).result(timeout=10) == "completed"
+
+    class Broken(CheckpointListener):
+        def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+            if checkpoint_id == 3:
+                raise RuntimeError("sink down")
+
+    h.coordinator.listeners.insert(0, Broken())
+    h.boundary(2, ["/s/a2", "/s/b2"])
+    h.clock.advance(1000)
+    assert h.coordinator.completion(3).result(timeout=10) == "completed"
+    h.clock.advance(1000)  # same boundary, but checkpoint 3's commit failed: retried
+    assert h.coordinator.completion(4).result(timeout=10) == "completed"
+    assert h.pre_commits[-1] == (4, 2)
+    h.clock.advance(1000)
+    assert h.stats[-1]["checkpoint_id"] == 4  # the retry succeeded: quiet again
+
+
+def test_the_latest_boundary_keeps_its_files_from_the_sweep(tmp_path):
+    h = make_boundary_harness(tmp_path, retained=1, interval_ms=0)
+    try:
+        h.boundary(0, ["/s/a0", "/s/b0"])
+        # batch 1 runs: its tasks write new files and let go of batch 0's (and an older one)
+        # before batch 1 ends; no checkpoint references batch 0's files yet
+        h.coordinator.release_files({"/s/a0", "/s/b0", "/s/old"})
+        cid = h.coordinator.trigger_now().result(timeout=10)  # events are handled in order
+        assert h.coordinator.completion(cid).result(timeout=10) == "completed"
+        assert h.deleted == ["/s/old"]  # the latest boundary's files survived the sweep
+        files = {f["path"] for hd in h.storage.read_metadata(cid, "pid")["operators"]["agg"]
+                 ["handles"].values() for f in hd["files"]}
+        assert files == {"/s/a0", "/s/b0"}
+        h.boundary(1, ["/s/a1", "/s/b1"])
+        cid = h.coordinator.trigger_now().result(timeout=10)
+        assert h.coordinator.completion(cid).result(timeout=10) == "completed"
+        assert sorted(h.deleted) == ["/s/a0", "/s/b0", "/s/old"]  # checkpoint 1 subsumed
+    finally:
+        h.stop()
+
+
+def test_a_declining_sink_aborts_and_the_next_boundary_completes(tmp_path):
+    h = make_boundary_harness(tmp_path, decline=True, tolerable_failures=5)
+    try:
+        h.boundary(0, ["/s/a", "/s/b"])
+        h.clock.advance(1000)
+        outcome = h.coordinator.completion(1).result(timeout=10)
+        assert outcome.startswith("aborted: a task declined") and "staged file missing" in outcome
+        h.decline = False
+        h.clock.advance(1000)  # the aborted checkpoint's boundary is still uncovered
+        assert h.coordinator.completion(2).result(timeout=10) == "completed"
+        assert h.storage.read_metadata(2, "pid")["barrier_batch"] == 0
+    finally:
+        h.stop()
+
+
+def test_a_forced_checkpoint_whose_coordinator_fails_answers_at_once(tmp_path):
+    from spark_ckpt.errors import JobFencedError
+
+    def fenced() -> None:
+        raise JobFencedError("a newer driver owns the checkpoint directory")
+
+    h = make_boundary_harness(tmp_path, fence=fenced, interval_ms=0)
+    try:
+        h.boundary(0, ["/s/a", "/s/b"])
+        with pytest.raises(JobFencedError):
+            h.coordinator.trigger_now().result(timeout=10)
+        h.coordinator.thread.join(timeout=10)
+        assert len(h.failures) == 1 and isinstance(h.failures[0], JobFencedError)
+        # the loop has ended: later requests are answered, never left waiting
+        with pytest.raises(CheckpointError):
+            h.coordinator.trigger_now().result(timeout=10)
+        assert h.coordinator.completion(1).result(timeout=10) == "unknown"
+    finally:
+        h.stop()
+
+
+def test_a_forced_checkpoint_is_not_expired_by_a_slow_pre_commit(tmp_path, monkeypatch):
+    h = make_boundary_harness(tmp_path, interval_ms=0, timeout_ms=500)
+    try:
+        h.boundary(0, ["/s/a", "/s/b"])
+        slow = h.pre_commit
+
+        def pre_commit(cid: int, batch: int) -> dict:
+            h.clock.advance(2000)  # the sinks' pre-commit outlasts the timeout
+            return slow(cid, batch)
+
+        h.pre_commit = pre_commit
+        cid = h.coordinator.trigger_now().result(timeout=10)
+        assert h.coordinator.completion(cid).result(timeout=10) == "completed"
+    finally:
+        h.stop()
+
+
+def test_sink_transactions_pre_commit_only_the_batches_up_to_the_barrier():
+    from spark_ckpt.streaming.twophase import SinkTransactions, TwoPhaseCommitSink
+
+    class Recording(TwoPhaseCommitSink):
+        def __init__(self) -> None:
+            super().__init__("out")
+            self.committed: list[tuple[int, list[int]]] = []
+
+        def commit(self, checkpoint_id: int, txn: dict) -> None:
+            self.committed.append((checkpoint_id, [p["batch"] for p in txn["pieces"]]))
+
+    sink = Recording()
+    txns = SinkTransactions(sink, "p")
+    for batch in (3, 4, 5):
+        txns.staged(batch, {"batch": batch})
+    state = txns.pre_commit(7, 4)  # barrier after batch 4; batch 5 is still running
+    assert state == {"pending": [[7, {"pieces": [{"batch": 3}, {"batch": 4}]}]]}
+    assert txns.open == [(5, {"batch": 5})]
+    assert txns.pre_commit(8, 4) == state  # nothing new up to batch 4: no new transaction
+    txns.notify_checkpoint_complete(8)  # subsumes 7
+    assert sink.committed == [(7, [3, 4])] and not txns.pending
+    txns.pre_commit(9, 5)
+    txns.notify_checkpoint_complete(9)
+    assert sink.committed[-1] == (9, [5])

@@ -8,6 +8,7 @@ equals an uninterrupted run's.
 
 from __future__ import annotations
 
+import json
 import random
 import select
 import subprocess
@@ -106,6 +107,12 @@ def test_exactly_once_across_twenty_sigkills_at_random_moments(spark, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert kills >= 20, f"only {kills} kills landed before the job finished"
     assert_exactly_once(spark, tmp_path, LONG)
+    # both task paths of the aggregation ran (one task for a small batch, one per range)
+    progress = [json.loads(line) for line in
+                (tmp_path / "ckpt" / "progress" / "progress.jsonl").read_text().splitlines()]
+    paths = {p["state"]["totals"].get("single_task") for p in progress
+             if p["state"].get("totals", {}).get("tasks_run")}
+    assert paths == {True, False}, paths
 
 
 @pytest.mark.parametrize("fault", [

@@ -399,11 +399,16 @@ def test_a_checkpoint_goes_at_the_last_finished_batch_without_waiting_for_the_ru
             yield pdf
 
     batch1_started = threading.Event()
+    batch1_done = threading.Event()
 
     class Events(StreamingListener):
         def on_batch_started(self, info):
             if info["batch_id"] == 1:
                 batch1_started.set()
+
+        def on_batch_completed(self, progress):
+            if progress["batch_id"] == 1:
+                batch1_done.set()
 
     ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "nowait",
                            settings=settings(checkpoint_interval_ms=3_600_000))
@@ -417,7 +422,7 @@ def test_a_checkpoint_goes_at_the_last_finished_batch_without_waiting_for_the_ru
         assert batch1_started.wait(120)
         cid = ctx.coordinator.trigger_now().result(timeout=60)
         assert ctx.coordinator.completion(cid).result(timeout=60) == "completed"
-        assert not gate.exists()  # batch 1 is still held: nothing waited for it
+        assert not batch1_done.is_set()  # batch 1 is still held: nothing waited for it
         stats = next(c for c in ctx.recent_checkpoints if c["checkpoint_id"] == cid)
         assert stats["barrier_batch"] == 0
         meta = ctx.checkpoint_storage.read_metadata(cid)
@@ -430,3 +435,30 @@ def test_a_checkpoint_goes_at_the_last_finished_batch_without_waiting_for_the_ru
     assert ctx.await_termination(300)
     same(DeltaTable(str(tmp_path / "out")).to_pandas(),
          generated(spark, 0, 300, 5).groupBy("key").agg(F.count("*").alias("n")).toPandas())
+
+
+def test_the_update_stream_read_by_a_transform_and_foreach_batch_has_every_change(spark,
+                                                                                  tmp_path):
+    """Sinks the state tasks write themselves (chained) and readers of the update stream that
+    Spark computes (a transform, foreach_batch) see the same rows."""
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "readers", settings=settings())
+    gen = ctx.generator_stream("gen", rows_per_batch=400, total_rows=1200, keys=97)
+    agg = gen.key_by("key").agg(name="totals", n=count(), total=sum_("value"))
+    agg.write_parquet(str(tmp_path / "chained"), name="chained")
+    agg.transform(lambda df: df.where("n >= 1"), name="kept").write_parquet(
+        str(tmp_path / "kept"), name="kept")
+    agg.foreach_batch(lambda df, b: df.write.mode("overwrite").parquet(
+        str(tmp_path / "each" / str(b))), name="each")
+    progress = ctx.process_available(timeout=300)
+    assert [p["outputs"]["chained"].get("chained") for p in progress] == [True] * 3
+    changed = sum(p["state"]["totals"]["changed_keys"] for p in progress)
+    assert changed == 3 * 97
+    chained = spark.read.parquet(str(tmp_path / "chained")).toPandas()
+    kept = spark.read.parquet(str(tmp_path / "kept")).toPandas()
+    each = spark.read.parquet(*[str(tmp_path / "each" / str(b)) for b in range(3)]).toPandas()
+    order = ["key", "n"]
+    for got in (kept, each):
+        assert len(got) == changed
+        pd.testing.assert_frame_equal(
+            got[chained.columns].sort_values(order).reset_index(drop=True),
+            chained.sort_values(order).reset_index(drop=True), check_dtype=False)

@@ -125,6 +125,8 @@ class CheckpointCoordinator:
         # -- shared, thread-safe ------------------------------------------------------------
         self.barriers: queue.Queue[int] = queue.Queue()
         self._events: queue.Queue[Any] = queue.Queue()
+        self._post_lock = threading.Lock()
+        self._closed = False  # the loop ended: posted futures are answered at once
         self._started_ms = self.clock.now_ms()
         self.thread = threading.Thread(target=self._loop, daemon=True,
                                        name=f"spark-ckpt-checkpoint-coordinator-{pipeline}")
@@ -139,6 +141,14 @@ class CheckpointCoordinator:
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join()
 
+    def _post(self, event: Any) -> None:
+        """Queue ``event`` for the loop; once the loop has ended, answer its futures at once."""
+        with self._post_lock:
+            if not self._closed:
+                self._events.put(event)
+                return
+        _answer_closed(event)
+
     def take_barrier(self) -> int | None:
         try:
             return self.barriers.get_nowait()
@@ -147,36 +157,48 @@ class CheckpointCoordinator:
 
     def publish_boundary(self, boundary: Boundary) -> None:
         """A batch ended (or the pipeline started): later barriers go at ``boundary``."""
-        self._events.put(("boundary", boundary))
+        self._post(("boundary", boundary))
 
     def place_barrier(self, checkpoint_id: int, batch_id: int, tasks: set[str]) -> None:
-        self._events.put(("barrier", checkpoint_id, batch_id, frozenset(tasks)))
+        self._post(("barrier", checkpoint_id, batch_id, frozenset(tasks)))
 
     def acknowledge(self, checkpoint_id: int, ack: TaskAck) -> None:
-        self._events.put(("ack", checkpoint_id, ack))
+        self._post(("ack", checkpoint_id, ack))
 
     def release_files(self, files: frozenset[str] | set[str]) -> None:
         """State files a running task no longer holds: deleted once no retained or pending
         checkpoint references them."""
-        self._events.put(("release", frozenset(files)))
+        self._post(("release", frozenset(files)))
 
     def decline(self, checkpoint_id: int, task: str, reason: str) -> None:
-        self._events.put(("decline", checkpoint_id, task, reason))
+        self._post(("decline", checkpoint_id, task, reason))
 
     def trigger_now(self) -> concurrent.futures.Future[int]:
         """Trigger a checkpoint at once (a final checkpoint on stop); the future gives its id."""
         future: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._events.put(("force", future))
+        self._post(("force", future))
         return future
 
     def completion(self, checkpoint_id: int) -> concurrent.futures.Future[str]:
         """A future that gives "completed" or the abort reason of ``checkpoint_id``."""
         future: concurrent.futures.Future[str] = concurrent.futures.Future()
-        self._events.put(("wait", checkpoint_id, future))
+        self._post(("wait", checkpoint_id, future))
         return future
 
     # -- the loop --------------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._run_loop()
+        finally:
+            with self._post_lock:
+                self._closed = True
+            while True:  # events posted before the close: answer their futures
+                try:
+                    _answer_closed(self._events.get_nowait())
+                except queue.Empty:
+                    break
+
+    def _run_loop(self) -> None:
         while True:
             try:
                 event = self._events.get(timeout=self._wait_s())
@@ -269,9 +291,14 @@ class CheckpointCoordinator:
                             f"not complete after {self.config.timeout_ms} ms")
         while self._forced:
             future = self._forced.pop(0)
-            future.set_result(self._trigger(now))
-        if self._due(now):
-            self._trigger(now)
+            try:
+                cid = self._trigger(self.clock.now_ms(), forced=True)
+            except BaseException as exc:
+                future.set_exception(exc)
+                raise
+            future.set_result(cid)
+        if self._due(self.clock.now_ms()):
+            self._trigger(self.clock.now_ms())
 
     def _due(self, now: int) -> bool:
         c = self.config
@@ -292,12 +319,13 @@ class CheckpointCoordinator:
             covered.append(self.latest_barrier)
         return self._notify_failed or self._boundary.batch > max(covered, default=-1)
 
-    def _trigger(self, now: int) -> int:
+    def _trigger(self, now: int, *, forced: bool = False) -> int:
         cid = self._next_id
         self._next_id += 1
         self._last_trigger_ms = now
         pending = self.pending[cid] = PendingCheckpoint(cid, now,
                                                         timeout_ms=self.config.timeout_ms)
+        pending.forced = forced
         log.info("Pipeline %s: triggered checkpoint %d", self.pipeline, cid)
         if self._pre_commit is None:
             self.barriers.put(cid)
@@ -330,7 +358,7 @@ class CheckpointCoordinator:
     def _complete(self, pending: PendingCheckpoint) -> None:
         cid = pending.checkpoint_id
         assert pending.barrier_batch is not None
-        if self.clock.now_ms() > pending.deadline_ms:  # acknowledged, but too late
+        if self.clock.now_ms() > pending.deadline_ms and not pending.forced:  # too late
             self._abort(pending, CheckpointFailureReason.TIMEOUT,
                         f"not complete after {self.config.timeout_ms} ms")
             return
@@ -498,3 +526,13 @@ class CheckpointCoordinator:
             "acknowledged": len(pending.acks),
             "waiting_for": sorted(pending.waiting or []),
         }
+
+
+def _answer_closed(event: Any) -> None:
+    """Resolve the future of an event the ended loop will never handle."""
+    if not isinstance(event, tuple):
+        return
+    if event[0] == "force":
+        event[1].set_exception(CheckpointError("the checkpoint coordinator has stopped"))
+    elif event[0] == "wait":
+        event[2].set_result("unknown")

@@ -69,6 +69,7 @@ class PendingCheckpoint:
         self.waiting: set[str] | None = None  # known once the barrier reaches a batch
         self.acks: dict[str, TaskAck] = {}
         self.discarded = False
+        self.forced = False  # a final checkpoint: waited for, not expired once acknowledged
 
     def place_barrier(self, batch_id: int, now_ms: int, tasks: set[str]) -> None:
         self.barrier_batch = batch_id

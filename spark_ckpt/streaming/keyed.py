@@ -369,6 +369,8 @@ class AggregatedStream(StatefulStream):
         if s.state_small_batch_bytes <= 0 or self.parallelism < 2 or \
                 sum(h.rows for h in self.live.values()) > s.state_small_batch_max_state_rows:
             return False
+        if any(h.token is None and h.files for h in self.live.values()):
+            return False  # rescaled: ranges rebuilt from old chains, their size unknown
         size = df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()  # noqa: SLF001
         return int(str(size)) <= s.state_small_batch_bytes  # a Scala BigInt: any size
 

@@ -6,9 +6,13 @@ Implement :class:`TwoPhaseCommitSink` for your own system and pass it to
 
 * ``write(df, batch_id)`` stages one batch's output invisibly and returns a JSON-able *piece*;
 * ``pre_commit(checkpoint_id, pieces)`` makes the pieces since the previous barrier one durable,
-  committable *transaction* (JSON-able, stored in the checkpoint's metadata). It runs on the
-  checkpoint coordinator's thread, possibly while ``write`` stages a later batch (the barrier
-  goes at the last finished batch; its pieces are the ones up to that batch);
+  committable *transaction* (JSON-able, stored in the checkpoint's metadata). The barrier goes
+  at the last *finished* batch, so ``pre_commit`` gets the pieces of the batches up to it,
+  runs on the checkpoint coordinator's thread, and may run while ``write`` stages a later
+  batch. Each piece must therefore stand alone: output staged by a later ``write`` must not
+  become part of this transaction (a sink with one shared open transaction, such as a Kafka
+  producer's, would commit a batch that a restore replays). It is not called when no piece
+  was staged since the previous barrier;
 * ``commit(checkpoint_id, txn)`` makes it visible. It must be idempotent: it runs again after a
   crash between checkpoint completion and commit, and a completed checkpoint's notification
   commits every earlier transaction a lost notification left pending (subsumption);

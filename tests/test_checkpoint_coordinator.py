@@ -324,7 +324,7 @@ def test_a_barrier_goes_at_once_at_the_latest_boundary(boundaries):
     h = boundaries
     h.boundary(2, ["/s/a2", "/s/b2"])
     h.boundary(3, ["/s/a3", "/s/b3"])
-    h.clock.advance(1000)
+    assert h.coordinator.trigger_now().result(timeout=10) == 1  # after both, in event order
     assert h.listener.wait_for(1) == [("complete", 1)]  # nobody acknowledged by hand
     meta = h.storage.read_metadata(1, "pid")
     assert meta["barrier_batch"] == 3
@@ -342,6 +342,7 @@ def test_no_trigger_without_a_new_boundary_and_a_failed_commit_is_retried(bounda
     h.boundary(0, ["/s/a0", "/s/b0"])
     assert h.coordinator.completion(1).result(timeout=10) == "completed"
     h.clock.advance(5000)  # no batch ended since: no checkpoint 2
+    h.coordinator.completion(1).result(timeout=10)  # a round trip: the tick after it ran
     assert h.listener.events == [("complete", 1)] and h.stats[-1]["checkpoint_id"] == 1
     h.boundary(1, ["/s/a1", "/s/b1"])
     h.clock.advance(1000)
@@ -360,6 +361,7 @@ def test_no_trigger_without_a_new_boundary_and_a_failed_commit_is_retried(bounda
     assert h.coordinator.completion(4).result(timeout=10) == "completed"
     assert h.pre_commits[-1] == (4, 2)
     h.clock.advance(1000)
+    h.coordinator.completion(4).result(timeout=10)  # a round trip: the tick after it ran
     assert h.stats[-1]["checkpoint_id"] == 4  # the retry succeeded: quiet again
 
 

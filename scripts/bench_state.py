@@ -26,7 +26,9 @@ Scenarios (flags; none given runs them all). Default sizes in ``SIZES`` (``--hel
 ``--tiny``         20 batches of 10 rows over 10 keys through the agg pipeline: median batch
                    duration after 2 warm-up batches (spark_ckpt ``durations_ms.total``, also
                    with allocation; Structured Streaming ``durationMs.triggerExecution``), and the
-                   period from one batch's start to the next.
+                   period from one batch's start to the next. A third arm, ``floor``, times the
+                   smallest Spark job a stateful batch can be (one stage, one Python task, no
+                   state) on the same files: what this machine charges for any Python step.
 ``--interval``     the agg pipeline in spark_ckpt checkpointing every 10 s versus only the final
                    checkpoint (``checkpoint_interval_ms=0``): throughput ratio. With ``--agg`` the
                    two share the every-10-s runs (one rotation of three arms per repetition).
@@ -325,6 +327,30 @@ def code_version() -> str:
     return f"{head}+{digest.hexdigest()[:12]}"
 
 
+def child_floor(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001
+    """What one Spark job with a Python task costs on this machine now: per input file, the
+    smallest job a stateful batch could be (one stage: read, pre-aggregate by key, one
+    ``mapInArrow`` task that passes the partials through, collect), with no state at all."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    def passthrough(batches):  # noqa: ANN001, ANN202
+        n = 0
+        for b in batches:
+            n += b.num_rows
+        yield pa.RecordBatch.from_pydict({"rows": pa.array([n], pa.int64())})
+
+    files = sorted(str(p) for p in Path(args.input).glob("*.parquet"))
+    batch_ms = []
+    for f in files:
+        t0 = time.perf_counter()
+        spark.read.schema(SCHEMA).parquet(f).coalesce(1).groupBy("key") \
+            .agg(F.count(F.lit(1)).alias("n"), F.sum("value").alias("total")) \
+            .mapInArrow(passthrough, "rows LONG").collect()
+        batch_ms.append(int(round((time.perf_counter() - t0) * 1000)))
+    return {"batches": len(files), "batch_ms": batch_ms}
+
+
 def child(args: argparse.Namespace) -> None:
     code = code_version()
     if args.scenario == "gen":
@@ -332,11 +358,14 @@ def child(args: argparse.Namespace) -> None:
     else:
         spark = session(f"bench-state-{args.scenario}-{args.system}")
         os.makedirs(args.work, exist_ok=True)
-        if args.system == "ckpt":
+        if args.system == "floor":
+            result = child_floor(args, spark)
+        elif args.system == "ckpt":
             result = child_ckpt(args, spark)
         else:
             result = child_ss(args, spark)
-        result["check"] = check_output(spark, str(Path(args.work) / "out"), args.expected)
+        if args.system != "floor":
+            result["check"] = check_output(spark, str(Path(args.work) / "out"), args.expected)
     result["code"] = code
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -598,13 +627,14 @@ class Bench:
         return {"runs": runs, "summary": summary}
 
     def tiny(self) -> dict:
-        runs: dict[str, list[dict]] = {"ss": [], "ckpt": []}
+        runs: dict[str, list[dict]] = {"ss": [], "ckpt": [], "floor": []}
         for rep in range(self.args.reps):
-            for system in orders(["ss", "ckpt"], rep):
+            for system in orders(["ss", "ckpt", "floor"], rep):
                 r = self.run("tiny", system, "tiny")
                 runs[system].append(r)
                 self.report(f"rep {rep + 1} tiny {system}", r)
-        check_digests("tiny", runs, self.errors)
+        floor = [med(r["batch_ms"][TINY_WARMUP:]) for r in runs["floor"]]
+        check_digests("tiny", {k: v for k, v in runs.items() if k != "floor"}, self.errors)
         ss = [med(r["batch_ms"][TINY_WARMUP:]) for r in runs["ss"]]
         ck = [med(r["batch_ms"][TINY_WARMUP:]) for r in runs["ckpt"]]
         ck_alloc = [med([b + a for b, a in zip(r["batch_ms"], r["allocation_ms"],
@@ -618,7 +648,9 @@ class Bench:
             "batch_ms_ratio_ckpt_over_ss": ratio(med(ck), med(ss)),
             "batch_plus_allocation_ms_ratio_ckpt_over_ss": ratio(med(ck_alloc), med(ss)),
             "ss_batch_period_ms": ss_wall, "ckpt_batch_period_ms": ck_wall,
-            "batch_period_ratio_ckpt_over_ss": ratio(med(ck_wall), med(ss_wall))}}
+            "batch_period_ratio_ckpt_over_ss": ratio(med(ck_wall), med(ss_wall)),
+            "floor_job_ms_median": floor,
+            "floor_job_ratio_over_ss": ratio(med(floor), med(ss))}}
 
     def interval(self) -> dict:
         family = self.agg_family()

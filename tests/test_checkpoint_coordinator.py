@@ -41,6 +41,18 @@ class Recorder(CheckpointListener):
             return list(self.events)
 
 
+def task_acks(batch: int, files: list[str], token: str) -> list[TaskAck]:
+    """A source's and a two-task operator's acknowledgements after ``batch`` (one file each)."""
+    acks = [TaskAck("source:s", {"batch": batch})]
+    for pid, f in enumerate(files):
+        handle = {"range": f"kg{pid:05d}-{pid + 1:05d}", "token": token,
+                  "files": [{"path": f, "kind": "changelog", "batch": batch, "rows": 1,
+                             "bytes": 10, "range": "x"}]}
+        acks.append(TaskAck(f"op:agg:{pid}", {"handle": handle},
+                            {"sync_ms": 1, "async_ms": 2, "alignment_ms": 3}))
+    return acks
+
+
 class Harness:
     """A coordinator with one source and one two-task operator, acknowledged by hand."""
 
@@ -68,13 +80,8 @@ class Harness:
     def ack_all(self, cid: int, batch: int, files: list[str]) -> None:
         c = self.coordinator
         c.place_barrier(cid, batch, {"source:s", "op:agg:0", "op:agg:1"})
-        c.acknowledge(cid, TaskAck("source:s", {"batch": batch}))
-        for pid, f in enumerate(files):
-            handle = {"range": f"kg{pid:05d}-{pid + 1:05d}", "token": f"t{cid}",
-                      "files": [{"path": f, "kind": "changelog", "batch": batch, "rows": 1,
-                                 "bytes": 10, "range": "x"}]}
-            c.acknowledge(cid, TaskAck(f"op:agg:{pid}", {"handle": handle},
-                                       {"sync_ms": 1, "async_ms": 2, "alignment_ms": 3}))
+        for ack in task_acks(batch, files, f"t{cid}"):
+            c.acknowledge(cid, ack)
 
     def stop(self) -> None:
         self.coordinator.stop()
@@ -282,12 +289,7 @@ class BoundaryHarness:
     def boundary(self, batch: int, files: list[str]) -> None:
         from spark_ckpt.checkpoint import Boundary
 
-        acks = [TaskAck("source:s", {"batch": batch})]
-        for pid, f in enumerate(files):
-            handle = {"range": f"kg{pid:05d}-{pid + 1:05d}", "token": f"t{batch}",
-                      "files": [{"path": f, "kind": "changelog", "batch": batch, "rows": 1,
-                                 "bytes": 10, "range": "x"}]}
-            acks.append(TaskAck(f"op:agg:{pid}", {"handle": handle}, {"sync_ms": 1}))
+        acks = task_acks(batch, files, f"t{batch}")
         self.coordinator.publish_boundary(Boundary(batch, tuple(acks), ("out",)))
 
     def stop(self) -> None:

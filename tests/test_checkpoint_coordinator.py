@@ -56,7 +56,7 @@ def task_acks(batch: int, files: list[str], token: str) -> list[TaskAck]:
 class Harness:
     """A coordinator with one source and one two-task operator, acknowledged by hand."""
 
-    def __init__(self, tmp_path, **config) -> None:
+    def __init__(self, tmp_path, *, fence=None, pre_commit=None, **config) -> None:  # noqa: ANN001
         self.clock = ManualClock()
         self.storage = CheckpointStorage(str(tmp_path / "checkpoints"))
         self.listener = Recorder()
@@ -69,7 +69,7 @@ class Harness:
             completed=[], next_id=1, listeners=[self.listener],
             on_failure=self.failures.append, on_stats=self.stats.append,
             delete_files=self.deleted.extend, live_files=lambda: set(self.live),
-            clock=self.clock)
+            fence=fence or (lambda: None), clock=self.clock, pre_commit=pre_commit)
         self.coordinator.start()
 
     def barrier(self, timeout: float = 10) -> int:
@@ -276,9 +276,15 @@ def test_trigger_now_ignores_the_interval(harness):
 
 # -- barriers placed at published batch boundaries (the micro-batch runtime's mode) -----------
 
-class BoundaryHarness:
+class BoundaryHarness(Harness):
     """The coordinator as the JobScheduler drives it: boundaries published after batches, one
-    two-phase sink pre-committed by the coordinator itself (see make_boundary_harness)."""
+    two-phase sink pre-committed by the coordinator itself."""
+
+    def __init__(self, tmp_path, *, decline: bool = False, **config) -> None:  # noqa: ANN001
+        self.pre_commits: list[tuple[int, int]] = []
+        self.decline = decline
+        super().__init__(tmp_path, pre_commit=lambda cid, batch: self.pre_commit(cid, batch),
+                         **config)
 
     def pre_commit(self, cid: int, batch: int) -> dict:
         self.pre_commits.append((cid, batch))
@@ -292,34 +298,12 @@ class BoundaryHarness:
         acks = task_acks(batch, files, f"t{batch}")
         self.coordinator.publish_boundary(Boundary(batch, tuple(acks), ("out",)))
 
-    def stop(self) -> None:
-        self.coordinator.stop()
-
 
 @pytest.fixture
 def boundaries(tmp_path):
-    h = make_boundary_harness(tmp_path)
+    h = BoundaryHarness(tmp_path)
     yield h
     h.stop()
-
-
-def make_boundary_harness(tmp_path, **kw) -> BoundaryHarness:
-    h = BoundaryHarness()
-    h.pre_commits = []
-    h.decline = kw.pop("decline", False)
-    fence = kw.pop("fence", None)
-    h.clock = ManualClock()
-    h.storage = CheckpointStorage(str(tmp_path / "checkpoints"))
-    h.listener = Recorder()
-    h.failures, h.deleted, h.live, h.stats = [], [], set(), []
-    h.coordinator = CheckpointCoordinator(
-        "p", "pid", CheckpointConfig(**{"interval_ms": 1000, **kw}), h.storage,
-        completed=[], next_id=1, listeners=[h.listener], on_failure=h.failures.append,
-        on_stats=h.stats.append, delete_files=h.deleted.extend,
-        live_files=lambda: set(h.live), fence=fence or (lambda: None), clock=h.clock,
-        pre_commit=lambda cid, batch: h.pre_commit(cid, batch))
-    h.coordinator.start()
-    return h
 
 
 def test_a_barrier_goes_at_once_at_the_latest_boundary(boundaries):
@@ -368,7 +352,7 @@ def test_no_trigger_without_a_new_boundary_and_a_failed_commit_is_retried(bounda
 
 
 def test_the_latest_boundary_keeps_its_files_from_the_sweep(tmp_path):
-    h = make_boundary_harness(tmp_path, retained=1, interval_ms=0)
+    h = BoundaryHarness(tmp_path, retained=1, interval_ms=0)
     try:
         h.boundary(0, ["/s/a0", "/s/b0"])
         # batch 1 runs: its tasks write new files and let go of batch 0's (and an older one)
@@ -389,7 +373,7 @@ def test_the_latest_boundary_keeps_its_files_from_the_sweep(tmp_path):
 
 
 def test_a_declining_sink_aborts_and_the_next_boundary_completes(tmp_path):
-    h = make_boundary_harness(tmp_path, decline=True, tolerable_failures=5)
+    h = BoundaryHarness(tmp_path, decline=True, tolerable_failures=5)
     try:
         h.boundary(0, ["/s/a", "/s/b"])
         h.clock.advance(1000)
@@ -409,7 +393,7 @@ def test_a_forced_checkpoint_whose_coordinator_fails_answers_at_once(tmp_path):
     def fenced() -> None:
         raise JobFencedError("a newer driver owns the checkpoint directory")
 
-    h = make_boundary_harness(tmp_path, fence=fenced, interval_ms=0)
+    h = BoundaryHarness(tmp_path, fence=fenced, interval_ms=0)
     try:
         h.boundary(0, ["/s/a", "/s/b"])
         with pytest.raises(JobFencedError):
@@ -425,7 +409,7 @@ def test_a_forced_checkpoint_whose_coordinator_fails_answers_at_once(tmp_path):
 
 
 def test_a_forced_checkpoint_is_not_expired_by_a_slow_pre_commit(tmp_path, monkeypatch):
-    h = make_boundary_harness(tmp_path, interval_ms=0, timeout_ms=500)
+    h = BoundaryHarness(tmp_path, interval_ms=0, timeout_ms=500)
     try:
         h.boundary(0, ["/s/a", "/s/b"])
         slow = h.pre_commit

@@ -394,6 +394,9 @@ def test_a_checkpoint_goes_at_the_last_finished_batch_without_waiting_for_the_ru
         for pdf in frames:
             if ((pdf.id >= 100) & (pdf.id < 200)).any():
                 deadline = time.time() + 120
+                # Polls for an event (the gate file the test creates), not for time to pass:
+                # a worker process cannot wait on the test's threading.Event. A slower machine
+                # only makes the wait longer; the batch is held until the gate opens, whenever.
                 while not os.path.exists(str(gate)) and time.time() < deadline:
                     time.sleep(0.05)
             yield pdf

@@ -178,9 +178,6 @@ class StatefulStream(Stream):
         if dropped and self.ctx.coordinator is not None:  # deleted once no checkpoint needs them
             self.ctx.coordinator.release_files(dropped)
 
-    def task_ids(self) -> set[str]:
-        return {f"op:{self.operator}:{pid}" for pid in self.live}
-
     def ack_state(self, pid: int) -> dict[str, Any]:
         return {"handle": self.live[pid].to_json(),
                 "operator": {"kind": self.kind, "parallelism": self.parallelism,

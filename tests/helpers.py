@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "jobs" / "orders_report.py"
 PARALLELISM = 4
 AGG_PARALLELISM = 2
-# Non-virtual partitions of the example job: payments, enriched, settled (4 each), daily (2).
-TOTAL_PARTITIONS = 3 * PARALLELISM + AGG_PARALLELISM
+# Partitions the example job runs: enriched, settled (4 each), daily (2); sources are read in
+# place by their consumers.
+TOTAL_PARTITIONS = 2 * PARALLELISM + AGG_PARALLELISM
 
 
 def job_command(input_dir: str, output: str, work_dir: str, job_id: str = "orders") -> list[str]:

@@ -29,7 +29,7 @@ def test_job_output_equals_plain_spark_and_every_partition_is_logged(
     assert result.status == "succeeded"
     assert (result.ran, result.reused) == (TOTAL_PARTITIONS, 0)
     assert {v: s.partitions for v, s in result.vertices.items()} == {
-        "payments": 4, "enriched": 4, "settled": 4, "daily": 2}
+        "enriched": 4, "settled": 4, "daily": 2}
     assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
     assert result.sinks == {"settled-parquet": 1, "daily-delta": 1}
     assert len(finished_in_log(str(tmp_path / "work"))) == TOTAL_PARTITIONS
@@ -64,7 +64,17 @@ def test_fresh_run_archives_the_old_log_and_appends_again(spark, orders_input, t
     assert result.status == "succeeded" and result.ran == TOTAL_PARTITIONS
     assert result.sinks == {"settled-parquet": 2, "daily-delta": 2}
     assert delta_writes(str(tmp_path / "out")) == 2
-    assert any(p.name.startswith("orders.archived-") for p in (tmp_path / "work").iterdir())
+    assert result.attempt == 2  # numbers go on, so the first attempt is fenced off
+    job_dir = tmp_path / "work" / "orders"
+    assert any(p.name.startswith("events.archived-") for p in job_dir.iterdir())
+    from spark_ckpt.batch.runner import JobRunner
+
+    import dataclasses
+
+    settings = dataclasses.replace(SETTINGS, work_dir=str(tmp_path / "work"))
+    old_driver = JobRunner(build(spark, orders_input, tmp_path), spark, settings)
+    old_driver.attempt = 1
+    assert old_driver._is_fenced()
 
 
 def test_dataframe_source_and_partitioned_delta_sink(spark, tmp_path):
@@ -75,7 +85,7 @@ def test_dataframe_source_and_partitioned_delta_sink(spark, tmp_path):
                       numbers.by("bucket"), parallelism=2)
     job.write_delta(sums, str(tmp_path / "sums"), partition_by=["bucket"])
     result = job.run()
-    assert result.ran == 5
+    assert result.ran == 2  # the DataFrame source is read in place, by sums
     got = DeltaTable(str(tmp_path / "sums")).to_pandas().sort_values("bucket")
     want = spark.range(0, 1000).groupBy((F.col("id") % 7).cast("int").alias("bucket")).agg(
         F.sum("id").alias("total")).toPandas().sort_values("bucket")
@@ -105,16 +115,29 @@ def test_csv_and_json_sources_read_with_the_declared_schema(spark, tmp_path):
     assert_df_equality(got, want, ignore_row_order=True, ignore_nullable=True)
 
 
-def test_malformed_source_file_fails_naming_the_file(spark, tmp_path):
+def test_malformed_source_rows_are_read_as_spark_reads_them(spark, tmp_path):
+    """PERMISSIVE (Spark's default) gives nulls, FAILFAST fails the job, as in spark.read."""
     (tmp_path / "csv").mkdir()
-    (tmp_path / "csv" / "bad.csv").write_text("id,name\nnot-a-number,x\n")
-    job = BatchJob("bad", spark=spark, work_dir=str(tmp_path / "work"), settings=SETTINGS)
-    rows = job.read_files("rows", str(tmp_path / "csv"), format="csv",
-                          schema="id long, name string", options={"header": "true"})
-    doubled = job.vertex("doubled", lambda df: df.withColumn("id2", F.col("id") * 2), rows)
-    job.write_parquet(doubled, str(tmp_path / "out"))
-    with pytest.raises(Exception, match="bad.csv"):
-        job.run()
+    (tmp_path / "csv" / "bad.csv").write_text("id,name\nnot-a-number,x\n7,y\n")
+    for mode in ("PERMISSIVE", "FAILFAST"):
+        job = BatchJob(f"bad-{mode}", spark=spark, work_dir=str(tmp_path / "work"),
+                       settings=SETTINGS)
+        options = {"header": "true", "mode": mode}
+        rows = job.read_files("rows", str(tmp_path / "csv"), format="csv",
+                              schema="id long, name string", options=options)
+        doubled = job.vertex("doubled", lambda df: df.withColumn("id2", F.col("id") * 2), rows)
+        job.write_parquet(doubled, str(tmp_path / f"out-{mode}"))
+        plain = spark.read.options(**options).schema("id long, name string").csv(
+            str(tmp_path / "csv")).withColumn("id2", F.col("id") * 2)
+        if mode == "PERMISSIVE":
+            job.run()
+            assert_df_equality(spark.read.parquet(str(tmp_path / f"out-{mode}")), plain,
+                               ignore_row_order=True, ignore_nullable=True)
+        else:
+            with pytest.raises(Exception, match="(?i)malformed"):
+                plain.collect()
+            with pytest.raises(Exception, match="(?i)malformed"):
+                job.run()
 
 
 def test_shuffling_function_that_drops_its_key_is_refused_clearly(spark, orders_input, tmp_path):
@@ -140,8 +163,12 @@ def test_job_definition_errors(spark, tmp_path):
     with pytest.raises(JobDefinitionError, match="job id"):
         BatchJob("a/b")
     job = BatchJob("defs", spark=spark, work_dir=str(tmp_path))
-    with pytest.raises(JobDefinitionError, match="found none"):
+    with pytest.raises(JobDefinitionError, match="found nothing at that path"):
         job.read_files("x", str(tmp_path / "nothing"))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "_SUCCESS").write_text("")
+    with pytest.raises(JobDefinitionError, match="found none"):
+        job.read_files("y", str(tmp_path / "empty"), format="csv")
     src = job.source("src", lambda s: s.range(3))
     with pytest.raises(JobDefinitionError, match="every input is broadcast"):
         job.vertex("v", lambda d: d, src.broadcast())

@@ -68,15 +68,30 @@ def test_downstream_closure_follows_edge_kinds():
     assert {("c", 0), ("c", 1)} <= closure
 
 
-def test_virtual_source_only_for_forward_or_broadcast_consumers():
+def test_sources_and_non_durable_vertices_are_read_in_place():
     g = diamond()
-    assert not g.is_virtual("src")  # read through a hash edge: it runs (map side)
+    assert g.is_virtual("src")  # Spark reads it again wherever it is needed
+    assert not g.is_virtual("a")
     g2 = JobGraph("j2")
-    g2.add(JobVertex("src", 2, source=_Replayable()))
-    g2.add(JobVertex("a", 2, inputs=(Edge("src", "forward"),), fn=lambda d: d,
+    g2.add(JobVertex("src", 2, source=_Replayable(),
+                     sinks=[SinkSpec("copy", "parquet", "/tmp/c")]))
+    g2.add(JobVertex("a", 2, inputs=(Edge("src", "forward"),), fn=lambda d: d, durable=False))
+    g2.add(JobVertex("b", 2, inputs=(Edge("a", "forward"),), fn=lambda d: d,
                      sinks=[SinkSpec("o", "parquet", "/tmp/o")]))
     g2.validate()
-    assert g2.is_virtual("src")
+    assert not g2.is_virtual("src")  # a source with a sink runs, to stage the sink's files
+    assert g2.is_virtual("a") and not g2.is_virtual("b")
+    # recovery counts virtual partitions as available: only src (its sink) and b run
+    assert g2.restart_set({("a", 0), ("a", 1)}) == {"src": [0, 1], "b": [0, 1]}
+
+
+def test_a_non_durable_vertex_with_a_sink_is_refused():
+    g = JobGraph("j")
+    g.add(JobVertex("src", 2, source=_Replayable()))
+    g.add(JobVertex("a", 2, inputs=(Edge("src", "forward"),), fn=lambda d: d, durable=False,
+                    sinks=[SinkSpec("o", "parquet", "/tmp/o")]))
+    with pytest.raises(JobDefinitionError, match="durable=False"):
+        g.validate()
 
 
 @pytest.mark.parametrize("make, message", [
@@ -122,3 +137,31 @@ def test_function_identity_ignores_module_but_sees_the_body():
         return df.where("x > 2")
 
     assert _function_identity(f) != same
+
+
+FINGERPRINT_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from spark_ckpt.execution.graph import JobVertex
+REGION = "eu"
+fn = lambda df: df if REGION in {"eu", "us", "apac", "latam", "mena"} else df.limit(0)
+def g(df):
+    return df.where(df.x.isin(*sorted(frozenset({"a", "b", "c", "d"}))))
+print(JobVertex("v", 2, fn=fn).fingerprint(), JobVertex("w", 2, fn=g).fingerprint())
+"""
+
+
+def test_fingerprints_are_equal_in_processes_with_different_hash_seeds():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    seen = set()
+    for seed in ("0", "1", "2", "12345", "random"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-c", FINGERPRINT_SCRIPT, root], env=env,
+                             capture_output=True, text=True, check=True).stdout.strip()
+        seen.add(out)
+    assert len(seen) == 1, seen

@@ -14,6 +14,13 @@ from spark_ckpt.execution.result_partition import OutputFile
 SCHEMA = StructType([StructField("x", LongType())])
 
 
+def staging_of(sink, tag="w1"):
+    sink.prepare(SCHEMA)
+    directory = sink.staging_dir("v", tag)
+    sink.store.makedirs(directory)
+    return directory
+
+
 def stage(directory, name, values):
     path = f"{directory}/{name}.parquet"
     pq.write_table(pa.table({"x": pa.array(values, pa.int64())}), path)
@@ -24,7 +31,7 @@ def stage(directory, name, values):
 
 def test_delta_commit_is_idempotent_per_version(tmp_path):
     sink = DeltaSink(SinkSpec("s", "delta", str(tmp_path / "t")), "job")
-    staging = sink.prepare(SCHEMA)
+    staging = staging_of(sink)
     files = [stage(staging, "a", [1, 2]), stage(staging, "b", [3])]
     version = sink.next_version()
     assert version == 1 and not sink.is_committed(1)
@@ -39,7 +46,7 @@ def test_delta_commit_is_idempotent_per_version(tmp_path):
 
 def test_delta_refuses_to_commit_a_missing_or_resized_file(tmp_path):
     sink = DeltaSink(SinkSpec("s", "delta", str(tmp_path / "t")), "job")
-    staging = sink.prepare(SCHEMA)
+    staging = staging_of(sink)
     good = stage(staging, "a", [1])
     ghost = OutputFile("sink", "s", f"{staging}/ghost.parquet", 10, 1)
     with pytest.raises(CommitError, match="ghost.parquet should be 10 bytes, found missing"):
@@ -50,7 +57,7 @@ def test_delta_refuses_to_commit_a_missing_or_resized_file(tmp_path):
 def test_delta_overwrite_replaces_the_table(tmp_path):
     spec = SinkSpec("s", "delta", str(tmp_path / "t"), mode="overwrite")
     sink = DeltaSink(spec, "job")
-    staging = sink.prepare(SCHEMA)
+    staging = staging_of(sink)
     sink.commit([stage(staging, "a", [1])], 1)
     sink.commit([stage(staging, "b", [2])], 2)
     assert DeltaTable(str(tmp_path / "t")).to_pandas().x.tolist() == [2]
@@ -58,7 +65,7 @@ def test_delta_overwrite_replaces_the_table(tmp_path):
 
 def test_parquet_commit_moves_files_once_and_finishes_a_half_done_commit(tmp_path):
     sink = ParquetSink(SinkSpec("s", "parquet", str(tmp_path / "out")), "job")
-    staging = sink.prepare(SCHEMA)
+    staging = staging_of(sink)
     files = [stage(staging, "a", [1]), stage(staging, "b", [2])]
     # An earlier attempt created the marker and moved one file, then died.
     from spark_ckpt.formats import dump_record
@@ -77,3 +84,32 @@ def test_parquet_commit_moves_files_once_and_finishes_a_half_done_commit(tmp_pat
 def test_parquet_sink_refuses_overwrite(tmp_path):
     with pytest.raises(JobDefinitionError, match="expected mode 'append'"):
         ParquetSink(SinkSpec("s", "parquet", str(tmp_path), mode="overwrite"), "job")
+
+
+def test_parquet_commit_of_a_missing_file_leaves_no_marker(tmp_path):
+    sink = ParquetSink(SinkSpec("s", "parquet", str(tmp_path / "out")), "job")
+    staging = staging_of(sink)
+    good = stage(staging, "a", [1])
+    ghost = OutputFile("sink", "s", f"{staging}/ghost.parquet", 10, 1)
+    with pytest.raises(CommitError, match="ghost.parquet should be 10 bytes, found missing"):
+        sink.commit([good, ghost], 1)
+    assert not sink.store.exists(sink._marker(1))  # recovery may re-run and commit v1
+    assert sink.commit([good], 1) == {"files": 1}
+    assert pq.read_table(str(tmp_path / "out" / "a.parquet")).column("x").to_pylist() == [1]
+
+
+def test_a_new_run_finishes_a_half_done_commit_before_staging(tmp_path):
+    from spark_ckpt.formats import dump_record
+
+    sink = ParquetSink(SinkSpec("s", "parquet", str(tmp_path / "out")), "job")
+    staging = staging_of(sink)
+    files = [stage(staging, "a", [1]), stage(staging, "b", [2])]
+    moves = [[f.path, str(tmp_path / "out" / f.path.rsplit("/", 1)[1]), f.size] for f in files]
+    sink.store.create_exclusive(sink._marker(1), dump_record(
+        "parquet-sink-commit", 1, {"job_id": "job", "version": 1, "status": "committing",
+                                   "moves": moves}))
+    sink.store.move(moves[0][0], moves[0][1])  # the crash left one file moved
+    fresh = ParquetSink(SinkSpec("s", "parquet", str(tmp_path / "out")), "job")
+    fresh.prepare(SCHEMA)  # a fresh run of the job id: v1 is completed first
+    assert fresh.is_committed(1) and fresh.next_version() == 2
+    assert sorted(pq.read_table(str(tmp_path / "out")).column("x").to_pylist()) == [1, 2]

@@ -98,13 +98,16 @@ class BatchJob:
     def read_files(self, name: str, path: str, *, format: FileFormat = "parquet",
                    parallelism: int | None = None, schema: Any = None,
                    options: dict[str, str] | None = None) -> VertexRef:
-        """A source vertex over the files under ``path``, one split per partition.
+        """A source vertex over a file or the files under a directory, read exactly as
+        ``spark.read.format(format).options(**options).load(path)`` reads them.
 
-        ``parallelism`` defaults to one split per file and is capped at the number of files.
+        ``parallelism`` (the number of splits) defaults to one split per file and is capped at
+        the number of files.
         """
-        if format not in ("parquet", "csv", "json"):
+        if format not in ("parquet", "csv", "json", "orc", "text"):
             raise JobDefinitionError(
-                f"source {name}: expected format parquet, csv or json, found {format!r}"
+                f"source {name}: expected format parquet, csv, json, orc or text, found "
+                f"{format!r}"
             )
         source = FileSource(path, format, dict(options or {}), schema)
         # The split count is decided now so later vertices can default to it; the splits
@@ -128,7 +131,7 @@ class BatchJob:
     # -- transformations -------------------------------------------------------------------
     def vertex(self, name: str, fn: Callable[..., DataFrame], *inputs: VertexRef | Input,
                parallelism: int | None = None, key: tuple[str, ...] | list[str] = (),
-               version: str = "") -> VertexRef:
+               version: str = "", durable: bool = True) -> VertexRef:
         """A vertex computing ``fn(*input_dataframes)`` per partition.
 
         Args:
@@ -139,6 +142,9 @@ class BatchJob:
             key: output columns that identify a row's partition; defaults to the columns of
                 the first hash input. Needed when ``fn`` shuffles.
             version: change it when ``fn`` changes, so earlier finished work is not reused.
+            durable: False runs the vertex inside each consumer, with no result partitions
+                and no events (it re-runs with them), like a chained operator in Flink. A job
+                whose only durable vertices are its sink vertices runs as plain Spark would.
         """
         if not inputs:
             raise JobDefinitionError(f"vertex {name} has no inputs; use read_files or source")
@@ -169,7 +175,7 @@ class BatchJob:
                     )
             edges.append(Edge(spec.vertex.id, kind, tuple(columns)))
         self.graph.add(JobVertex(name, parallelism, inputs=tuple(edges), fn=fn, key=key,
-                                 version=version))
+                                 version=version, durable=durable))
         return VertexRef(self, name)
 
     # -- sinks -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ Per attempt:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import socket
@@ -33,7 +34,7 @@ from spark_ckpt.eventlog.reader import EventLogUnreadable, read_table
 from spark_ckpt.eventlog.replay import FinishedPartition, JobHistory, replay_table
 from spark_ckpt.eventlog.writer import EventLogWriter
 from spark_ckpt.execution.attempts import ExecutionRegistry
-from spark_ckpt.execution.result_partition import PartitionManifest
+from spark_ckpt.execution.result_partition import PartitionResult
 from spark_ckpt.execution.state import ExecutionState
 from spark_ckpt.faults import fault_point
 from spark_ckpt.formats import dump_record
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["JobResult", "JobRunner", "VertexSummary", "job_paths"]
 
 log = logging.getLogger(__name__)
+
+_TIMESTAMP_TYPE = "spark.sql.parquet.outputTimestampType"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +107,7 @@ class JobRunner:
         self.attempt = 0
         self.writer: EventLogWriter | None = None
         self.problems: list[str] = []
+        self.source_schemas: dict[str, Any] = {}
 
     # -- attempt claim and fencing ---------------------------------------------------------
     def _attempt_marker(self, n: int) -> str:
@@ -145,9 +149,12 @@ class JobRunner:
         started = time.perf_counter()
         job_id = self.job.job_id
         self.graph.validate()
-        if fresh:
-            self._archive(self.paths["job"], "archived")
+        # Claimed before a fresh start archives anything: attempt numbers keep growing across
+        # fresh starts, so a driver still running an older attempt finds itself fenced.
         self.attempt = self._claim_attempt()
+        if fresh:
+            self._archive(self.paths["events"], "archived")
+            self._archive(self.paths["results"], "archived")
         history = self._load_history()
         if history.completed:
             log.info("Job %s already completed in attempt %d; nothing to do (attempt %d)",
@@ -164,12 +171,21 @@ class JobRunner:
         )
         self.writer.start()
         progress = JobProgress(job_id, self.settings.progress)
+        # Delta needs timestamps as UTC microseconds; Spark's Parquet writer takes the format
+        # from the session only (not from a write option), so it is set for the run.
+        timestamps = self.spark.conf.get(_TIMESTAMP_TYPE, None)
+        self.spark.conf.set(_TIMESTAMP_TYPE, "TIMESTAMP_MICROS")
         try:
             result = self._run_attempt(history, progress, started)
         except BaseException as exc:
             progress.close()
             self._fail(exc)
             raise
+        finally:
+            if timestamps is None:
+                self.spark.conf.unset(_TIMESTAMP_TYPE)
+            else:
+                self.spark.conf.set(_TIMESTAMP_TYPE, timestamps)
         progress.close()
         return result
 
@@ -234,7 +250,7 @@ class JobRunner:
 
         sinks = {s.name: make_sink(s, job_id) for v in self.graph.live_vertices()
                  for s in v.sinks}
-        runner = VertexRunner(self, splits, sinks, progress)
+        runner = VertexRunner(self, splits, self.source_schemas, sinks, progress)
         if plan.to_run:  # the sources read now must be the files recorded at first
             for vertex in self.graph.live_vertices():
                 if isinstance(vertex.source, FileSource):
@@ -277,7 +293,10 @@ class JobRunner:
                          lost=plan.lost, problems=self.problems)
 
     def _initialize_vertices(self, history: JobHistory) -> dict[str, list[Any]]:
-        """Log JobVertexInitialized for new or changed vertices; decide file source splits."""
+        """Log JobVertexInitialized for new or changed vertices; decide file source splits
+        and schemas (Spark infers a schema once, at the first attempt; later ones reuse it)."""
+        from pyspark.sql.types import StructType
+
         splits: dict[str, list[Any]] = {}
         for vertex in self.graph.live_vertices():
             fingerprint = vertex.fingerprint()
@@ -296,6 +315,14 @@ class JobRunner:
                         "was declared)"
                     )
                 state["splits"] = splits[vertex.id]
+                schema = (recorded or {}).get("coordinator_state", {}).get("schema") \
+                    if same else None
+                if schema:
+                    self.source_schemas[vertex.id] = StructType.fromJson(json.loads(schema))
+                else:
+                    self.source_schemas[vertex.id] = vertex.source.resolve(
+                        self.spark, vertex.id, splits[vertex.id])
+                state["schema"] = self.source_schemas[vertex.id].json()
             if same:
                 continue
             if recorded is not None:
@@ -313,34 +340,35 @@ class JobRunner:
         return splits
 
     # -- partitions finishing (called from poller and wave threads) ------------------------
-    def partition_finished(self, manifest: PartitionManifest) -> bool:
+    def partition_finished(self, result: PartitionResult) -> bool:
         """Record a finished partition once; False for duplicates and stale attempts."""
-        key = (manifest.vertex_id, manifest.partition)
-        execution = self.registry.get(manifest.attempt_id)
+        key = (result.vertex_id, result.partition)
+        execution = self.registry.get(result.attempt_id)
         if execution is None:
-            return False  # a manifest of an earlier driver attempt
+            return False  # from an earlier driver attempt
         with self._finished_lock:
             if key in self.finished:
                 return False
             if not execution.machine.move_to(ExecutionState.FINISHED):
                 return False
             self.finished[key] = FinishedPartition(
-                manifest.vertex_id, manifest.partition, manifest.attempt_id, self.attempt,
-                manifest.rows, manifest.finished_ms - manifest.started_ms,
-                outputs=manifest.outputs, schema=manifest.schema,
+                result.vertex_id, result.partition, result.attempt_id, self.attempt,
+                result.rows, result.finished_ms - result.started_ms,
+                outputs=result.outputs, schema=result.schema,
             )
-        payload = manifest.body()
+        payload = result.body()
+        payload["job_id"] = self.job.job_id
         payload["coordinator_state"] = {"checkpoint_id": -1}
-        payload["io"] = {"output_rows": manifest.rows, "output_bytes": manifest.bytes}
+        payload["io"] = {"output_rows": result.rows, "output_bytes": result.bytes}
         payload["accumulators"] = {}
         self._emit(Event(
-            EventType.EXECUTION_VERTEX_FINISHED, payload, vertex_id=manifest.vertex_id,
-            partition=manifest.partition, attempt_id=manifest.attempt_id, rows=manifest.rows,
-            bytes=manifest.bytes, duration_ms=manifest.finished_ms - manifest.started_ms,
+            EventType.EXECUTION_VERTEX_FINISHED, payload, vertex_id=result.vertex_id,
+            partition=result.partition, attempt_id=result.attempt_id, rows=result.rows,
+            bytes=result.bytes, duration_ms=result.finished_ms - result.started_ms,
         ))
         log.debug("Job %s attempt %d: partition %s/%d finished (%s, %d rows)",
-                  self.job.job_id, self.attempt, manifest.vertex_id, manifest.partition,
-                  manifest.attempt_id, manifest.rows)
+                  self.job.job_id, self.attempt, result.vertex_id, result.partition,
+                  result.attempt_id, result.rows)
         return True
 
     # -- sinks -----------------------------------------------------------------------------

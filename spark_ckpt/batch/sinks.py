@@ -1,13 +1,18 @@
 """Sinks commit a job's output once, idempotently, after every partition has staged its files.
 
-* Delta (delta-rs): tasks write data files into the table directory, invisible until the
-  commit adds them. The commit is one Delta transaction carrying the app transaction
+Spark's Parquet writer stages the files (batch.vertex_runner), each write in a directory of its
+own under ``<sink>/_spark_ckpt_staging/<job>/<vertex>/``; the driver commits them:
+
+* Delta (delta-rs): the staged files stay where they are, inside the table directory and
+  invisible until the commit adds them (Delta paths may name any file under the table). The
+  commit is one Delta transaction carrying the app transaction
   ``(spark_ckpt/<job>/<sink>, version)``; delta-rs does not skip a repeated version by itself,
   so :meth:`DeltaSink.is_committed` checks ``transaction_version`` first.
-* Parquet directory: tasks write into ``_spark_ckpt_staging/<job>/``. The commit creates the
-  marker ``_spark_ckpt_commits/<job>-v<version>.json`` create-if-absent (only one driver can),
-  moves the files into place, and marks the marker committed. A crash in between is finished by
-  the next attempt from the marker's file list, as MapReduce's committer recovers.
+* Parquet directory: the commit checks every staged file, creates the marker
+  ``_spark_ckpt_commits/<job>-v<version>.json`` create-if-absent (only one driver can), moves
+  the files into place, and marks the marker committed. A crash in between is finished by the
+  next attempt from the marker's file list, as MapReduce's committer recovers; a new version is
+  never begun while an earlier one of the same job is half done.
 
 The version used is logged in ``SinkCommitStarted`` before the commit, so a recovered driver
 asks the sink whether *that* version landed.
@@ -67,9 +72,17 @@ class Sink:
         self.job_id = job_id
         self.app_id = f"spark_ckpt/{job_id}/{spec.name}"
 
-    def prepare(self, schema: StructType) -> str:
-        """Check or create the target; return the staging directory URI for the tasks."""
+    def prepare(self, schema: StructType) -> None:
+        """Check or create the target before files are staged for it."""
         raise NotImplementedError
+
+    def staging_dir(self, vertex_id: str, tag: str) -> str:
+        """A directory (Spark URI) only one write uses, under this sink's staging area."""
+        return self.store.spark_path(join(self.staging, vertex_id, tag))
+
+    def locate(self, paths: list[str]) -> list[str]:
+        """Where staged files are now (a Parquet commit moves them)."""
+        return paths
 
     def next_version(self) -> int:
         raise NotImplementedError
@@ -86,9 +99,10 @@ class DeltaSink(Sink):
         super().__init__(spec, job_id)
         self.store = Storage(spec.path)
         self.uri = self.store.spark_path(self.store.root)
+        self.staging = join(self.store.root, "_spark_ckpt_staging", job_id)
         self._schema: pa.Schema | None = None
 
-    def prepare(self, schema: StructType) -> str:
+    def prepare(self, schema: StructType) -> None:
         from deltalake import DeltaTable
 
         arrow = arrow_schema_for(schema)
@@ -112,7 +126,6 @@ class DeltaSink(Sink):
         else:
             DeltaTable.create(self.uri, arrow, mode="ignore",
                               partition_by=list(self.spec.partition_by) or None)
-        return self.uri
 
     def _txn_version(self) -> int:
         from deltalake import DeltaTable
@@ -174,19 +187,48 @@ class ParquetSink(Sink):
         self.staging = join(self.store.root, "_spark_ckpt_staging", job_id)
         self.commits = join(self.store.root, "_spark_ckpt_commits")
 
-    def prepare(self, schema: StructType) -> str:
+    def prepare(self, schema: StructType) -> None:
         self.store.makedirs(self.staging)
-        return self.store.spark_path(self.staging)
+        self._finish_half_done()
+
+    def _finish_half_done(self) -> None:
+        """Complete any commit of this job that a crash left half done, before a new one."""
+        for version in self._versions():
+            marker = self._read_marker(version)
+            if marker is not None and marker["status"] == "committing":
+                log.warning("Parquet sink %s: finishing commit v%d of job %s, begun before",
+                            self.spec.name, version, self.job_id)
+                self._move(version, marker)
+
+    def locate(self, paths: list[str]) -> list[str]:
+        moved: dict[str, str] | None = None
+        out = []
+        for path in paths:
+            if self.store.exists(self.store.fs_path(path)):
+                out.append(path)
+                continue
+            if moved is None:
+                moved = {}
+                for version in self._versions():
+                    marker = self._read_marker(version)
+                    if marker is not None:
+                        moved.update({src: dst for src, dst, _ in marker["moves"]})
+            dst = moved.get(self.store.fs_path(path))
+            out.append(self.store.spark_path(dst) if dst else path)
+        return out
 
     def _marker(self, version: int) -> str:
         return join(self.commits, f"{self.job_id}-v{version:05d}.json")
 
-    def next_version(self) -> int:
+    def _versions(self) -> list[int]:
         prefix = f"{self.job_id}-v"
-        versions = [int(i.base_name[len(prefix):-5]) for i in
-                    self.store.list_files(self.commits, recursive=False)
-                    if i.base_name.startswith(prefix) and i.base_name.endswith(".json")]
-        return max(versions, default=0) + 1
+        return sorted(int(i.base_name[len(prefix):-5]) for i in
+                      self.store.list_files(self.commits, recursive=False)
+                      if i.base_name.startswith(prefix) and i.base_name.endswith(".json")
+                      and i.base_name[len(prefix):-5].isdigit())
+
+    def next_version(self) -> int:
+        return max(self._versions(), default=0) + 1
 
     def _read_marker(self, version: int) -> dict[str, Any] | None:
         path = self._marker(version)
@@ -199,24 +241,31 @@ class ParquetSink(Sink):
         return marker is not None and marker["status"] == "committed"
 
     def commit(self, files: list[OutputFile], version: int) -> dict[str, Any]:
-        moves = []
-        staging_uri = self.store.spark_path(self.staging).rstrip("/") + "/"
-        for f in files:
-            relative = f.path[len(staging_uri):]
-            moves.append([self.store.fs_path(f.path), join(self.store.root, relative), f.size])
-        body = {"job_id": self.job_id, "version": version, "status": "committing",
-                "moves": moves}
-        marker = self._marker(version)
-        if self.store.create_exclusive(marker, dump_record("parquet-sink-commit", 1, body)):
-            _check_files(self.spec.name, files)
-        else:
+        existing = self._read_marker(version)
+        if existing is None:
+            _check_files(self.spec.name, files)  # before the marker: a refused commit leaves none
+            staging = self.store.spark_path(self.staging).rstrip("/") + "/"
+            moves = []
+            for f in files:
+                # <vertex>/<write tag>/<relative path the writer gave it>
+                relative = f.path[len(staging):].split("/", 2)[2]
+                moves.append([self.store.fs_path(f.path), join(self.store.root, relative),
+                              f.size])
+            body = {"job_id": self.job_id, "version": version, "status": "committing",
+                    "moves": moves}
+            if self.store.create_exclusive(self._marker(version),
+                                           dump_record("parquet-sink-commit", 1, body)):
+                return self._move(version, body)
             existing = self._read_marker(version)
             assert existing is not None
-            if existing["status"] == "committed":
-                return {"skipped": True}
-            moves = existing["moves"]  # finish the commit an earlier attempt began
-            log.warning("Parquet sink %s: finishing commit v%d begun by an earlier attempt of "
-                        "job %s", self.spec.name, version, self.job_id)
+        if existing["status"] == "committed":
+            return {"skipped": True}
+        log.warning("Parquet sink %s: finishing commit v%d begun by an earlier attempt of "
+                    "job %s", self.spec.name, version, self.job_id)
+        return self._move(version, existing)
+
+    def _move(self, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        moves = body["moves"]
         for i, (src, dst, _size) in enumerate(moves):
             src_exists, dst_exists = self.store.exists(src), self.store.exists(dst)
             if src_exists:
@@ -229,9 +278,9 @@ class ParquetSink(Sink):
             if i == 0:
                 fault_point("sink.commit.files")
         self.store.write_atomic(
-            marker, dump_record("parquet-sink-commit", 1, body | {"status": "committed",
-                                                                    "moves": moves}))
-        self.store.delete_dir(self.staging)
+            self._marker(version),
+            dump_record("parquet-sink-commit", 1, body | {"status": "committed"}))
+        self.store.delete_dir(self.staging)  # what is left: files of no committed partition
         return {"files": len(moves)}
 
 

@@ -1,9 +1,13 @@
 """Sources of a batch job: where partition *i* of a source vertex gets its rows.
 
-* :class:`FileSource` splits a list of files (Parquet, CSV, newline-delimited JSON) into
-  ``parallelism`` splits in a stable order; the split assignment is the vertex coordinator's
-  state, recorded in ``JobVertexInitialized`` so a recovered attempt reads exactly the files the
-  first one did, even when new files arrived since. Re-running split *i* reads only its files.
+* :class:`FileSource` reads files exactly as ``spark.read.format(f).options(...).load(path)``
+  does: Spark's own reader, every option the user passes, Spark's rules for which files a
+  directory holds (hidden ``_``/``.`` names skipped, ``pathGlobFilter``, partition directories
+  as columns). Its files are cut into ``parallelism`` contiguous splits in a stable order; the
+  split assignment and the schema are the vertex coordinator's state, recorded in
+  ``JobVertexInitialized`` so a recovered attempt reads exactly the files the first one read,
+  with the same schema, even when new files arrived since. Re-running split *i* reads only its
+  files, still with Spark's reader.
 * :class:`DataFrameSource` wraps any DataFrame a user can build (JDBC, tables, ``range``). Its
   rows are split by ``pmod(hash(split_by), parallelism)``; re-running any of its partitions reads
   the whole DataFrame once (Spark cannot read a hash bucket of an arbitrary plan alone).
@@ -12,6 +16,8 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,15 +25,28 @@ from spark_ckpt.errors import InputChangedError, JobDefinitionError
 from spark_ckpt.storage import Storage, stat_any
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, DataFrameReader, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["DataFrameSource", "FileSource", "Split"]
+__all__ = ["DataFrameSource", "FileSource", "Split", "normalize_path"]
 
-FileFormat = Literal["parquet", "csv", "json"]
-_SUFFIXES = {"parquet": (".parquet",), "csv": (".csv", ".csv.gz"), "json": (".json", ".jsonl")}
+FileFormat = Literal["parquet", "csv", "json", "text", "orc"]
 
 Split = list[tuple[str, int]]  # (path, size) of each file
+
+
+def normalize_path(path: str) -> str:
+    """One spelling per file: Spark's ``file:/x`` URIs and local ``/x`` paths compare equal."""
+    path = urllib.parse.unquote(path)
+    if path.startswith("file:"):
+        path = "/" + path[len("file:"):].lstrip("/")
+    return path
+
+
+def _hidden(name: str) -> bool:
+    """Spark's InMemoryFileIndex rule for names it never reads."""
+    return ((name.startswith("_") and "=" not in name) or name.startswith(".")
+            or name.endswith("._COPYING_"))
 
 
 @dataclasses.dataclass(eq=False)
@@ -39,46 +58,87 @@ class FileSource:
     replayable = True
 
     def describe(self) -> dict[str, Any]:
+        schema = self.schema if isinstance(self.schema, str | None) else self.schema.json()
         return {"kind": "files", "path": self.path, "format": self.format,
-                "options": self.options}
+                "options": dict(sorted(self.options.items())), "schema": schema}
+
+    # -- listing ---------------------------------------------------------------------------
+    def list_files(self) -> list[tuple[str, int]]:
+        """The files Spark's reader would read, sorted, with their sizes (no Spark needed).
+
+        The run checks this list against Spark's own ``inputFiles()`` before reading.
+        """
+        store = Storage(self.path)
+        if not store.exists(store.root):
+            raise JobDefinitionError(f"file source {self.path}: expected a file or directory, "
+                                     "found nothing at that path")
+        info = store.fs.get_file_info(store.root)
+        if info.type.name == "File":
+            return [(store.spark_path(store.root), info.size)]
+        glob = self._option("pathGlobFilter")
+        files = []
+        for i in store.list_files(store.root):
+            parts = [p for p in i.path[len(store.root):].split("/") if p]
+            if any(_hidden(p) for p in parts):
+                continue
+            if glob and not fnmatch.fnmatchcase(parts[-1], glob):
+                continue
+            files.append((store.spark_path(i.path), i.size))
+        return sorted(files)
+
+    def _option(self, name: str) -> str | None:
+        for key, value in self.options.items():
+            if key.lower() == name.lower():
+                return str(value)
+        return None
+
+    def is_directory(self) -> bool:
+        store = Storage(self.path)
+        return store.fs.get_file_info(store.root).type.name == "Directory"
 
     def discover(self, parallelism: int | None) -> list[Split]:
         """List the input files in a stable order and cut them into contiguous splits."""
-        store = Storage(self.path)
-        infos = store.list_files(store.root) if store.exists(store.root) else []
-        if not infos and store.exists(store.root):  # a single file
-            infos = [store.fs.get_file_info(store.root)]
-        files = sorted(
-            (store.spark_path(i.path), i.size) for i in infos
-            if i.base_name.endswith(_SUFFIXES[self.format])
-            and not any(part.startswith(("_", ".")) for part in
-                        i.path[len(store.root):].split("/") if part)
-        )
+        files = self.list_files()
         if not files:
             raise JobDefinitionError(
-                f"file source {self.path}: expected {self.format} files "
-                f"({', '.join(_SUFFIXES[self.format])}), found none"
+                f"file source {self.path}: expected {self.format} files, found none (Spark "
+                "skips names starting with '_' or '.')"
             )
         count = min(parallelism or len(files), len(files))
         return [files[i * len(files) // count:(i + 1) * len(files) // count]
                 for i in range(count)]
 
-    def spark_schema(self, spark: SparkSession, sample_files: list[str]) -> StructType:
-        from pyspark.sql.types import StructType
-
-        if isinstance(self.schema, StructType):
-            return self.schema
+    # -- reading with Spark ----------------------------------------------------------------
+    def reader(self, spark: SparkSession) -> DataFrameReader:
         reader = spark.read.format(self.format).options(**self.options)
-        if isinstance(self.schema, str):
-            return reader.schema(self.schema).load(sample_files[:1]).schema
-        # Inferred from the first file: listing and reading every footer of a large input
-        # costs seconds (a Spark job above 32 paths). Files of one source share a schema;
-        # a file that does not fails the read naming it.
-        return reader.load(sample_files[:1]).schema
+        if self.schema is not None:
+            reader = reader.schema(self.schema)
+        return reader
 
-    def pieces(self, split: Split) -> list[dict[str, Any]]:
-        return [{"kind": self.format, "path": path, "size": size, "options": self.options}
-                for path, size in split]
+    def resolve(self, spark: SparkSession, vertex_id: str,
+                splits: list[Split]) -> StructType:
+        """Read the whole source as ``spark.read`` does; check it reads the files of
+        ``splits`` and no other; return its schema (inferred by Spark if not given)."""
+        df = self.reader(spark).load(self.path)
+        spark_files = sorted(normalize_path(f) for f in df.inputFiles())
+        ours = sorted(normalize_path(p) for split in splits for p, _ in split)
+        if spark_files != ours:
+            extra = sorted(set(spark_files) - set(ours))[:3]
+            missing = sorted(set(ours) - set(spark_files))[:3]
+            raise InputChangedError(
+                f"source vertex {vertex_id}: expected Spark to read the {len(ours)} files the "
+                f"job recorded under {self.path}, found {len(spark_files)} (not recorded: "
+                f"{extra or 'none'}; recorded but not read: {missing or 'none'}). New or "
+                "removed input files: run with fresh=True or a new run key to read them."
+            )
+        return df.schema
+
+    def read(self, spark: SparkSession, schema: StructType, files: list[str]) -> DataFrame:
+        """The rows of ``files`` exactly as the whole source's read gives them."""
+        reader = spark.read.format(self.format).options(**self.options).schema(schema)
+        if self.is_directory() and self._option("basePath") is None:
+            reader = reader.option("basePath", self.path)  # keep partition columns
+        return reader.load(files)
 
     def validate_splits(self, vertex_id: str, splits: list[Split]) -> None:
         """Before re-reading recorded splits, check their files are the ones recorded."""

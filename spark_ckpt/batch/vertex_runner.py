@@ -1,48 +1,52 @@
-"""Run chosen partitions of one vertex on Spark, each partition written by exactly one task.
+"""Run chosen partitions of one vertex on Spark, natively: Spark's readers, Spark's writers.
 
-How Spark partition *k* comes to hold exactly logical partition ``parts[k]``:
+No Python runs in a task. Sources are read with ``spark.read``; a vertex's durable output (its
+result partitions and its sinks' staged files) is written by Spark's Parquet writer; the driver
+only plans, watches files appear and logs events. How a written file is tied to a partition:
 
-* inputs are read through the partitions data source (datasource.py): Spark partition *k* of
-  each input is logical partition ``parts[k]``; a function without a shuffle (narrow
-  transformations, joins with broadcast inputs) keeps that, and the writer needs nothing more;
-* a function that shuffles (``groupBy``, a join of two hashed inputs) loses it, so each output
-  row is re-attributed by ``pmod(hash(key), parallelism)`` and moved with ``repartitionById``;
-  such a vertex runs in *waves* (one Spark job per group of partitions), because only the last
-  stage of a Spark job can make a partition durable;
-* a DataFrame source is split the same way, keeping only the rows of the running partitions.
+* **hash mode** (the vertex has a key: ``key=`` or the columns of a hash input). Partition *j*
+  is the output rows with ``pmod(hash(key), parallelism) == j``. The output is written
+  hash-partitioned by the key into ``parallelism`` Spark partitions, so Spark partition *j* is
+  partition *j* and its file is named ``part-0000j-...``. A join of hashed inputs has its inputs
+  repartitioned by the key first, so the join needs no other exchange; any other function is
+  left to Spark's planner (partial aggregation included) and its output is repartitioned by the
+  key unless Spark's plan already ends that way. The write uses the v2 file committer: each
+  task's file appears when the task commits, and the driver logs the partition then, long
+  before the Spark job ends. Running some partitions reads the hashed inputs filtered to them.
+* **split mode** (no key; forward inputs from sources or hash-mode vertices). Partition *j* is
+  the function over input partition *j* (a source's split *j*). Partitions run in *waves*, one
+  Spark job per group of partitions over exactly their input files; a wave's files are shared
+  by its partitions, which become durable together when the job ends. The function must not
+  shuffle (it would see a wave, not a partition).
 
-While a wave runs, a poller turns the manifests tasks write into ``ExecutionVertexFinished``
-events, so finished partitions are durable long before the wave ends.
+A vertex marked ``durable=False`` has no files: consumers compute it inline, in their own job.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import json
+import dataclasses
 import logging
 import math
 import re
 import threading
 import time
+import urllib.parse
+import uuid
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.batch.datasource import read_plan
 from spark_ckpt.batch.sinks import Sink
 from spark_ckpt.batch.sources import DataFrameSource, FileSource
-from spark_ckpt.batch.writer import MANIFEST_SCHEMA_DDL, make_writer
 from spark_ckpt.errors import JobDefinitionError, TaskExecutionError
 from spark_ckpt.execution.graph import Edge, JobVertex
-from spark_ckpt.execution.result_partition import (
-    PART_COLUMN,
-    PartitionManifest,
-    manifest_dir,
-    result_dir,
-)
+from spark_ckpt.execution.result_partition import OutputFile, PartitionResult, result_dir
 from spark_ckpt.execution.state import ExecutionState
 from spark_ckpt.faults import fault_point
+from spark_ckpt.storage import Storage, join
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
     from spark_ckpt.batch.progress import JobProgress
     from spark_ckpt.batch.runner import JobRunner
@@ -52,6 +56,9 @@ __all__ = ["VertexRunner", "plan_shuffles"]
 log = logging.getLogger(__name__)
 
 _SHUFFLE = re.compile(r"(?<!Broadcast)Exchange |\bUnion\b|\bCoalesce\b")
+_EXCHANGE = re.compile(r"(?<!Broadcast)Exchange ")
+_PART_FILE = re.compile(r"^part-(\d{5})-.*\.parquet$")
+_V2 = {"mapreduce.fileoutputcommitter.algorithm.version": "2"}
 
 
 def plan_shuffles(df: DataFrame) -> bool:
@@ -60,292 +67,447 @@ def plan_shuffles(df: DataFrame) -> bool:
     return bool(_SHUFFLE.search(plan))
 
 
+def _ends_hash_partitioned(df: DataFrame, key: tuple[str, ...], parallelism: int) -> bool:
+    """True when Spark's plan ends hash-partitioned by ``key`` into ``parallelism`` partitions
+    and every exchange in it is a user repartition by number: adaptive execution may coalesce
+    or split the exchanges Spark adds itself (ENSURE_REQUIREMENTS), never those."""
+    plan = df._jdf.queryExecution().executedPlan()  # noqa: SLF001
+    for line in plan.toString().splitlines():
+        if _EXCHANGE.search(line) and "REPARTITION_BY_NUM" not in line:
+            return False
+    if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec":
+        plan = plan.inputPlan()
+    partitioning = plan.outputPartitioning()
+    if partitioning.getClass().getSimpleName() != "HashPartitioning":
+        return False
+    if partitioning.numPartitions() != parallelism:
+        return False
+    expressions = partitioning.expressions()
+    names = []
+    for i in range(expressions.size()):
+        e = expressions.apply(i)
+        if e.getClass().getSimpleName() != "AttributeReference":
+            return False
+        names.append(e.name())
+    return tuple(names) == tuple(key)
+
+
+@dataclasses.dataclass
+class _Write:
+    """One Spark write of a run unit: the result files, or one sink's staged files."""
+
+    kind: str  # "result" or "sink"
+    target: str  # vertex id or sink name
+    directory: str  # Spark URI of a directory only this write uses
+    partition_by: tuple[str, ...] = ()
+    done: bool = False
+
+
 class VertexRunner:
-    def __init__(self, job: JobRunner, splits: dict[str, list[Any]], sinks: dict[str, Sink],
+    def __init__(self, job: JobRunner, splits: dict[str, list[Any]],
+                 source_schemas: dict[str, Any], sinks: dict[str, Sink],
                  progress: JobProgress) -> None:
         self.job = job
         self.graph = job.graph
         self.spark = job.spark
         self.splits = splits
+        self.source_schemas = source_schemas
         self.sinks = sinks
         self.progress = progress
         self.schemas: dict[str, str] = {}
-        self._source_schemas: dict[str, Any] = {}
+        self._prepared: set[str] = set()
+        self._prepare_lock = threading.Lock()
+
+    # -- modes -----------------------------------------------------------------------------
+    def hash_mode(self, vertex: JobVertex) -> bool:
+        return bool(vertex.key) or isinstance(vertex.source, DataFrameSource)
+
+    def _result_sink(self, vertex: JobVertex) -> str | None:
+        """A sink whose staged files hold exactly the vertex output, read by consumers."""
+        for spec in vertex.sinks:
+            if not spec.partition_by:
+                return spec.name
+        return None
+
+    def _needs_results(self, vertex: JobVertex) -> bool:
+        live = {v.id for v in self.graph.live_vertices()}
+        return any(c in live for c, _ in self.graph.consumers(vertex.id))
 
     # -- schemas ---------------------------------------------------------------------------
-    def _output_schema(self, vertex_id: str) -> Any:
+    def output_schema(self, vertex_id: str) -> StructType:
+        import json
+
         from pyspark.sql.types import StructType
 
         if vertex_id not in self.schemas:
-            vertex = self.graph.vertices[vertex_id]
             recorded = next((f.schema for (v, _), f in self.job.finished.items()
                              if v == vertex_id and f.schema), None)
             if recorded:
                 self.schemas[vertex_id] = recorded
-            else:  # plan (not run) the vertex over one partition to learn its schema
-                self.schemas[vertex_id] = self._dataframe(vertex, [0]).schema.json()
+            else:  # plan (not run) the vertex to learn its schema
+                vertex = self.graph.vertices[vertex_id]
+                self.schemas[vertex_id] = self._compute(vertex, None).schema.json()
         return StructType.fromJson(json.loads(self.schemas[vertex_id]))
 
-    # -- building a wave's DataFrame -------------------------------------------------------
-    def _input(self, edge: Edge, consumer: JobVertex, parts: list[int]) -> DataFrame:
+    # -- the rows of a vertex's partitions, as a DataFrame ---------------------------------
+    def frame(self, vertex_id: str, parts: list[int] | None) -> DataFrame:
+        """Output rows of ``parts`` of a vertex (None: all), read where they are."""
+        vertex = self.graph.vertices[vertex_id]
+        if vertex.is_source and not vertex.sinks:
+            return self._source_frame(vertex, parts)
+        if not vertex.durable:
+            return self._compute(vertex, parts)
+        return self._read_results(vertex, parts)
+
+    def _source_frame(self, vertex: JobVertex, parts: list[int] | None) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        source = vertex.source
+        if isinstance(source, FileSource):
+            splits = self.splits[vertex.id]
+            chosen = range(len(splits)) if parts is None else parts
+            files = [path for p in chosen for path, _ in splits[p]]
+            schema = self.source_schemas[vertex.id]
+            if not files:
+                return self.spark.createDataFrame([], schema)
+            return source.read(self.spark, schema, files)
+        df = source.build(self.spark)
+        if parts is not None and vertex.parallelism > 1:
+            bucket = F.pmod(F.hash(*source.split_by), F.lit(vertex.parallelism))
+            df = df.where(bucket.isin(parts))
+        return df
+
+    def _read_results(self, vertex: JobVertex, parts: list[int] | None) -> DataFrame:
+        chosen = range(vertex.parallelism) if parts is None else parts
+        result_sink = self._result_sink(vertex)
+        files: dict[str, None] = {}  # ordered, without the repeats of shared wave files
+        for p in chosen:
+            finished = self.job.finished.get((vertex.id, p))
+            if finished is None:
+                raise TaskExecutionError(
+                    f"partition {p} of {vertex.id} is needed but not finished (scheduling bug)"
+                )
+            for o in finished.outputs:
+                if (o.kind == "result" or (o.kind == "sink" and o.target == result_sink)) \
+                        and o.rows:
+                    files[o.path] = None
+        schema = self.output_schema(vertex.id)
+        if result_sink is not None:
+            files = dict.fromkeys(self.sinks[result_sink].locate(list(files)))
+        if not files:
+            return self.spark.createDataFrame([], schema)
+        return self.spark.read.schema(schema).parquet(*files)
+
+    def _input(self, edge: Edge, consumer: JobVertex, parts: list[int] | None
+               ) -> tuple[DataFrame, bool]:
+        """One input of ``consumer`` for its ``parts``; True when it holds only their rows."""
         from pyspark.sql import functions as F
 
         upstream = self.graph.vertices[edge.upstream]
-        label = f"{upstream.id}->{consumer.id}"
-        if self.graph.is_virtual(upstream.id):  # read the source's splits in place
-            schema = self._source_schema(upstream)
-            splits = self.splits[upstream.id]
-            if edge.kind == "broadcast":
-                everything = [piece for split in splits for piece in upstream.source.pieces(split)]
-                return F.broadcast(read_plan(self.spark, schema, [everything], label))
-            return read_plan(self.spark, schema,
-                             [upstream.source.pieces(splits[i]) for i in parts], label)
-        schema = self._output_schema(upstream.id)
-
-        def pieces_of(producer: int, sub: int | None) -> list[dict[str, Any]]:
-            finished = self.job.finished.get((upstream.id, producer))
-            if finished is None:
-                raise TaskExecutionError(
-                    f"vertex {consumer.id} needs partition {producer} of {upstream.id}, which "
-                    "is not finished (scheduling bug)"
-                )
-            out = []
-            for o in finished.outputs:
-                if o.kind != "result" or o.target != consumer.id:
-                    continue
-                if sub is None:
-                    if o.rows:
-                        out.append({"kind": "parquet", "path": o.path, "row_groups": None})
-                elif sub in o.groups:
-                    first, count, _rows = o.groups[sub]
-                    out.append({"kind": "parquet", "path": o.path,
-                                "row_groups": list(range(first, first + count))})
-            return out
-
         if edge.kind == "broadcast":
-            everything = [piece for j in range(upstream.parallelism)
-                          for piece in pieces_of(j, None)]
-            return F.broadcast(read_plan(self.spark, schema, [everything], label))
-        plan = []
-        for i in parts:
-            if edge.kind == "forward":
-                plan.append(pieces_of(i, None))
-            else:
-                plan.append([piece for j in range(upstream.parallelism)
-                             for piece in pieces_of(j, i)])
-        return read_plan(self.spark, schema, plan, label)
+            return F.broadcast(self.frame(upstream.id, None)), True
+        if edge.kind == "hash":
+            df = self.frame(upstream.id, None)
+            if parts is not None:
+                bucket = F.pmod(F.hash(*edge.columns), F.lit(consumer.parallelism))
+                df = df.where(bucket.isin(parts))
+            if consumer.key and tuple(edge.columns) == tuple(consumer.key) and \
+                    sum(e.kind == "hash" for e in consumer.inputs) > 1:
+                df = df.repartition(consumer.parallelism, *edge.columns)  # co-partition a join
+            return df, True
+        # forward: partition j of the consumer reads partition j of the upstream
+        exact = (not self.hash_mode(consumer)
+                 or (self.hash_mode(upstream) and tuple(upstream.key) == tuple(consumer.key)))
+        return self.frame(upstream.id, parts if exact else None), exact
 
-    def _source_schema(self, vertex: JobVertex) -> Any:
-        if vertex.id not in self._source_schemas:
-            files = [path for split in self.splits[vertex.id] for path, _ in split]
-            self._source_schemas[vertex.id] = vertex.source.spark_schema(self.spark, files)
-        return self._source_schemas[vertex.id]
+    def _compute(self, vertex: JobVertex, parts: list[int] | None) -> DataFrame:
+        """The vertex output for ``parts`` (None: all), before it is arranged for writing."""
+        from pyspark.sql import functions as F
 
-    def _dataframe(self, vertex: JobVertex, parts: list[int]) -> DataFrame:
-        source = vertex.source
-        if isinstance(source, FileSource):
-            plan = [source.pieces(self.splits[vertex.id][p]) for p in parts]
-            return read_plan(self.spark, self._source_schema(vertex), plan, vertex.id)
-        if isinstance(source, DataFrameSource):
-            return source.build(self.spark)
+        if vertex.is_source:
+            return self._source_frame(vertex, parts)
         assert vertex.fn is not None
         inputs = [self._input(edge, vertex, parts) for edge in vertex.inputs]
-        out = vertex.fn(*inputs)
+        out = vertex.fn(*[df for df, _ in inputs])
         if out is None or not hasattr(out, "schema"):
             raise JobDefinitionError(
                 f"vertex {vertex.id}: expected its function to return a DataFrame, found "
                 f"{type(out).__name__}"
             )
+        if parts is not None and self.hash_mode(vertex) and not all(e for _, e in inputs):
+            self._check_key(vertex, out)
+            bucket = F.pmod(F.hash(*vertex.key), F.lit(vertex.parallelism))
+            out = out.where(bucket.isin(parts))  # an input was read whole
         return out
 
-    def _attributed(self, vertex: JobVertex, df: DataFrame, parts: list[int],
-                    key_mode: bool) -> DataFrame:
-        """Add consumer sub-partition columns and, for shuffling vertices, the partition."""
-        from pyspark.sql import functions as F
-
-        for index, (consumer_id, edge) in enumerate(self._consumer_edges(vertex)):
-            if edge.kind != "hash":
-                continue
-            missing = [c for c in edge.columns if c not in df.columns]
-            if missing:
-                raise JobDefinitionError(
-                    f"vertex {vertex.id}: its consumer {consumer_id} is hash-partitioned by "
-                    f"{list(edge.columns)}, but the output has no {missing}; output columns: "
-                    f"{df.columns}"
-                )
-            consumer = self.graph.vertices[consumer_id]
-            df = df.withColumn(
-                f"__ckpt_sub{index}",
-                F.pmod(F.hash(*edge.columns), F.lit(consumer.parallelism)).cast("int"),
+    def _check_key(self, vertex: JobVertex, df: DataFrame) -> None:
+        missing = [c for c in vertex.key if c not in df.columns]
+        if missing:
+            raise JobDefinitionError(
+                f"vertex {vertex.id}: each output row must keep the key columns that place it "
+                f"in a partition; expected key columns {list(vertex.key)} in the output, found "
+                f"columns {df.columns}. Keep them in the output, or set key= on the vertex and "
+                f"hash its inputs by it."
             )
-        if key_mode:
-            positions = F.array(*[F.lit(p) for p in parts])
-            if vertex.key:
-                bucket = F.pmod(F.hash(*vertex.key), F.lit(vertex.parallelism))
-            else:
-                bucket = F.lit(0)
-            df = df.withColumn(PART_COLUMN, (F.array_position(positions, bucket) - 1).cast("int"))
-            if isinstance(vertex.source, DataFrameSource):
-                df = df.where(F.col(PART_COLUMN) >= 0)  # rows of partitions not running now
-            df = df.repartitionById(len(parts), PART_COLUMN)
-        return df
-
-    def _consumer_edges(self, vertex: JobVertex) -> list[tuple[str, Edge]]:
-        live = {v.id for v in self.graph.live_vertices()}
-        return [(c, e) for c, e in self.graph.consumers(vertex.id) if c in live]
 
     # -- running ---------------------------------------------------------------------------
     def run(self, vertex: JobVertex, parts: list[int]) -> None:
         started = time.perf_counter()
-        probe = self._dataframe(vertex, parts)
-        data_columns = probe.columns
-        self.schemas[vertex.id] = probe.schema.json()
-        key_mode = isinstance(vertex.source, DataFrameSource) or (
-            not vertex.is_source and plan_shuffles(probe)
-        )
-        if key_mode and not vertex.is_source:
-            missing = [c for c in vertex.key if c not in data_columns]
-            if not vertex.key or missing:
-                raise JobDefinitionError(
-                    f"vertex {vertex.id}: its function shuffles rows (a groupBy or a join of "
-                    f"hashed inputs), so each output row must keep the key columns that place "
-                    f"it in a partition; expected key columns {list(vertex.key) or '(none set)'} "
-                    f"in the output, found columns {data_columns}. Keep them in the output, "
-                    f"or set key= on the vertex and hash its inputs by it."
-                )
-        staging = {name: sink.prepare(probe.schema) for name, sink in self.sinks.items()
-                   if any(s.name == name for s in vertex.sinks)}
-        waves = self._waves(vertex, parts, key_mode)
-        log.info("Job %s attempt %d: vertex %s runs %d of %d partitions in %d wave(s)%s",
-                 self.job.job.job_id, self.job.attempt, vertex.id, len(parts),
-                 vertex.parallelism, len(waves), " (re-attributed by key)" if key_mode else "")
-
-        planned = time.perf_counter()
-        stop = threading.Event()
-        poller = threading.Thread(target=self._poll, args=(vertex, stop),
-                                  name=f"spark-ckpt-poll-{vertex.id}", daemon=True)
-        poller.start()
+        if self.hash_mode(vertex):
+            units = [parts]
+        else:
+            units = self._waves(vertex, parts)
+            for edge in vertex.inputs:
+                upstream = self.graph.vertices[edge.upstream]
+                if edge.kind == "forward" and upstream.durable and not upstream.is_source \
+                        and not self.hash_mode(upstream):
+                    raise JobDefinitionError(
+                        f"vertex {vertex.id} reads {upstream.id} forward, but {upstream.id} has "
+                        f"no key, so its partitions share files; read it with "
+                        f"{upstream.id}.by(columns), or mark {upstream.id} durable=False"
+                    )
+        log.info("Job %s attempt %d: vertex %s runs %d of %d partitions in %d Spark job(s) "
+                 "(%s mode)", self.job.job.job_id, self.job.attempt, vertex.id, len(parts),
+                 vertex.parallelism, len(units), "hash" if self.hash_mode(vertex) else "split")
         groups: list[str] = []
-        try:
-            workers = min(self.job.settings.batch_concurrent_waves, len(waves))
-            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-                futures = []
-                for number, wave in enumerate(waves):
-                    group = (f"spark_ckpt-{self.job.job.job_id}-a{self.job.attempt}-"
-                             f"{vertex.id}-w{number}")
-                    groups.append(group)
-                    df = probe if len(waves) == 1 else self._dataframe(vertex, wave)
-                    futures.append(pool.submit(self._run_wave, vertex, wave, df, data_columns,
-                                               key_mode, staging, group, number))
-                try:
-                    for future in concurrent.futures.as_completed(futures):
-                        future.result()
-                except BaseException:
-                    for group in groups:
-                        self.spark.sparkContext.cancelJobGroup(group)
-                    raise
-        finally:
-            stop.set()
-            poller.join()
+        workers = min(self.job.settings.batch_concurrent_waves, len(units))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            futures = []
+            for number, unit in enumerate(units):
+                group = (f"spark_ckpt-{self.job.job.job_id}-a{self.job.attempt}-{vertex.id}"
+                         f"-u{number}")
+                groups.append(group)
+                futures.append(pool.submit(self._run_unit, vertex, unit, group, number))
+            try:
+                for future in concurrent.futures.as_completed(futures):
+                    future.result()
+            except BaseException:
+                for group in groups:
+                    self.spark.sparkContext.cancelJobGroup(group)
+                raise
         missing = [p for p in parts if (vertex.id, p) not in self.job.finished]
         if missing:
             raise TaskExecutionError(
-                f"vertex {vertex.id}: Spark jobs ended but partitions {missing} wrote no manifest"
+                f"vertex {vertex.id}: Spark jobs ended but partitions {missing} were not recorded"
             )
-        done = time.perf_counter()
-        log.info("Job %s attempt %d: vertex %s finished %d partitions (planned in %.1f s, ran "
-                 "in %.1f s)", self.job.job.job_id, self.job.attempt, vertex.id, len(parts),
-                 planned - started, done - planned)
+        log.info("Job %s attempt %d: vertex %s finished %d partitions in %.1f s",
+                 self.job.job.job_id, self.job.attempt, vertex.id, len(parts),
+                 time.perf_counter() - started)
 
-    def _waves(self, vertex: JobVertex, parts: list[int], key_mode: bool) -> list[list[int]]:
-        if not key_mode or isinstance(vertex.source, DataFrameSource):
-            return [parts]
+    def _waves(self, vertex: JobVertex, parts: list[int]) -> list[list[int]]:
         size = self.job.settings.batch_partitions_per_wave
         if size <= 0:
-            cores = self.spark.sparkContext.defaultParallelism
-            size = max(cores, math.ceil(len(parts) / 10))
+            size = max(1, math.ceil(vertex.parallelism / 4))
         return [parts[i:i + size] for i in range(0, len(parts), size)]
 
-    def _run_wave(self, vertex: JobVertex, parts: list[int], df: DataFrame,
-                  data_columns: list[str], key_mode: bool, staging: dict[str, str],
-                  group: str, number: int) -> None:
+    def _arranged(self, vertex: JobVertex, parts: list[int]) -> DataFrame:
+        """The output of ``parts``, laid out so Spark partition *j* is partition *j* (hash
+        mode) or in any layout (split mode, whose wave is one unit)."""
+        from pyspark.sql import functions as F
+
+        whole = len(parts) == vertex.parallelism
+        df = self._compute(vertex, None if whole else parts)
+        if not self.hash_mode(vertex):
+            if plan_shuffles(df):
+                raise JobDefinitionError(
+                    f"vertex {vertex.id}: its function shuffles rows (a groupBy, a join of "
+                    f"non-broadcast inputs, a distinct, a window), so each output row must "
+                    f"keep the key columns that place it in a partition; set key= on the vertex "
+                    f"(and hash its inputs by it), found no key. Output columns: {df.columns}"
+                )
+            return df
+        self._check_key(vertex, df)
+        if not _ends_hash_partitioned(df, vertex.key, vertex.parallelism):
+            # By id, not repartition(n, key): Spark drops that one as redundant after an
+            # aggregation by the key, leaving an exchange adaptive execution may coalesce.
+            bucket = F.pmod(F.hash(*vertex.key), F.lit(vertex.parallelism))
+            df = df.repartitionById(vertex.parallelism, bucket)
+        return df
+
+    def _run_unit(self, vertex: JobVertex, parts: list[int], group: str, number: int) -> None:
         job = self.job
-        executions = [job.registry.create(job.attempt, vertex.id, p) for p in parts]
-        out = self._attributed(vertex, df, parts, key_mode)
-        consumer_edges = self._consumer_edges(vertex)
-        spec = {
-            "job_id": job.job.job_id,
-            "vertex_id": vertex.id,
-            "partitions": parts,
-            "attempt_ids": [e.attempt_id for e in executions],
-            "key_mode": key_mode and not isinstance(vertex.source, DataFrameSource),
-            "key": list(vertex.key),
-            "data_columns": data_columns,
-            "input_schema": out.schema.jsonValue(),
-            "output_schema": self.schemas[vertex.id],
-            "results": [{"consumer": c, "sub_column": f"__ckpt_sub{i}" if e.kind == "hash"
-                         else None} for i, (c, e) in enumerate(consumer_edges)],
-            "sinks": [{"name": s.name, "kind": s.kind, "staging_dir": staging[s.name],
-                       "partition_by": list(s.partition_by)} for s in vertex.sinks],
-            "result_dir": job.storage.spark_path(result_dir(job.paths["job"], vertex.id)),
-            "manifest_dir": job.storage.spark_path(manifest_dir(job.paths["job"], vertex.id)),
-        }
-        for execution in executions:
+        started_ms = int(time.time() * 1000)
+        executions = {p: job.registry.create(job.attempt, vertex.id, p) for p in parts}
+        for execution in executions.values():
             execution.machine.move_to(ExecutionState.DEPLOYING)
+        df = self._arranged(vertex, parts)
+        self.schemas[vertex.id] = df.schema.json()
+        writes = self._writes(vertex, number)
+        with self._prepare_lock:  # waves run in threads; a sink is prepared once
+            for w in writes:
+                if w.kind == "sink" and w.target not in self._prepared:
+                    self.sinks[w.target].prepare(df.schema)
+                    self._prepared.add(w.target)
         sc = self.spark.sparkContext
-        sc.setJobGroup(group, f"spark_ckpt job {job.job.job_id} attempt {job.attempt}: "
-                       f"vertex {vertex.id} wave {number} partitions {parts[0]}..{parts[-1]}",
-                       interruptOnCancel=True)
-        for execution in executions:
+        sc.setJobGroup(group, f"spark_ckpt job {job.job.job_id} attempt {job.attempt}: vertex "
+                       f"{vertex.id} partitions {parts[0]}..{parts[-1]}", interruptOnCancel=True)
+        for execution in executions.values():
             execution.machine.move_to(ExecutionState.RUNNING)
+        tracker = _UnitTracker(self, vertex, parts, writes, executions, started_ms)
+        cached = len(writes) > 1
+        if cached:
+            df = df.persist()
+        stop = threading.Event()
+        poller = None
+        if self.hash_mode(vertex):
+            poller = threading.Thread(target=tracker.poll, args=(stop,),
+                                      name=f"spark-ckpt-poll-{vertex.id}", daemon=True)
+            poller.start()
         try:
-            rows = out.mapInArrow(make_writer(spec), MANIFEST_SCHEMA_DDL).collect()
+            for w in writes:
+                writer = df.write.mode("append").options(**_V2)
+                if w.partition_by:
+                    writer = writer.partitionBy(*w.partition_by)
+                writer.parquet(w.directory)
+                w.done = True
         except Exception as exc:
-            for execution in executions:
+            for execution in executions.values():
                 execution.machine.move_to(ExecutionState.FAILED)
             raise TaskExecutionError(
-                f"job {job.job.job_id} attempt {job.attempt}: vertex {vertex.id} wave {number} "
-                f"(partitions {parts}) failed: {exc}"
+                f"vertex {vertex.id} partitions {parts[0]}..{parts[-1]} failed: {exc}"
             ) from exc
         finally:
             sc.setLocalProperty("spark.jobGroup.id", None)
-        for row in rows:
-            self._finished(PartitionManifest.loads(row["manifest"]))
+            stop.set()
+            if poller is not None:
+                poller.join()
+            if cached:
+                df.unpersist()
+        tracker.finish()
 
-    def _finished(self, manifest: PartitionManifest) -> None:
-        if self.job.partition_finished(manifest):
-            self.progress.advance(manifest.vertex_id)
-
-    def _poll(self, vertex: JobVertex, stop: threading.Event) -> None:
+    def _writes(self, vertex: JobVertex, number: int) -> list[_Write]:
         job = self.job
-        directory = manifest_dir(job.paths["job"], vertex.id)
-        seen: set[str] = set()
-        interval = job.settings.batch_poll_interval_ms / 1000.0
-        while True:
-            last = stop.is_set()
+        tag = f"a{job.attempt}-u{number}-{uuid.uuid4().hex[:8]}"
+        writes = []
+        result_sink = self._result_sink(vertex)
+        if self._needs_results(vertex) and result_sink is None:
+            directory = join(result_dir(job.paths["job"], vertex.id), tag)
+            writes.append(_Write("result", vertex.id, job.storage.spark_path(directory)))
+        for spec in vertex.sinks:
+            staging = self.sinks[spec.name].staging_dir(vertex.id, tag)
+            writes.append(_Write("sink", spec.name, staging, tuple(spec.partition_by)))
+        return writes
+
+
+class _UnitTracker:
+    """Turns the files of one run unit's writes into finished partitions.
+
+    Hash mode: partition *j* is finished once each write has its file ``part-0000j-*`` (the v2
+    committer moves a task's file into place when the task commits), or once the write ended
+    without one (an empty partition). Partitioned sink writes, whose tasks move several files,
+    count only when their Spark job ended. Split mode: every partition of the wave, when the
+    last write ended.
+    """
+
+    def __init__(self, runner: VertexRunner, vertex: JobVertex, parts: list[int],
+                 writes: list[_Write], executions: dict[int, Any], started_ms: int) -> None:
+        self.runner = runner
+        self.vertex = vertex
+        self.parts = parts
+        self.writes = writes
+        self.executions = executions
+        self.started_ms = started_ms
+        self.recorded: set[int] = set()
+        self.hash = runner.hash_mode(vertex)
+        self._footers: dict[str, tuple[int, int]] = {}
+
+    def _files(self, write: _Write) -> list[tuple[str, int | None]]:
+        """(path, Spark partition) of each data file the write has made visible."""
+        store = Storage(write.directory)
+        out = []
+        for info in store.list_files(store.root):
+            relative = info.path[len(store.root):].lstrip("/")
+            if any(p.startswith(("_", ".")) for p in relative.split("/")):
+                continue
+            m = _PART_FILE.match(info.base_name)
+            out.append((store.spark_path(info.path), int(m.group(1)) if m else None))
+        return out
+
+    def _footer(self, path: str) -> tuple[int, int]:
+        import pyarrow.parquet as pq
+
+        if path not in self._footers:
+            store = Storage(path)
+            size = store.fs.get_file_info(store.root).size
+            rows = pq.read_metadata(store.root, filesystem=store.fs).num_rows
+            self._footers[path] = (size, rows)
+        return self._footers[path]
+
+    def _output(self, write: _Write, path: str) -> OutputFile:
+        size, rows = self._footer(path)
+        values: dict[str, str | None] = {}
+        if write.partition_by:
+            relative = path[len(write.directory.rstrip("/")) + 1:]
+            for segment in relative.split("/")[:-1]:
+                name, _, value = segment.partition("=")
+                value = urllib.parse.unquote(value)
+                values[name] = None if value == "__HIVE_DEFAULT_PARTITION__" else value
+        return OutputFile(write.kind, write.target, path, size, rows, {}, values)
+
+    def poll(self, stop: threading.Event) -> None:
+        interval = self.runner.job.settings.batch_poll_interval_ms / 1000.0
+        while not stop.wait(interval):
             try:
-                infos = job.storage.list_files(directory, recursive=False)
-            except OSError as exc:
-                log.warning("Job %s: cannot list %s: %s", job.job.job_id, directory, exc)
-                infos = []
-            for info in infos:
-                if not info.base_name.endswith(".json") or info.path in seen:
-                    continue
-                seen.add(info.path)
-                try:
-                    manifest = PartitionManifest.loads(job.storage.read_bytes(info.path))
-                except Exception as exc:  # a manifest of a dying task; the wave result decides
-                    log.warning("Job %s: unreadable manifest %s: %s", job.job.job_id,
-                                info.path, exc)
-                    continue
-                if job.registry.get(manifest.attempt_id) is None:
-                    continue
-                fault_point("partition.written")
-                try:
-                    self._finished(manifest)
-                except Exception as exc:  # e.g. fenced: the wave thread reports it too
-                    log.error("Job %s: recording %s failed: %s", job.job.job_id, info.path, exc)
-                    return
-            if last:
+                self._record_visible()
+            except Exception as exc:  # e.g. fenced: the write thread reports it too
+                log.error("Job %s: recording finished partitions of %s failed: %s",
+                          self.runner.job.job.job_id, self.vertex.id, exc)
                 return
-            stop.wait(interval)
+
+    def _record_visible(self) -> None:
+        by_write: list[dict[int, list[str]]] = []
+        for w in self.writes:
+            files: dict[int, list[str]] = {}
+            if w.done or not w.partition_by:
+                for path, index in self._files(w):
+                    if index is not None:
+                        files.setdefault(index, []).append(path)
+            by_write.append(files)
+        for p in self.parts:
+            if p in self.recorded:
+                continue
+            ready = all(w.done or p in files for w, files in zip(self.writes, by_write,
+                                                                  strict=True))
+            if ready:
+                self._record(p, [(w, path) for w, files in zip(self.writes, by_write,
+                                                                 strict=True)
+                                 for path in files.get(p, [])])
+
+    def finish(self) -> None:
+        if self.hash:
+            self._check_attribution()
+            self._record_visible()
+            return
+        files = [(w, path) for w in self.writes for path, _ in self._files(w)]
+        for p in self.parts:
+            self._record(p, files)
+
+    def _check_attribution(self) -> None:
+        running = set(self.parts)
+        for w in self.writes:
+            for path, index in self._files(w):
+                if index is not None and index not in running and self._footer(path)[1]:
+                    raise TaskExecutionError(
+                        f"vertex {self.vertex.id}: rows of partition {index}, which is not "
+                        f"running, came out of partitions {self.parts[0]}..{self.parts[-1]}; the "
+                        f"function must keep its key columns {list(self.vertex.key)} unchanged, "
+                        "so each output row stays in the partition of its input"
+                    )
+
+    def _record(self, partition: int, files: list[tuple[_Write, str]]) -> None:
+        outputs = tuple(self._output(w, path) for w, path in files)
+        fault_point("partition.written")
+        first = self.writes[0] if self.writes else None
+        rows = sum(o.rows for o in outputs if first is not None and o.target == first.target)
+        result = PartitionResult(
+            vertex_id=self.vertex.id, partition=partition,
+            attempt_id=self.executions[partition].attempt_id,
+            started_ms=self.started_ms, finished_ms=int(time.time() * 1000), rows=rows,
+            outputs=outputs, schema=self.runner.schemas[self.vertex.id],
+            shared=() if self.hash else tuple(self.parts),
+        )
+        if self.runner.job.partition_finished(result):
+            self.recorded.add(partition)
+            self.runner.progress.advance(self.vertex.id)
+        elif (self.vertex.id, partition) in self.runner.job.finished:
+            self.recorded.add(partition)

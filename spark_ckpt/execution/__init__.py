@@ -2,7 +2,7 @@
 
 from spark_ckpt.execution.attempts import Execution, ExecutionRegistry
 from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex, SinkSpec
-from spark_ckpt.execution.result_partition import OutputFile, PartitionManifest
+from spark_ckpt.execution.result_partition import OutputFile, PartitionResult
 from spark_ckpt.execution.state import ExecutionState, StateMachine
 
 __all__ = [
@@ -13,7 +13,7 @@ __all__ = [
     "JobGraph",
     "JobVertex",
     "OutputFile",
-    "PartitionManifest",
+    "PartitionResult",
     "SinkSpec",
     "StateMachine",
 ]

@@ -77,6 +77,8 @@ class JobVertex:
         source: a batch.sources.Source for source vertices.
         sinks: sinks fed with this vertex's output.
         version: user-chosen code version; changing it invalidates earlier finished work.
+        durable: False runs the vertex inside each consumer (no result partitions, no events;
+            it re-runs with its consumer), like an operator chained in Flink.
     """
 
     id: str
@@ -87,6 +89,7 @@ class JobVertex:
     source: Any = None
     sinks: list[SinkSpec] = dataclasses.field(default_factory=list)
     version: str = ""
+    durable: bool = True
 
     @property
     def is_source(self) -> bool:
@@ -102,6 +105,7 @@ class JobVertex:
             "source": self.source.describe() if self.source is not None else None,
             "sinks": [s.describe() for s in self.sinks],
             "version": self.version,
+            "durable": self.durable,
             "fn": _function_identity(self.fn),
         }
 
@@ -131,9 +135,19 @@ def _function_identity(fn: Callable[..., Any] | None) -> str | None:
             if hasattr(const, "co_code"):
                 stack.append(const)
             else:
-                digest.update(repr(const).encode())
+                digest.update(_stable_repr(const).encode())
         digest.update(repr(c.co_names).encode())
     return f"{name}:{digest.hexdigest()[:12]}"
+
+
+def _stable_repr(value: Any) -> str:
+    """``repr`` that is the same in every process: set constants iterate in an order that
+    depends on ``PYTHONHASHSEED``, so their members are sorted."""
+    if isinstance(value, frozenset | set):
+        return "{" + ", ".join(sorted(_stable_repr(v) for v in value)) + "}"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_stable_repr(v) for v in value) + ",)"
+    return repr(value)
 
 
 class JobGraph:
@@ -182,6 +196,12 @@ class JobGraph:
         for vertex in self.vertices.values():
             for edge in vertex.inputs:
                 self._consumers[edge.upstream].append((vertex.id, edge))
+        for vertex in self.vertices.values():
+            if vertex.sinks and not vertex.durable:
+                raise JobDefinitionError(
+                    f"vertex {vertex.id} has sinks ({', '.join(s.name for s in vertex.sinks)}) "
+                    "but durable=False; a sink is a durable point, so its vertex must be durable"
+                )
         if not any(v.sinks for v in self.vertices.values()):
             raise JobDefinitionError(f"job {self.job_id} has no sink; nothing would be written")
 
@@ -189,18 +209,12 @@ class JobGraph:
         return self._consumers[vertex_id]
 
     def is_virtual(self, vertex_id: str) -> bool:
-        """A replayable source read in place: no sinks and only forward or broadcast consumers.
-
-        Its partitions are never run and always finished; consumers read its splits directly.
-        A source read through a hash edge is run like any vertex (the map side of a shuffle).
+        """A vertex read in place by its consumers: a source without sinks (Spark reads it
+        again, natively, where it is needed) or a vertex marked ``durable=False`` (computed
+        inside each consumer). Its partitions are never run and always available.
         """
         vertex = self.vertices[vertex_id]
-        return (
-            vertex.is_source
-            and getattr(vertex.source, "replayable", False)
-            and not vertex.sinks
-            and all(e.kind in ("forward", "broadcast") for _, e in self._consumers[vertex_id])
-        )
+        return (vertex.is_source and not vertex.sinks) or not vertex.durable
 
     def topological(self) -> list[JobVertex]:
         return list(self.vertices.values())  # insertion order is topological

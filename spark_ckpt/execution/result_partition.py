@@ -1,10 +1,10 @@
-"""Durable result partitions: the files one finished partition left behind, and how to read them.
+"""Durable result partitions: the files one finished partition left behind.
 
-A finished partition writes, per consumer edge, one Parquet file whose row groups each hold one
-sub-partition (the consumer partition it is for), and, per sink, staged data files. Then it
-writes a *manifest* listing every file with its size and row counts. The manifest is written
-last and atomically, so a partition is finished exactly when its manifest exists; the driver
-turns manifests into ``ExecutionVertexFinished`` events.
+Spark's own Parquet writer writes them (batch.vertex_runner): the vertex's result files, read
+by its consumers, and per sink the staged data files the sink's commit publishes. The driver
+lists what each write made visible, reads the Parquet footers for row counts, and logs the
+partition's files in ``ExecutionVertexFinished``; recovery checks each still exists with its
+recorded size.
 """
 
 from __future__ import annotations
@@ -12,29 +12,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.storage import join
 
-__all__ = [
-    "MANIFEST_VERSION",
-    "OutputFile",
-    "PartitionManifest",
-    "SUB_COLUMN",
-    "manifest_dir",
-    "result_dir",
-]
-
-MANIFEST_VERSION = 1
-SUB_COLUMN = "__ckpt_sub"  # consumer sub-partition of a row in a result file
-PART_COLUMN = "__ckpt_p"  # position of a row's partition in the running set (shuffling vertices)
+__all__ = ["OutputFile", "PartitionResult", "result_dir"]
 
 
 def result_dir(job_dir: str, vertex_id: str) -> str:
     return join(job_dir, "results", vertex_id)
-
-
-def manifest_dir(job_dir: str, vertex_id: str) -> str:
-    return join(result_dir(job_dir, vertex_id), "_manifests")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,18 +56,20 @@ class OutputFile:
 
 
 @dataclasses.dataclass(frozen=True)
-class PartitionManifest:
-    job_id: str
+class PartitionResult:
+    """What a finished partition left behind, as the driver found it; logged as the payload
+    of ``ExecutionVertexFinished``. ``shared``: the partitions of a split-mode wave, which
+    share these files (losing one loses them all)."""
+
     vertex_id: str
     partition: int
     attempt_id: str
-    spark_task_attempt_id: int
-    spark_attempt_number: int
     started_ms: int
     finished_ms: int
     rows: int
     outputs: tuple[OutputFile, ...]
     schema: str = ""  # Spark StructType JSON of the vertex output
+    shared: tuple[int, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -92,27 +78,5 @@ class PartitionManifest:
     def body(self) -> dict[str, Any]:
         body = dataclasses.asdict(self)
         body["outputs"] = [o.to_json() for o in self.outputs]
+        body["shared"] = list(self.shared)
         return body
-
-    def dumps(self) -> bytes:
-        return dump_record("partition-manifest", MANIFEST_VERSION, self.body())
-
-    @classmethod
-    def from_body(cls, data: dict[str, Any]) -> PartitionManifest:
-        return cls(
-            job_id=data["job_id"],
-            vertex_id=data["vertex_id"],
-            partition=int(data["partition"]),
-            attempt_id=data["attempt_id"],
-            spark_task_attempt_id=int(data["spark_task_attempt_id"]),
-            spark_attempt_number=int(data["spark_attempt_number"]),
-            started_ms=int(data["started_ms"]),
-            finished_ms=int(data["finished_ms"]),
-            rows=int(data["rows"]),
-            outputs=tuple(OutputFile.from_json(o) for o in data["outputs"]),
-            schema=data.get("schema", ""),
-        )
-
-    @classmethod
-    def loads(cls, data: bytes | str) -> PartitionManifest:
-        return cls.from_body(load_record(data, "partition-manifest", (MANIFEST_VERSION,)))

@@ -5,11 +5,15 @@
 Measures, each as separate driver processes on the same generated input:
 
 1. overhead: the example orders job (jobs/orders_report.py, 50 partitions per vertex) run with
-   spark_ckpt versus the same DataFrame pipeline in plain Spark writing the same outputs
-   (settled rows to Parquet, the daily report to a Delta table via delta-rs);
-2. recovery: a spark_ckpt run SIGKILLed at 70% of a full run's job time, then resubmitted;
-   recovered-run time versus a from-scratch run;
-3. replay: reading and replaying an event log of 100,000 ExecutionVertexFinished events.
+   spark_ckpt, every vertex durable and only the sink vertices durable, versus the same
+   DataFrame pipeline in plain Spark writing the same outputs (settled rows to Parquet, the
+   daily report to a Delta table via delta-rs); the outputs of both sides are compared;
+2. recovery: spark_ckpt runs SIGKILLed at 30%, 60%, 70% and 85% of a full run's job time, then
+   resubmitted; recovered-run time versus a from-scratch run, and (killed + recovered) / fresh;
+3. partial re-run: 10% of the partitions of ``settled`` lost after every vertex finished; the
+   re-run's time in ``settled`` versus the whole vertex in a full run;
+4. replay: reading and replaying an event log of 100,000 ExecutionVertexFinished events, plus
+   the file checks recovery does next.
 
 Prints raw figures and ratios, and writes them as JSON (``--json``).
 """
@@ -35,7 +39,7 @@ sys.path.insert(0, str(ROOT / "jobs"))
 
 # -- child drivers -----------------------------------------------------------------------------
 def child(mode: str, input_dir: str, output: str, work_dir: str, parallelism: int,
-          agg_parallelism: int) -> None:
+          agg_parallelism: int, sinks_only: bool = False) -> None:
     import logging
 
     from spark_ckpt import Settings, get_or_create_session
@@ -60,11 +64,15 @@ def child(mode: str, input_dir: str, output: str, work_dir: str, parallelism: in
     else:
         import orders_report as report
 
+        settings = Settings.from_conf(spark.conf, progress="never",
+                                      batch_cleanup_on_success=False)
         job = report.build_job("bench", input_dir, output, parallelism=parallelism,
                                agg_parallelism=agg_parallelism, work_dir=work_dir, spark=spark,
-                               settings=Settings.from_conf(spark.conf, progress="never"))
+                               settings=settings, sinks_only=sinks_only)
         result = job.run()
-        info = {"ran": result.ran, "reused": result.reused, "attempt": result.attempt}
+        info = {"ran": result.ran, "reused": result.reused, "attempt": result.attempt,
+                "vertex_seconds": {v: s.seconds for v, s in result.vertices.items()},
+                "vertex_ran": {v: s.ran for v, s in result.vertices.items()}}
     print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0, **info}), flush=True)
 
 
@@ -77,15 +85,23 @@ def _env() -> dict[str, str]:
 
 
 def _cmd(mode: str, args: argparse.Namespace, output: str, work_dir: str) -> list[str]:
-    return [sys.executable, __file__, "--child", mode, "--input", args.input, "--output", output,
+    sinks_only = mode == "sinks"
+    return [sys.executable, __file__, "--child", "ckpt" if sinks_only else mode,
+            "--input", args.input, "--output", output,
             "--work-dir", work_dir, "--parallelism", str(args.parallelism),
-            "--agg-parallelism", str(args.agg_parallelism)]
+            "--agg-parallelism", str(args.agg_parallelism)] + (["--sinks-only"] * sinks_only)
 
 
-def run_child(mode: str, args: argparse.Namespace, output: str, work_dir: str) -> dict:
+def run_child(mode: str, args: argparse.Namespace, output: str, work_dir: str,
+              fault: str | None = None) -> dict:
     started = time.perf_counter()
-    proc = subprocess.run(_cmd(mode, args, output, work_dir), env=_env(), capture_output=True,
-                          text=True, cwd=ROOT)
+    env = _env()
+    if fault:
+        env["SPARK_CKPT_FAULT"] = fault
+    proc = subprocess.run(_cmd(mode, args, output, work_dir), env=env, capture_output=True,
+                          text=True, cwd=ROOT, start_new_session=True)
+    if fault:
+        return {"returncode": proc.returncode}
     if proc.returncode != 0:
         raise SystemExit(f"{mode} run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     line = next(li for li in proc.stdout.splitlines() if li.startswith("RESULT "))
@@ -94,7 +110,7 @@ def run_child(mode: str, args: argparse.Namespace, output: str, work_dir: str) -
     return result
 
 
-def kill_at(args: argparse.Namespace, output: str, work_dir: str, after: float) -> dict:
+def kill_at(args: argparse.Namespace, output: str, work_dir: str, after: float) -> dict:  # noqa: D401
     """Start a spark_ckpt driver and SIGKILL its process group ``after`` s into the job."""
     proc = subprocess.Popen(_cmd("ckpt", args, output, work_dir), env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -109,7 +125,32 @@ def kill_at(args: argparse.Namespace, output: str, work_dir: str, after: float) 
     from deltalake import DeltaTable
 
     frame = DeltaTable(f"{work_dir}/bench/events").to_pandas()
-    return {"durable_partitions": int((frame.event_type == "ExecutionVertexFinished").sum())}
+    return {"durable_partitions": int((frame.event_type == "ExecutionVertexFinished").sum()),
+            "killed_after_seconds": after}
+
+
+def outputs_equal(plain: str, ckpt: str) -> dict:
+    """Both sides wrote the same settled rows and the same daily report."""
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    def settled(out: str):
+        table = ds.dataset(f"{out}/settled", format="parquet",
+                           exclude_invalid_files=True).to_table()
+        return table.to_pandas().sort_values("order_id").reset_index(drop=True)
+
+    def daily(out: str):
+        frame = DeltaTable(f"{out}/daily").to_pandas()
+        return frame.sort_values(["region", "day"]).reset_index(drop=True)
+
+    a, b = settled(plain), settled(ckpt)
+    da, db = daily(plain), daily(ckpt)
+    same_settled = len(a) == len(b) and a[list(b.columns)].equals(b)
+    same_daily = da[list(db.columns)].equals(db)
+    if not (same_settled and same_daily):
+        raise SystemExit(f"outputs differ: settled {len(a)} vs {len(b)} rows "
+                         f"(equal: {same_settled}), daily equal: {same_daily}")
+    return {"settled_rows": len(a), "daily_rows": len(da)}
 
 
 # -- replay ------------------------------------------------------------------------------------
@@ -120,8 +161,13 @@ def bench_replay(events: int, directory: str) -> dict:
     from spark_ckpt.eventlog.writer import EventLogWriter
     from spark_ckpt.storage import Storage
 
+    from spark_ckpt.storage import stat_any
+
     storage = Storage(directory)
     path = storage.path("events")
+    files_dir = Path(directory) / "files"
+    for v in range((events + 999) // 1000):  # a real (small) file per finished partition
+        (files_dir / f"v{v}").mkdir(parents=True, exist_ok=True)
     writer = EventLogWriter(storage, path, job_id="replay", job_attempt=1,
                             flush_interval_ms=3_600_000, flush_max_events=1_000_000)
     writer.start()
@@ -130,32 +176,34 @@ def bench_replay(events: int, directory: str) -> dict:
     for start in range(0, events, batch):
         for i in range(start, min(events, start + batch)):
             vertex, partition = f"v{i // 1000}", i % 1000
+            file = files_dir / vertex / f"part-{partition:05d}.parquet"
+            file.write_bytes(b"x")
             writer.append(Event(
                 EventType.EXECUTION_VERTEX_FINISHED,
-                {"outputs": [{"kind": "result", "target": "next", "size": 123456, "rows": 1000,
-                              "path": f"/w/replay/results/{vertex}/p-{partition:05d}.parquet",
-                              "groups": {str(s): [s, 1, 20] for s in range(8)},
-                              "partition_values": {}}],
+                {"outputs": [{"kind": "result", "target": vertex, "size": 1, "rows": 1000,
+                              "path": str(file), "groups": {}, "partition_values": {}}],
                  "coordinator_state": {"checkpoint_id": -1}, "io": {"output_rows": 1000}},
                 vertex_id=vertex, partition=partition, attempt_id=f"a1-{vertex}-{partition}",
-                rows=1000, bytes=123456, duration_ms=42,
+                rows=1000, bytes=1, duration_ms=42,
             ))
         writer.flush()  # one Delta commit per 2,000 events, as a busy job would make
     writer.close()
     write_s = time.perf_counter() - t0
-    timings, parse = [], []
+    timings, checks = [], []
     for _ in range(3):
         t0 = time.perf_counter()
         table, _version, _problems = read_table(storage, path)
         history = replay_table(table)
         timings.append(time.perf_counter() - t0)
         assert len(history.finished) == events
-        t0 = time.perf_counter()  # what recovery adds next: every finished partition's files
-        files = sum(len(f.outputs) for f in history.finished.values())
-        parse.append(time.perf_counter() - t0)
-        assert files == events
+        t0 = time.perf_counter()  # what recovery does next: check every finished file
+        paths = [o.path for f in history.finished.values() for o in f.outputs]
+        sizes = stat_any(paths)
+        checks.append(time.perf_counter() - t0)
+        assert len(paths) == events and all(size == 1 for size in sizes)
     return {"events": events, "commits": writer.commits, "write_seconds": write_s,
-            "replay_seconds": timings, "file_lists_seconds": parse}
+            "replay_seconds": timings, "file_checks_seconds": checks,
+            "total_seconds": [a + b for a, b in zip(timings, checks, strict=True)]}
 
 
 # -- orchestration -----------------------------------------------------------------------------
@@ -163,6 +211,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", choices=["plain", "ckpt"])
+    parser.add_argument("--sinks-only", action="store_true")
     parser.add_argument("--input")
     parser.add_argument("--output")
     parser.add_argument("--work-dir")
@@ -171,14 +220,16 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, default=50)
     parser.add_argument("--agg-parallelism", type=int, default=8)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--kill-at", type=float, default=0.7)
+    parser.add_argument("--kill-at", default="0.3,0.6,0.7,0.85",
+                        help="comma list of fractions of a full run's time")
     parser.add_argument("--replay-events", type=int, default=100_000)
-    parser.add_argument("--skip", default="", help="comma list of: overhead,recovery,replay")
+    parser.add_argument("--skip", default="",
+                        help="comma list of: overhead,recovery,rerun,replay")
     parser.add_argument("--json", default=None, help="write the figures here too")
     args = parser.parse_args()
     if args.child:
         child(args.child, args.input, args.output, args.work_dir, args.parallelism,
-              args.agg_parallelism)
+              args.agg_parallelism, args.sinks_only)
         return
 
     import orders_data
@@ -204,45 +255,86 @@ def main() -> None:
         return str(out), str(work)
 
     full_ckpt: list[float] = []
+    full_runs: list[dict] = []
     if "overhead" not in skip:
-        plain, ckpt = [], []
+        plain, ckpt, sinks = [], [], []
         for rep in range(args.reps):  # alternate so drift hits both alike
-            plain.append(run_child("plain", args, *fresh("plain"))["seconds"])
-            ckpt.append(run_child("ckpt", args, *fresh("ckpt"))["seconds"])
-            print(f"rep {rep + 1}: plain {plain[-1]:.1f} s, spark_ckpt {ckpt[-1]:.1f} s",
+            order = ["plain", "ckpt", "sinks"] if rep % 2 == 0 else ["sinks", "ckpt", "plain"]
+            for mode in order:
+                out, work = fresh(mode)
+                run = run_child(mode, args, out, work)
+                {"plain": plain, "ckpt": ckpt, "sinks": sinks}[mode].append(run["seconds"])
+                if mode == "ckpt":
+                    full_runs.append(run)
+            if rep == 0:
+                figures["outputs_checked"] = {
+                    "every_vertex_durable": outputs_equal(str(base / "out-plain"),
+                                                          str(base / "out-ckpt")),
+                    "sinks_only": outputs_equal(str(base / "out-plain"),
+                                                str(base / "out-sinks")),
+                }
+            print(f"rep {rep + 1}: plain {plain[-1]:.1f} s, spark_ckpt {ckpt[-1]:.1f} s, "
+                  f"sinks only {sinks[-1]:.1f} s ({full_runs[-1]['vertex_seconds']})",
                   flush=True)
         full_ckpt = ckpt
-        figures["overhead"] = {"plain_seconds": plain, "ckpt_seconds": ckpt,
-                               "ratio_of_medians":
-                                   statistics.median(ckpt) / statistics.median(plain)}
-        print(f"overhead: spark_ckpt / plain = {figures['overhead']['ratio_of_medians']:.3f}")
+        median = statistics.median
+        figures["overhead"] = {
+            "plain_seconds": plain, "ckpt_seconds": ckpt, "sinks_only_seconds": sinks,
+            "ratio_of_medians": median(ckpt) / median(plain),
+            "sinks_only_ratio_of_medians": median(sinks) / median(plain),
+            "vertex_seconds": [r["vertex_seconds"] for r in full_runs],
+        }
+        print(f"overhead: spark_ckpt / plain = {figures['overhead']['ratio_of_medians']:.3f}; "
+              f"sinks only / plain = {figures['overhead']['sinks_only_ratio_of_medians']:.3f}")
 
     if "recovery" not in skip:
         if not full_ckpt:
             full_ckpt = [run_child("ckpt", args, *fresh("ckpt"))["seconds"]]
         full = statistics.median(full_ckpt)
         runs = []
-        for rep in range(max(1, args.reps - 1)):
+        for fraction in [float(f) for f in args.kill_at.split(",")]:
             out, work = fresh("recovery")
-            killed = kill_at(args, out, work, args.kill_at * full)
-            scratch = run_child("ckpt", args, *fresh("scratch"))["seconds"]
+            killed = kill_at(args, out, work, fraction * full)
             recovered = run_child("ckpt", args, out, work)
-            runs.append({**killed, "recovered_seconds": recovered["seconds"],
+            runs.append({**killed, "kill_fraction": fraction,
+                         "recovered_seconds": recovered["seconds"],
                          "reran": recovered["ran"], "reused": recovered["reused"],
-                         "scratch_seconds": scratch,
-                         "ratio": recovered["seconds"] / scratch})
-            print(f"recovery rep {rep + 1}: killed at {args.kill_at:.0%} of {full:.1f} s with "
-                  f"{killed['durable_partitions']} partitions durable; recovered in "
-                  f"{recovered['seconds']:.1f} s (ran {recovered['ran']}, reused "
-                  f"{recovered['reused']}) vs from scratch {scratch:.1f} s: "
-                  f"{runs[-1]['ratio']:.2f}x", flush=True)
-        figures["recovery"] = {"kill_after_seconds": args.kill_at * full, "runs": runs,
-                               "median_ratio": statistics.median(r["ratio"] for r in runs)}
+                         "fresh_seconds": full, "ratio": recovered["seconds"] / full,
+                         "total_ratio": (fraction * full + recovered["seconds"]) / full})
+            print(f"kill at {fraction:.0%} of {full:.1f} s with {killed['durable_partitions']} "
+                  f"partitions durable: recovered in {recovered['seconds']:.1f} s (ran "
+                  f"{recovered['ran']}, reused {recovered['reused']}): {runs[-1]['ratio']:.2f}x "
+                  f"a fresh run, killed + recovered {runs[-1]['total_ratio']:.2f}x", flush=True)
+        figures["recovery"] = {"fresh_seconds_median": full, "runs": runs}
+
+    if "rerun" not in skip:
+        out, work = fresh("rerun")
+        crashed = run_child("ckpt", args, out, work, fault="vertex.finished:3")
+        staged = sorted((Path(out) / "settled" / "_spark_ckpt_staging" / "bench" / "settled")
+                        .glob("*/part-*.parquet"))
+        lost = max(1, args.parallelism // 10)
+        for victim in staged[:lost]:
+            victim.unlink()
+        rerun = run_child("ckpt", args, out, work)
+        full_settled = statistics.median(r["vertex_seconds"]["settled"] for r in full_runs) \
+            if full_runs else None
+        figures["rerun"] = {
+            "crash_returncode": crashed["returncode"], "lost_partitions": lost,
+            "settled_rerun_seconds": rerun["vertex_seconds"]["settled"],
+            "settled_ran": rerun["vertex_ran"]["settled"],
+            "settled_full_seconds_median": full_settled,
+            "ratio": (rerun["vertex_seconds"]["settled"] / full_settled
+                      if full_settled else None),
+            "rerun_total_seconds": rerun["seconds"],
+        }
+        print(f"re-run of {lost} settled partitions: {rerun['vertex_seconds']['settled']:.1f} s "
+              f"vs the whole vertex {full_settled} s", flush=True)
 
     if "replay" not in skip:
         figures["replay"] = bench_replay(args.replay_events, str(base / "replay"))
         print(f"replay of {args.replay_events:,} events in {figures['replay']['commits']} "
-              f"commits: {', '.join(f'{s:.2f} s' for s in figures['replay']['replay_seconds'])}")
+              f"commits, with the file checks: "
+              f"{', '.join(f'{s:.2f} s' for s in figures['replay']['total_seconds'])}")
 
     print(json.dumps(figures, indent=2))
     if args.json:

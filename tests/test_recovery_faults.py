@@ -51,11 +51,11 @@ def durable(work_dir) -> int:
 @pytest.mark.parametrize("fault, expected_ran", [
     ("attempt.started", TOTAL_PARTITIONS),  # before any vertex was initialized
     ("vertex.initialized", TOTAL_PARTITIONS),  # vertices recorded, nothing finished
-    ("partition.written:7", None),  # a task's manifest exists, its event is not logged yet
+    ("partition.written:7", None),  # a task's file is in place, its event is not logged yet
     ("partition.finished:2", None),  # right after finished events became durable
-    ("vertex.finished:1", TOTAL_PARTITIONS - 4),  # payments done
-    ("vertex.finished:3", 2),  # everything but daily done
-    ("vertex.finished:4", 0),  # all partitions done, no sink committed
+    ("vertex.finished:1", TOTAL_PARTITIONS - 4),  # enriched done
+    ("vertex.finished:2", 2),  # everything but daily done
+    ("vertex.finished:3", 0),  # all partitions done, no sink committed
 ])
 def test_kill_before_and_after_each_kind_of_event(
         spark, orders_input, expected_daily, tmp_path, fault, expected_ran):
@@ -127,30 +127,34 @@ def test_killed_from_outside_mid_vertex(spark, orders_input, expected_daily, tmp
 
 def test_deleted_result_file_reruns_its_partition_and_everything_that_read_it(
         spark, orders_input, expected_daily, tmp_path):
-    crash(orders_input, tmp_path, "vertex.finished:2")  # payments and enriched finished
-    victim = sorted((tmp_path / "work" / "orders" / "results" / "enriched" / "to-settled")
-                    .glob("p-00002-*.parquet"))
-    assert len(victim) == 1
+    crash(orders_input, tmp_path, "vertex.finished:2")  # enriched and settled finished
+    # enriched has no key: a wave per partition here (4 partitions), its files in one directory
+    victim = sorted((tmp_path / "work" / "orders" / "results" / "enriched")
+                    .glob("a1-u2-*/part-*.parquet"))
+    assert len(victim) >= 1
     victim[0].unlink()
     result = resubmit(spark, orders_input, tmp_path)
-    # enriched 2 again, then settled (all 4 read it) and daily; payments reused.
+    # enriched 2 again, then settled (all 4 read it through a hash edge) and daily
     assert {v: s.ran for v, s in result.vertices.items()} == {
-        "payments": 0, "enriched": 1, "settled": 4, "daily": 2}
+        "enriched": 1, "settled": 4, "daily": 2}
     assert result.lost == [("enriched", 2)]
     assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
 
 
 def test_deleted_file_of_a_consumed_partition_invalidates_its_consumers(
         spark, orders_input, expected_daily, tmp_path):
-    crash(orders_input, tmp_path, "vertex.finished:3")  # all but daily finished
-    victim = next((tmp_path / "work" / "orders" / "results" / "payments" / "to-settled")
-                  .glob("p-00001-*.parquet"))
+    crash(orders_input, tmp_path, "vertex.finished:3")  # all finished, nothing committed
+    # settled is keyed by order_id: partition 1 is its task's file, staged for the Parquet
+    # sink and read from there by daily
+    victim = next((tmp_path / "out" / "settled" / "_spark_ckpt_staging" / "orders" / "settled")
+                  .glob("a1-*/part-00001-*.parquet"))
     victim.unlink()
     result = resubmit(spark, orders_input, tmp_path)
-    # payments 1 lost; settled read it (hash edge: every settled partition), so all of
-    # settled re-runs, then daily; enriched is upstream of nothing lost and is reused.
+    # settled 1 alone runs again (enriched is reused, its hash input filtered to partition 1);
+    # both daily partitions read it (hash edge), so they are invalidated and run again
     assert {v: s.ran for v, s in result.vertices.items()} == {
-        "payments": 1, "enriched": 0, "settled": 4, "daily": 2}
+        "enriched": 0, "settled": 1, "daily": 2}
+    assert result.lost == [("settled", 1)]
     assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
 
 
@@ -188,7 +192,7 @@ def test_changed_input_file_after_a_crash_is_refused(spark, orders_input, tmp_pa
 
     local_input = tmp_path / "input"
     shutil.copytree(orders_input, local_input)
-    crash(str(local_input), tmp_path, "vertex.finished:1")
+    crash(str(local_input), tmp_path, "partition.finished:1")
     victim = sorted((local_input / "orders").glob("*.parquet"))[1]
     victim.write_bytes(victim.read_bytes() + b"\0")
     with pytest.raises(InputChangedError, match=victim.name):

@@ -58,6 +58,7 @@ class VertexSummary:
     partitions: int
     reused: int
     ran: int
+    seconds: float = 0.0  # wall time this attempt spent running the vertex
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +105,7 @@ class JobRunner:
         self.finished: dict[tuple[str, int], FinishedPartition] = {}
         self._finished_lock = threading.Lock()
         self.ran: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
         self.attempt = 0
         self.writer: EventLogWriter | None = None
         self.problems: list[str] = []
@@ -128,6 +130,13 @@ class JobRunner:
 
     def _is_fenced(self) -> bool:
         return self.storage.exists(self._attempt_marker(self.attempt + 1))
+
+    def _check_fenced(self) -> None:
+        if self._is_fenced():
+            raise JobFencedError(
+                f"job {self.job.job_id}: driver attempt {self.attempt} was fenced off by a "
+                "newer attempt of the same job; this driver stops without committing"
+            )
 
     def _archive(self, path: str, reason: str) -> None:
         target = f"{path}.{reason}-{int(time.time())}"
@@ -263,7 +272,14 @@ class JobRunner:
             parts = plan.to_run.get(vertex.id, [])
             if not parts:
                 continue
-            runner.run(vertex, parts)
+            t0 = time.perf_counter()
+            self._check_fenced()  # a newer attempt may have finished and removed results
+            try:
+                runner.run(vertex, parts)
+            except Exception:
+                self._check_fenced()  # the failure of a fenced driver is its fencing
+                raise
+            self.seconds[vertex.id] = time.perf_counter() - t0
             self.ran[vertex.id] = len(parts)
             self.writer.flush()
             fault_point("vertex.finished")
@@ -274,6 +290,7 @@ class JobRunner:
                 partitions=v.parallelism,
                 reused=sum(1 for p in range(v.parallelism) if (v.id, p) in plan.finished),
                 ran=self.ran.get(v.id, 0),
+                seconds=round(self.seconds.get(v.id, 0.0), 3),
             )
             for v in self.graph.live_vertices() if not self.graph.is_virtual(v.id)
         }

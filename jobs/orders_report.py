@@ -47,10 +47,11 @@ def daily_revenue(settled: DataFrame) -> DataFrame:
 
 def build_job(job_id: str, input_dir: str, output: str, *, parallelism: int = 8,
               agg_parallelism: int = 4, work_dir: str | None = None,
-              spark=None, settings=None, sinks_only: bool = False) -> BatchJob:  # noqa: ANN001
+              spark=None, settings=None, sinks_only: bool = False,  # noqa: ANN001
+              run_key: str | None = None) -> BatchJob:
     """``sinks_only``: ``enriched`` is not durable (it runs inside ``settled``), so the only
     durable points are the two sink vertices."""
-    job = BatchJob(job_id, spark=spark, work_dir=work_dir, settings=settings)
+    job = BatchJob(job_id, run_key=run_key, spark=spark, work_dir=work_dir, settings=settings)
     orders = job.read_files("orders", f"{input_dir}/orders", parallelism=parallelism)
     customers = job.read_files("customers", f"{input_dir}/customers", parallelism=1)
     payments = job.read_files("payments", f"{input_dir}/payments", parallelism=parallelism)
@@ -71,6 +72,8 @@ def main() -> None:
     parser.add_argument("--input", required=True)
     parser.add_argument("--output", required=True)
     parser.add_argument("--job-id", default="orders-report")
+    parser.add_argument("--run-key", default=None,
+                        help="names one run (a date): the same key resumes, a new one runs afresh")
     parser.add_argument("--work-dir", default=None, help="overrides spark.ckpt.workDir")
     parser.add_argument("--parallelism", type=int, default=8)
     parser.add_argument("--agg-parallelism", type=int, default=4)
@@ -83,7 +86,7 @@ def main() -> None:
     spark = get_or_create_session(f"orders-report:{args.job_id}")
     job = build_job(args.job_id, args.input, args.output, parallelism=args.parallelism,
                     agg_parallelism=args.agg_parallelism, work_dir=args.work_dir, spark=spark,
-                    sinks_only=args.sinks_only)
+                    sinks_only=args.sinks_only, run_key=args.run_key)
     result = job.run(fresh=args.fresh)
     print(f"RESULT status={result.status} attempt={result.attempt} ran={result.ran} "
           f"reused={result.reused} duration={result.duration_s:.1f}s")

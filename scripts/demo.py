@@ -97,7 +97,7 @@ def main() -> None:
 
 
 def batch_demo(data: Path) -> None:
-    total = 16 * 3 + 4  # payments, enriched, settled, daily
+    total = 16 * 2 + 4  # enriched, settled, daily (sources are read in place)
 
     # 1. A run that dies: SIGKILL once about half of the partitions are durable.
     output, work = data / "output", data / "work"

@@ -106,8 +106,8 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "spark.ckpt.batch.partitionsPerWave",
         "int",
         0,
-        "Partitions of a shuffling vertex run per Spark job (a wave); each wave's partitions "
-        "become durable when it ends. 0 picks max(default parallelism, partitions / 10).",
+        "Partitions of a vertex without a key run per Spark job (a wave); a wave's partitions "
+        "share its files and become durable when it ends. 0 picks partitions / 4 (rounded up).",
         minimum=0,
     ),
     _opt(
@@ -121,7 +121,7 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "spark.ckpt.batch.pollIntervalMs",
         "int",
         300,
-        "How often the driver looks for partitions finished by running tasks.",
+        "How often the driver looks for the files of partitions finished by running tasks.",
         minimum=10,
     ),
     _opt(

@@ -124,12 +124,15 @@ def stat_any(paths: Iterable[str]) -> list[int | None]:
         groups.setdefault(prefix, []).append(i)
     sizes: list[int | None] = [None] * len(paths)
     for prefix, indexes in groups.items():
-        if prefix:
-            fs, _ = pafs.FileSystem.from_uri(paths[indexes[0]])
-            names = [paths[i].split("://", 1)[1] for i in indexes]
-        else:
-            fs = pafs.LocalFileSystem()
-            names = [paths[i].removeprefix("file://") for i in indexes]
+        if not prefix:  # os.stat: about ten times faster than a pyarrow call per file
+            for i in indexes:
+                try:
+                    sizes[i] = os.stat(paths[i].removeprefix("file://")).st_size
+                except (FileNotFoundError, NotADirectoryError):
+                    sizes[i] = None
+            continue
+        fs, _ = pafs.FileSystem.from_uri(paths[indexes[0]])
+        names = [paths[i].split("://", 1)[1] for i in indexes]
         for i, info in zip(indexes, fs.get_file_info(names), strict=True):
             sizes[i] = None if info.type == pafs.FileType.NotFound else info.size
     return sizes

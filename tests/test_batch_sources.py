@@ -115,10 +115,13 @@ def test_file_source_reads_exactly_what_spark_read_reads(spark, tmp_path, case):
                        ignore_nullable=True)
 
 
+@pytest.mark.parametrize("parallelism", [2, None])
 def test_a_recovered_run_reads_the_recorded_files_with_the_recorded_schema(
-        spark, tmp_path, monkeypatch):
+        spark, tmp_path, monkeypatch, parallelism):
     """A file arriving after the first attempt is not read by the recovery of that run, and
-    the schema Spark inferred then is kept (the new file would make ``delay`` a string)."""
+    the schema Spark inferred then is kept (the new file would make ``delay`` a string).
+    With ``parallelism=None`` (a split per file) the new file changes neither the job's
+    identity nor its split count: the finished partition is reused, not run again."""
     import dataclasses
 
     path = flights_csv(tmp_path / "csv")
@@ -128,12 +131,16 @@ def test_a_recovered_run_reads_the_recorded_files_with_the_recorded_schema(
     def build(settings):
         job = BatchJob("recorded", spark=spark, work_dir=str(tmp_path / "work"),
                        settings=settings)
-        source = job.read_files("input", path, format="csv", options=options, parallelism=2)
+        source = job.read_files("input", path, format="csv", options=options,
+                                parallelism=parallelism)
         job.write_parquet(job.vertex("out", identity, source), str(tmp_path / "out"))
         return job
 
     one_at_a_time = dataclasses.replace(SETTINGS, batch_partitions_per_wave=1,
                                         batch_concurrent_waves=1)
+    from spark_ckpt import faults
+
+    faults._spec_seen[0] = None  # count passes afresh in this test
     monkeypatch.setenv("SPARK_CKPT_FAULT", "partition.written:2:fail")
     with pytest.raises(OSError, match="injected"):
         build(one_at_a_time).run()
@@ -141,6 +148,7 @@ def test_a_recovered_run_reads_the_recorded_files_with_the_recorded_schema(
     (tmp_path / "csv" / "c.csv").write_text("carrier,tailnum,delay,day\nZZ,N1,oops,x\n")
     result = build(SETTINGS).run()
     assert (result.vertices["out"].reused, result.vertices["out"].ran) == (1, 1)
+    assert result.vertices["out"].partitions == 2  # a.csv and b.txt, as first recorded
     got = spark.read.parquet(str(tmp_path / "out"))
     assert dict(got.dtypes)["delay"] == "int"
     assert_df_equality(got.select(*plain.columns), plain, ignore_row_order=True,

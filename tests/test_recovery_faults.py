@@ -187,16 +187,31 @@ def test_unreadable_event_log_starts_fresh_and_keeps_the_old_log(
     assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
 
 
-def test_changed_input_file_after_a_crash_is_refused(spark, orders_input, tmp_path):
+def test_replaced_input_file_reruns_only_what_read_it(
+        spark, orders_input, expected_daily, tmp_path):
+    """A corrupt file replaced by a good one after a crash: the partitions that read it and
+    what depends on them run again, the rest is reused; a removed file is refused."""
     import shutil
+
+    import pyarrow.parquet as pq
 
     local_input = tmp_path / "input"
     shutil.copytree(orders_input, local_input)
-    crash(str(local_input), tmp_path, "partition.finished:1")
-    victim = sorted((local_input / "orders").glob("*.parquet"))[1]
-    victim.write_bytes(victim.read_bytes() + b"\0")
-    with pytest.raises(InputChangedError, match=victim.name):
-        resubmit(spark, str(local_input), tmp_path)
+    crash(str(local_input), tmp_path, "vertex.finished:1")  # enriched finished, from 4 files
+    before = finished_in_log(str(tmp_path / "work"))
+    assert {p for v, p in before if v == "enriched"} == {0, 1, 2, 3}
+    victim = sorted((local_input / "orders").glob("*.parquet"))[1]  # split 1 of 4
+    pq.write_table(pq.read_table(victim), victim, compression="gzip")  # same rows, new size
+    result = resubmit(spark, str(local_input), tmp_path)
+    assert {v: s.ran for v, s in result.vertices.items()} == {
+        "enriched": 1, "settled": 4, "daily": 2}
+    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
+
+    crash(str(local_input), tmp_path, "vertex.finished:1", job_id="other")
+    removed = sorted((local_input / "orders").glob("*.parquet"))[2]
+    removed.unlink()
+    with pytest.raises(InputChangedError, match=removed.name):
+        resubmit(spark, str(local_input), tmp_path, job_id="other")
 
 
 def test_second_driver_fences_the_first(spark, orders_input, expected_daily, tmp_path):

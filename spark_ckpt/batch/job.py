@@ -75,20 +75,31 @@ class BatchJob:
     """A batch job with a stable id; see the module docstring.
 
     Args:
-        job_id: stable across resubmissions; the same id resumes the same job.
+        job_id: names the job's logic, stable across resubmissions.
+        run_key: names one run of it (a date, a batch of input): resubmitting the same
+            ``(job_id, run_key)`` resumes that run, or answers "already complete"; a new run
+            key runs afresh. Without one, the job id alone is the run.
         spark: the session to run on (default: the active one, else one from defaults).
         work_dir: overrides ``spark.ckpt.workDir``.
         settings: overrides every ``spark.ckpt.*`` value read from the Spark conf.
     """
 
-    def __init__(self, job_id: str, *, spark: SparkSession | None = None,
-                 work_dir: str | None = None, settings: Settings | None = None) -> None:
-        if not job_id or "/" in job_id or job_id.startswith((".", "_")):
-            raise JobDefinitionError(
-                f"job id must be a non-empty name without '/' that does not start with '.' "
-                f"or '_', found {job_id!r}"
-            )
+    def __init__(self, job_id: str, *, run_key: str | None = None,
+                 spark: SparkSession | None = None, work_dir: str | None = None,
+                 settings: Settings | None = None) -> None:
+        for what, value in (("job id", job_id), ("run key", run_key)):
+            if value is None and what == "run key":
+                continue
+            if not value or "/" in value or "@" in value or value.startswith((".", "_")):
+                raise JobDefinitionError(
+                    f"{what} must be a non-empty name without '/' or '@' that does not start "
+                    f"with '.' or '_', found {value!r}"
+                )
         self.job_id = job_id
+        self.run_key = run_key
+        # One run of the job's logic: its event log, results and sink commits. The same run
+        # id resumes; a new run key runs afresh (the next day of a daily job).
+        self.run_id = job_id if run_key is None else f"{job_id}@{run_key}"
         self.graph = JobGraph(job_id)
         self._spark = spark
         self._work_dir = work_dir
@@ -113,7 +124,8 @@ class BatchJob:
         # The split count is decided now so later vertices can default to it; the splits
         # themselves are recorded at run time (or taken from an earlier attempt's record).
         splits = source.discover(parallelism)
-        self.graph.add(JobVertex(name, len(splits), source=source))
+        self.graph.add(JobVertex(name, len(splits), source=source, auto_parallelism=True,
+                                 declared_parallelism=parallelism or "auto"))
         return VertexRef(self, name)
 
     def source(self, name: str, build: Callable[[SparkSession], DataFrame] | DataFrame, *,
@@ -152,8 +164,12 @@ class BatchJob:
         main = [s for s in specs if s.kind != "broadcast"]
         if not main:
             raise JobDefinitionError(f"vertex {name}: every input is broadcast; one must not be")
+        inherits = None
         if parallelism is None:
             parallelism = main[0].vertex.parallelism
+            upstream = self.graph.vertices[main[0].vertex.id]
+            if upstream.auto_parallelism:
+                inherits = upstream.id
         key = tuple(key)
         if not key:
             hashed = [s for s in specs if s.kind == "hash"]
@@ -175,20 +191,44 @@ class BatchJob:
                     )
             edges.append(Edge(spec.vertex.id, kind, tuple(columns)))
         self.graph.add(JobVertex(name, parallelism, inputs=tuple(edges), fn=fn, key=key,
-                                 version=version, durable=durable))
+                                 version=version, durable=durable,
+                                 auto_parallelism=inherits is not None, inherits=inherits))
         return VertexRef(self, name)
 
     # -- sinks -----------------------------------------------------------------------------
-    def write_delta(self, vertex: VertexRef, path: str, *,
-                    mode: Literal["append", "overwrite"] = "append",
+    def write_delta(self, vertex: VertexRef, path: str, *, mode: str = "error",
                     partition_by: tuple[str, ...] | list[str] = (),
+                    merge_keys: tuple[str, ...] | list[str] = (),
                     name: str | None = None) -> None:
-        """Commit the vertex's output to a Delta table once, when the job completes."""
-        if mode not in ("append", "overwrite"):
-            raise JobDefinitionError(f"Delta sink: expected mode append or overwrite, "
+        """Commit the vertex's output to a Delta table once per run, when the run completes.
+
+        Args:
+            mode: what the commit does to rows already in the table, as in Spark:
+                ``error`` (the default, as ``DataFrameWriter``'s): refuse to run when the
+                table already holds rows; ``append``; ``overwrite`` (replace every row);
+                ``overwrite_partitions`` (replace the partitions the run wrote, keep the
+                others; needs ``partition_by``); ``merge`` (upsert on ``merge_keys``: rows
+                with the keys of an output row are replaced by it, the rest are kept; the
+                staged rows pass through the driver, read by delta-rs).
+            merge_keys: the columns that identify a row; giving them implies ``merge``.
+        """
+        keys = tuple(merge_keys)
+        if keys and mode == "error":
+            mode = "merge"
+        modes = ("error", "append", "overwrite", "overwrite_partitions", "merge")
+        if mode not in modes:
+            raise JobDefinitionError(f"Delta sink: expected mode {', '.join(modes)}, "
                                      f"found {mode!r}")
+        if mode == "overwrite_partitions" and not partition_by:
+            raise JobDefinitionError("Delta sink: mode overwrite_partitions needs partition_by "
+                                     "columns, found none")
+        if (mode == "merge") != bool(keys):
+            raise JobDefinitionError(
+                "Delta sink: mode merge needs merge_keys=columns, and merge_keys= is only for "
+                f"merge; found mode {mode!r} with merge_keys {list(keys)}"
+            )
         self._add_sink(vertex, SinkSpec(name or f"{vertex.id}-delta", "delta", path, mode,
-                                        tuple(partition_by)))
+                                        tuple(partition_by), tuple(keys)))
 
     def write_parquet(self, vertex: VertexRef, path: str, *,
                       partition_by: tuple[str, ...] | list[str] = (),
@@ -216,7 +256,7 @@ class BatchJob:
         from spark_ckpt.options import Settings
         from spark_ckpt.session import get_or_create_session
 
-        spark = self._spark or get_or_create_session(f"spark_ckpt:{self.job_id}")
+        spark = self._spark or get_or_create_session(f"spark_ckpt:{self.run_id}")
         settings = self._settings or Settings.from_conf(spark.conf)
         if self._work_dir:
             settings = dataclasses.replace(settings, work_dir=self._work_dir)

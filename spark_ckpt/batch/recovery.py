@@ -38,10 +38,13 @@ class RecoveryPlan:
 
 
 def plan_recovery(graph: JobGraph, history: JobHistory, fingerprints: dict[str, str],
-                  committed_sinks: set[str]) -> RecoveryPlan:
+                  committed_sinks: set[str], *,
+                  changed_inputs: set[tuple[str, int]] = frozenset()) -> RecoveryPlan:  # type: ignore[assignment]
     """Decide what to keep and what to run. ``committed_sinks``: sinks whose commit began
     (their staged files may have moved already, so they are not validated). Partitions of
-    virtual sources (read in place) are always finished and not counted as reused."""
+    virtual sources (read in place) are always finished and not counted as reused;
+    ``changed_inputs`` are source partitions whose files were replaced since they were read:
+    everything downstream of them runs again."""
     live = {v.id for v in graph.live_vertices()}
     changed = [
         vid for vid in graph.ids()
@@ -70,7 +73,8 @@ def plan_recovery(graph: JobGraph, history: JobHistory, fingerprints: dict[str, 
                             graph.job_id, key[0], key[1], path, size,
                             "nothing" if found is None else f"{found} bytes")
             lost.add(key)
-    invalid = (graph.downstream_closure(lost) | changed_closure) & set(candidates)
+    invalid = (graph.downstream_closure(lost | set(changed_inputs)) | changed_closure) \
+        & set(candidates)
     finished = {k: f for k, f in candidates.items() if k not in lost and k not in invalid}
 
     # A vertex whose sinks have all begun committing needs nothing more.

@@ -63,7 +63,8 @@ class VertexSummary:
 
 @dataclasses.dataclass(frozen=True)
 class JobResult:
-    """What one ``run()`` did. ``ran`` counts partitions computed by this attempt."""
+    """What one ``run()`` did. ``ran`` counts partitions computed by this attempt; ``job_id``
+    is the run's id (``job@run_key`` when the job has a run key)."""
 
     job_id: str
     attempt: int
@@ -100,7 +101,7 @@ class JobRunner:
         self.spark = spark
         self.settings = settings
         self.storage = Storage(settings.work_dir)
-        self.paths = job_paths(self.storage, job.job_id)
+        self.paths = job_paths(self.storage, job.run_id)
         self.registry = ExecutionRegistry()
         self.finished: dict[tuple[str, int], FinishedPartition] = {}
         self._finished_lock = threading.Lock()
@@ -110,6 +111,7 @@ class JobRunner:
         self.writer: EventLogWriter | None = None
         self.problems: list[str] = []
         self.source_schemas: dict[str, Any] = {}
+        self.changed_inputs: set[tuple[str, int]] = set()
 
     # -- attempt claim and fencing ---------------------------------------------------------
     def _attempt_marker(self, n: int) -> str:
@@ -121,7 +123,7 @@ class JobRunner:
                     if i.base_name[:5].isdigit() and i.base_name.endswith(".json")]
         n = max(existing, default=0) + 1
         while True:
-            body = {"job_id": self.job.job_id, "attempt": n, "host": socket.gethostname(),
+            body = {"job_id": self.job.run_id, "attempt": n, "host": socket.gethostname(),
                     "pid": os.getpid(), "started_ms": int(time.time() * 1000)}
             if self.storage.create_exclusive(self._attempt_marker(n),
                                              dump_record("job-attempt", 1, body)):
@@ -134,7 +136,7 @@ class JobRunner:
     def _check_fenced(self) -> None:
         if self._is_fenced():
             raise JobFencedError(
-                f"job {self.job.job_id}: driver attempt {self.attempt} was fenced off by a "
+                f"job {self.job.run_id}: driver attempt {self.attempt} was fenced off by a "
                 "newer attempt of the same job; this driver stops without committing"
             )
 
@@ -142,7 +144,7 @@ class JobRunner:
         target = f"{path}.{reason}-{int(time.time())}"
         if self.storage.exists(path):
             self.storage.move(path, target)
-            log.warning("Job %s: moved %s to %s (%s)", self.job.job_id, path, target, reason)
+            log.warning("Job %s: moved %s to %s (%s)", self.job.run_id, path, target, reason)
 
     # -- events ----------------------------------------------------------------------------
     def _emit(self, event: Event) -> None:
@@ -156,7 +158,7 @@ class JobRunner:
     # -- the attempt -----------------------------------------------------------------------
     def run(self, *, fresh: bool = False) -> JobResult:
         started = time.perf_counter()
-        job_id = self.job.job_id
+        job_id = self.job.run_id
         self.graph.validate()
         # Claimed before a fresh start archives anything: attempt numbers keep growing across
         # fresh starts, so a driver still running an older attempt finds itself fenced.
@@ -203,7 +205,7 @@ class JobRunner:
             table, _version, problems = read_table(self.storage, self.paths["events"])
         except EventLogUnreadable as exc:
             self.problems.append(str(exc))
-            log.error("Job %s: %s; keeping it aside and starting fresh", self.job.job_id, exc)
+            log.error("Job %s: %s; keeping it aside and starting fresh", self.job.run_id, exc)
             self._archive(self.paths["events"], "unreadable")
             self._archive(self.paths["results"], "orphaned")
             return JobHistory()
@@ -220,12 +222,12 @@ class JobRunner:
                 self.writer.close()
             except Exception as close_exc:  # the log may be what failed
                 log.warning("Job %s attempt %d: could not log the failure: %s",
-                            self.job.job_id, self.attempt, close_exc)
-        log.error("Job %s attempt %d failed: %s", self.job.job_id, self.attempt, exc)
+                            self.job.run_id, self.attempt, close_exc)
+        log.error("Job %s attempt %d failed: %s", self.job.run_id, self.attempt, exc)
 
     def _run_attempt(self, history: JobHistory, progress: JobProgress,
                      started: float) -> JobResult:
-        job_id = self.job.job_id
+        job_id = self.job.run_id
         mode = "recovery" if history.events else "fresh"
         self._emit(Event(EventType.JOB_ATTEMPT_STARTED, {
             "mode": mode, "spark_app_id": self.spark.sparkContext.applicationId,
@@ -243,7 +245,8 @@ class JobRunner:
 
         committing = set(history.sink_started) | set(history.sink_committed)
         fingerprints = {v.id: v.fingerprint() for v in self.graph.topological()}
-        plan = plan_recovery(self.graph, history, fingerprints, committing)
+        plan = plan_recovery(self.graph, history, fingerprints, committing,
+                             changed_inputs=self.changed_inputs)
         for key in plan.lost:
             self._emit(Event(EventType.EXECUTION_VERTEX_RESET, {"reason": "output missing"},
                              vertex_id=key[0], partition=key[1]))
@@ -260,10 +263,6 @@ class JobRunner:
         sinks = {s.name: make_sink(s, job_id) for v in self.graph.live_vertices()
                  for s in v.sinks}
         runner = VertexRunner(self, splits, self.source_schemas, sinks, progress)
-        if plan.to_run:  # the sources read now must be the files recorded at first
-            for vertex in self.graph.live_vertices():
-                if isinstance(vertex.source, FileSource):
-                    vertex.source.validate_splits(vertex.id, splits[vertex.id])
         for vertex in self.graph.live_vertices():
             if self.graph.is_virtual(vertex.id):
                 continue
@@ -323,8 +322,20 @@ class JobRunner:
             if isinstance(vertex.source, FileSource):
                 if same and recorded is not None:
                     splits[vertex.id] = decode_splits(recorded["coordinator_state"]["splits"])
+                    changed = vertex.source.changed_splits(vertex.id, splits[vertex.id])
+                    if changed:  # replaced files: what read them runs again, nothing else
+                        log.warning("Job %s: input files of source %s changed since they were "
+                                    "recorded (splits %s); the partitions that read them and "
+                                    "everything downstream run again", self.job.run_id,
+                                    vertex.id, sorted(changed))
+                        self.changed_inputs |= {(vertex.id, j) for j in changed}
+                        same = False  # log the splits again, with the new sizes
                 else:
-                    splits[vertex.id] = vertex.source.discover(vertex.parallelism)
+                    declared = vertex.declared_parallelism
+                    splits[vertex.id] = vertex.source.discover(
+                        declared if isinstance(declared, int) else None)
+                if vertex.auto_parallelism:
+                    self.graph.set_parallelism(vertex.id, len(splits[vertex.id]))
                 if len(splits[vertex.id]) != vertex.parallelism:
                     raise JobDefinitionError(
                         f"source {vertex.id}: expected {vertex.parallelism} splits, found "
@@ -333,19 +344,22 @@ class JobRunner:
                     )
                 state["splits"] = splits[vertex.id]
                 schema = (recorded or {}).get("coordinator_state", {}).get("schema") \
-                    if same else None
+                    if recorded is not None and recorded.get("fingerprint") == fingerprint \
+                    else None
                 if schema:
                     self.source_schemas[vertex.id] = StructType.fromJson(json.loads(schema))
                 else:
                     self.source_schemas[vertex.id] = vertex.source.resolve(
                         self.spark, vertex.id, splits[vertex.id])
                 state["schema"] = self.source_schemas[vertex.id].json()
+            same = same and recorded is not None and \
+                recorded.get("parallelism") == vertex.parallelism
             if same:
                 continue
-            if recorded is not None:
+            if recorded is not None and recorded.get("fingerprint") != fingerprint:
                 log.warning("Job %s: vertex %s changed since attempt that recorded it; its "
                             "finished partitions and everything downstream will run again",
-                            self.job.job_id, vertex.id)
+                            self.job.run_id, vertex.id)
             self._emit(Event(
                 EventType.JOB_VERTEX_INITIALIZED,
                 {"fingerprint": fingerprint, "parallelism": vertex.parallelism,
@@ -374,7 +388,7 @@ class JobRunner:
                 outputs=result.outputs, schema=result.schema,
             )
         payload = result.body()
-        payload["job_id"] = self.job.job_id
+        payload["job_id"] = self.job.run_id
         payload["coordinator_state"] = {"checkpoint_id": -1}
         payload["io"] = {"output_rows": result.rows, "output_bytes": result.bytes}
         payload["accumulators"] = {}
@@ -384,7 +398,7 @@ class JobRunner:
             bytes=result.bytes, duration_ms=result.finished_ms - result.started_ms,
         ))
         log.debug("Job %s attempt %d: partition %s/%d finished (%s, %d rows)",
-                  self.job.job_id, self.attempt, result.vertex_id, result.partition,
+                  self.job.run_id, self.attempt, result.vertex_id, result.partition,
                   result.attempt_id, result.rows)
         return True
 
@@ -401,7 +415,7 @@ class JobRunner:
                 version = history.sink_started.get(spec.name)
                 if version is not None and sink.is_committed(version):
                     log.info("Job %s: sink %s commit v%d had landed before the crash",
-                             self.job.job_id, spec.name, version)
+                             self.job.run_id, spec.name, version)
                     details: dict[str, Any] = {"recovered": True}
                 else:
                     if version is None:
@@ -421,7 +435,7 @@ class JobRunner:
                     details["duration_ms"] = int((time.perf_counter() - t0) * 1000)
                     fault_point("sink.committed")
                     log.info("Job %s attempt %d: committed sink %s v%d (%d files)",
-                             self.job.job_id, self.attempt, spec.name, version, len(files))
+                             self.job.run_id, self.attempt, spec.name, version, len(files))
                 self._emit(Event(EventType.SINK_COMMITTED,
                                  {"sink": spec.name, "version": version, **details},
                                  vertex_id=vertex.id))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -123,6 +122,13 @@ class DeltaSink(Sink):
                     f"Delta sink {self.spec.name}: the job partitions by "
                     f"{list(self.spec.partition_by)}, the table by {parts}"
                 )
+            if self.spec.mode == "error" and not self._txn_version() and table.file_uris():
+                raise JobDefinitionError(
+                    f"Delta sink {self.spec.name}: the table at {self.uri} already holds rows "
+                    f"and the sink's mode is 'error' (the default, as in Spark); choose what "
+                    f"the run does to them: mode='append', 'overwrite', "
+                    f"'overwrite_partitions' or 'merge'"
+                )
         else:
             DeltaTable.create(self.uri, arrow, mode="ignore",
                               partition_by=list(self.spec.partition_by) or None)
@@ -150,8 +156,9 @@ class DeltaSink(Sink):
         now = int(time.time() * 1000)
         actions = [
             AddAction(
-                path=urllib.parse.quote(f.path[len(root):] if f.path.startswith(root) else f.path,
-                                        safe="/="),
+                # the plain relative path: delta-rs encodes it for the log itself (quoting
+                # here made '@' or Spark's escaped partition values unreadable)
+                path=f.path[len(root):] if f.path.startswith(root) else f.path,
                 size=f.size,
                 partition_values=f.partition_values,
                 modification_time=now,
@@ -161,18 +168,71 @@ class DeltaSink(Sink):
             for f in files
         ]
         table = DeltaTable(self.uri)
+        schema = self._schema or pa.schema(table.schema())
+        properties = CommitProperties(
+            app_transactions=[Transaction(app_id=self.app_id, version=version)],
+            custom_metadata={"spark_ckpt.job_id": self.job_id, **(metadata or {})},
+        )
+        mode = self.spec.mode
+        if mode == "merge":
+            return self._merge(table, files, schema, properties)
+        removes: list[Any] = []
+        if mode == "overwrite_partitions":
+            removes = self._removes_of_partitions(table, files, now)
         table.create_write_transaction(
-            actions,
-            mode=self.spec.mode,
-            schema=self._schema or pa.schema(table.schema()),
+            actions + removes,
+            mode="overwrite" if mode == "overwrite" else "append",
+            schema=schema,
             partition_by=list(self.spec.partition_by) or None,
-            commit_properties=CommitProperties(
-                app_transactions=[Transaction(app_id=self.app_id, version=version)],
-                custom_metadata={"spark_ckpt.job_id": self.job_id, **(metadata or {})},
-            ),
+            commit_properties=properties,
         )
         table.update_incremental()
-        return {"table_version": table.version(), "files": len(files)}
+        return {"table_version": table.version(), "files": len(files),
+                "removed": len(removes)}
+
+    def _removes_of_partitions(self, table: Any, files: list[OutputFile],
+                               now: int) -> list[Any]:
+        """Remove actions for every file in a partition the run wrote (dynamic partition
+        overwrite: the other partitions keep their rows)."""
+        from deltalake.transaction import RemoveAction
+
+        columns = list(self.spec.partition_by)
+        written = {tuple(f.partition_values.get(c) for c in columns) for f in files}
+        existing = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        removes = []
+        for add in existing:
+            values = tuple(_partition_text(add.get(f"partition.{c}")) for c in columns)
+            if values in written:
+                removes.append(RemoveAction(path=add["path"], data_change=True,
+                                            deletion_timestamp=now, size=add["size_bytes"],
+                                            partition_values=dict(zip(columns, values,
+                                                                      strict=True))))
+        return removes
+
+    def _merge(self, table: Any, files: list[OutputFile], schema: pa.Schema,
+               properties: Any) -> dict[str, Any]:
+        """Upsert the staged rows on the sink's keys in one Delta commit (delta-rs MERGE)."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        def batches():  # noqa: ANN202
+            for f in files:
+                store = Storage(f.path)
+                data = pq.read_table(store.root, filesystem=store.fs)
+                for column, value in f.partition_values.items():
+                    field = schema.field(column)
+                    array = pa.array([value] * data.num_rows, pa.string())
+                    data = data.append_column(column, pc.cast(array, field.type))
+                yield from data.select(schema.names).cast(schema).to_batches()
+
+        source = pa.RecordBatchReader.from_batches(schema, batches())
+        predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.spec.keys)
+        metrics = (table.merge(source, predicate, source_alias="s", target_alias="t",
+                               commit_properties=properties)
+                   .when_matched_update_all().when_not_matched_insert_all().execute())
+        table.update_incremental()
+        return {"table_version": table.version(), "files": len(files),
+                "merged": {k: v for k, v in metrics.items() if k.startswith("num_target")}}
 
 
 class ParquetSink(Sink):
@@ -244,11 +304,10 @@ class ParquetSink(Sink):
         existing = self._read_marker(version)
         if existing is None:
             _check_files(self.spec.name, files)  # before the marker: a refused commit leaves none
-            staging = self.store.spark_path(self.staging).rstrip("/") + "/"
             moves = []
+            depth = len(self.spec.partition_by) + 1  # <p1=..>/.../<file> under its write dir
             for f in files:
-                # <vertex>/<write tag>/<relative path the writer gave it>
-                relative = f.path[len(staging):].split("/", 2)[2]
+                relative = "/".join(self.store.fs_path(f.path).split("/")[-depth:])
                 moves.append([self.store.fs_path(f.path), join(self.store.root, relative),
                               f.size])
             body = {"job_id": self.job_id, "version": version, "status": "committing",
@@ -288,6 +347,15 @@ def make_sink(spec: SinkSpec, job_id: str) -> Sink:
     if spec.kind == "delta":
         return DeltaSink(spec, job_id)
     return ParquetSink(spec, job_id)
+
+
+def _partition_text(value: Any) -> str | None:
+    """A partition value as Delta's log spells it."""
+    if value is None:
+        return None
+    if hasattr(value, "isoformat"):
+        return value.isoformat(sep=" ") if hasattr(value, "hour") else value.isoformat()
+    return str(value)
 
 
 def _fmt(columns: dict[str, Any]) -> str:

@@ -140,17 +140,24 @@ class FileSource:
             reader = reader.option("basePath", self.path)  # keep partition columns
         return reader.load(files)
 
-    def validate_splits(self, vertex_id: str, splits: list[Split]) -> None:
-        """Before re-reading recorded splits, check their files are the ones recorded."""
-        files = [f for split in splits for f in split]
-        for (path, size), found in zip(files, stat_any(p for p, _ in files), strict=True):
-            if found != size:
-                what = "missing" if found is None else f"{found} bytes"
+    def changed_splits(self, vertex_id: str, splits: list[Split]) -> set[int]:
+        """Before re-reading recorded splits: the splits whose files were replaced (another
+        size), updated in place to the sizes found. A removed file cannot be read again."""
+        files = [(j, k) for j, split in enumerate(splits) for k in range(len(split))]
+        sizes = stat_any(splits[j][k][0] for j, k in files)
+        changed: set[int] = set()
+        for (j, k), found in zip(files, sizes, strict=True):
+            path, size = splits[j][k]
+            if found is None:
                 raise InputChangedError(
                     f"source vertex {vertex_id}: input file {path} was {size} bytes when the "
-                    f"job first read it, found {what}. The job's input changed; run it again "
-                    f"with fresh=True (or a new job id) to start over."
+                    f"job first read it, found missing. The job's input changed; run it "
+                    f"again with fresh=True or a new run key to start over."
                 )
+            if found != size:
+                splits[j][k] = (path, found)
+                changed.add(j)
+        return changed
 
 
 @dataclasses.dataclass(eq=False)

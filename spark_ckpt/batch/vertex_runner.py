@@ -267,14 +267,14 @@ class VertexRunner:
                         f"{upstream.id}.by(columns), or mark {upstream.id} durable=False"
                     )
         log.info("Job %s attempt %d: vertex %s runs %d of %d partitions in %d Spark job(s) "
-                 "(%s mode)", self.job.job.job_id, self.job.attempt, vertex.id, len(parts),
+                 "(%s mode)", self.job.job.run_id, self.job.attempt, vertex.id, len(parts),
                  vertex.parallelism, len(units), "hash" if self.hash_mode(vertex) else "split")
         groups: list[str] = []
         workers = min(self.job.settings.batch_concurrent_waves, len(units))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             futures = []
             for number, unit in enumerate(units):
-                group = (f"spark_ckpt-{self.job.job.job_id}-a{self.job.attempt}-{vertex.id}"
+                group = (f"spark_ckpt-{self.job.job.run_id}-a{self.job.attempt}-{vertex.id}"
                          f"-u{number}")
                 groups.append(group)
                 futures.append(pool.submit(self._run_unit, vertex, unit, group, number))
@@ -291,7 +291,7 @@ class VertexRunner:
                 f"vertex {vertex.id}: Spark jobs ended but partitions {missing} were not recorded"
             )
         log.info("Job %s attempt %d: vertex %s finished %d partitions in %.1f s",
-                 self.job.job.job_id, self.job.attempt, vertex.id, len(parts),
+                 self.job.job.run_id, self.job.attempt, vertex.id, len(parts),
                  time.perf_counter() - started)
 
     def _waves(self, vertex: JobVertex, parts: list[int]) -> list[list[int]]:
@@ -339,7 +339,7 @@ class VertexRunner:
                     self.sinks[w.target].prepare(df.schema)
                     self._prepared.add(w.target)
         sc = self.spark.sparkContext
-        sc.setJobGroup(group, f"spark_ckpt job {job.job.job_id} attempt {job.attempt}: vertex "
+        sc.setJobGroup(group, f"spark_ckpt job {job.job.run_id} attempt {job.attempt}: vertex "
                        f"{vertex.id} partitions {parts[0]}..{parts[-1]}", interruptOnCancel=True)
         for execution in executions.values():
             execution.machine.move_to(ExecutionState.RUNNING)
@@ -451,7 +451,7 @@ class _UnitTracker:
                 self._record_visible()
             except Exception as exc:  # e.g. fenced: the write thread reports it too
                 log.error("Job %s: recording finished partitions of %s failed: %s",
-                          self.runner.job.job.job_id, self.vertex.id, exc)
+                          self.runner.job.job.run_id, self.vertex.id, exc)
                 return
 
     def _record_visible(self) -> None:

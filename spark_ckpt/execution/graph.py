@@ -57,11 +57,16 @@ class SinkSpec:
     name: str
     kind: Literal["delta", "parquet"]
     path: str
-    mode: Literal["append", "overwrite"] = "append"
+    mode: str = "append"  # error, append, overwrite, overwrite_partitions, merge
     partition_by: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()  # merge: the columns that identify a row
 
     def describe(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"partition_by": list(self.partition_by)}
+        out = dataclasses.asdict(self) | {"partition_by": list(self.partition_by)}
+        out["keys"] = list(self.keys)
+        if not self.keys:
+            del out["keys"]  # so fingerprints recorded before sinks had keys still match
+        return out
 
 
 @dataclasses.dataclass(eq=False)
@@ -90,6 +95,13 @@ class JobVertex:
     sinks: list[SinkSpec] = dataclasses.field(default_factory=list)
     version: str = ""
     durable: bool = True
+    # Decided when the job runs, not when it is declared: a file source's split count (the
+    # recorded splits, or the files found, capped by the declared parallelism) and, for a
+    # vertex declared without one, the parallelism of the vertex it inherits from. The
+    # identity (descriptor) holds what was declared: an int, or "auto" for None.
+    auto_parallelism: bool = False
+    inherits: str | None = None
+    declared_parallelism: int | str = "auto"
 
     @property
     def is_source(self) -> bool:
@@ -99,7 +111,10 @@ class JobVertex:
         """What identifies this vertex's partitioning and output across driver attempts."""
         return {
             "id": self.id,
-            "parallelism": self.parallelism,
+            # "auto" keeps the identity of a job whose source gained a file: a recovered run
+            # reads the recorded files, so its partitions mean what they meant.
+            "parallelism": self.declared_parallelism if self.auto_parallelism
+            else self.parallelism,
             "inputs": [e.describe() for e in self.inputs],
             "key": list(self.key),
             "source": self.source.describe() if self.source is not None else None,
@@ -204,6 +219,21 @@ class JobGraph:
                 )
         if not any(v.sinks for v in self.vertices.values()):
             raise JobDefinitionError(f"job {self.job_id} has no sink; nothing would be written")
+
+    def set_parallelism(self, vertex_id: str, parallelism: int) -> None:
+        """Decide an auto parallelism at run time, for the vertex and those inheriting it."""
+        vertex = self.vertices[vertex_id]
+        if vertex.parallelism == parallelism:
+            return
+        if not vertex.auto_parallelism:
+            raise JobDefinitionError(
+                f"vertex {vertex_id}: expected parallelism {vertex.parallelism} as declared, "
+                f"found {parallelism}"
+            )
+        vertex.parallelism = parallelism
+        for other in self.vertices.values():
+            if other.inherits == vertex_id:
+                self.set_parallelism(other.id, parallelism)
 
     def consumers(self, vertex_id: str) -> list[tuple[str, Edge]]:
         return self._consumers[vertex_id]

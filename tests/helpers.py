@@ -40,10 +40,11 @@ def child_env(fault: str | None = None, **extra: str) -> dict[str, str]:
 
 
 def run_driver(input_dir: str, output: str, work_dir: str, *, fault: str | None = None,
-               job_id: str = "orders", timeout: float = 300) -> subprocess.CompletedProcess:
+               job_id: str = "orders", timeout: float = 300,
+               **extra: str) -> subprocess.CompletedProcess:
     """Run the example job as a real driver process in its own process group."""
     return subprocess.run(
-        job_command(input_dir, output, work_dir, job_id), env=child_env(fault),
+        job_command(input_dir, output, work_dir, job_id), env=child_env(fault, **extra),
         capture_output=True, text=True, timeout=timeout, start_new_session=True, cwd=ROOT,
     )
 

@@ -81,14 +81,43 @@ def test_overwrite_partitions_replaces_only_the_partitions_written(spark, tmp_pa
     assert table(tmp_path) == want
 
 
-def test_merge_upserts_on_the_keys_once(spark, tmp_path):
+def test_merge_upserts_on_the_keys_once(spark, tmp_path, monkeypatch):
+    """A crash after the MERGE commit landed, before it was logged: the next attempt finds
+    the run's app transaction in the table and does not merge again."""
+    from spark_ckpt import faults
+
     kw = {"mode": "merge", "merge_keys": ["id"]}
     run(spark, tmp_path, "r1", [(i, "d1", 1) for i in range(10)], **kw)
-    run(spark, tmp_path, "r2", [(i, "d2", 2) for i in range(5, 15)], **kw)
-    again = run(spark, tmp_path, "r2", [(i, "d2", 2) for i in range(5, 15)], **kw)
-    assert again.status == "already-complete"
-    assert table(tmp_path) == sorted([(i, "d1", 10) for i in range(5)] +
-                                     [(i, "d2", 20) for i in range(5, 15)])
+    faults._spec_seen[0] = None
+    monkeypatch.setenv("SPARK_CKPT_FAULT", "sink.committed:1:fail")
+    with pytest.raises(OSError, match="injected"):
+        run(spark, tmp_path, "r2", [(i, "d2", 2) for i in range(5, 15)], **kw)
+    monkeypatch.delenv("SPARK_CKPT_FAULT")
+    want = sorted([(i, "d1", 10) for i in range(5)] + [(i, "d2", 20) for i in range(5, 15)])
+    assert table(tmp_path) == want
+    again = run(spark, tmp_path, "r2", [(i, "d2", 3) for i in range(5, 15)], **kw)
+    assert again.status == "succeeded" and again.ran == 0 and again.sinks == {"out-delta": 1}
+    assert table(tmp_path) == want  # merged once, not twice, not with the new rows
+    assert len(DeltaTable(str(tmp_path / "table")).history()) == 3  # create + two merges
+
+
+@pytest.mark.parametrize("mode", ["append", "merge"])
+def test_a_wave_of_partitions_sharing_files_commits_each_file_once(spark, tmp_path, mode):
+    """Split mode: partitions of a wave share its files; the sink adds (or merges) each once."""
+    import dataclasses
+
+    src = tmp_path / "src"
+    spark.range(0, 400).withColumn("v", F.col("id") * 2).repartition(4).write.parquet(str(src))
+    settings = dataclasses.replace(SETTINGS, batch_partitions_per_wave=2)
+    job = BatchJob("waves", spark=spark, work_dir=str(tmp_path / "work"), settings=settings)
+    files = job.read_files("files", str(src))
+    out = job.vertex("out", lambda df: df.withColumn("w", F.col("v") + 1), files)
+    job.write_delta(out, str(tmp_path / "table"), mode=mode,
+                    merge_keys=["id"] if mode == "merge" else ())
+    result = job.run()
+    assert result.vertices["out"].partitions == 4 and result.ran == 4
+    frame = DeltaTable(str(tmp_path / "table")).to_pandas()
+    assert sorted(frame["id"]) == list(range(400))
 
 
 @pytest.mark.parametrize("kwargs, message", [

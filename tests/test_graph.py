@@ -81,8 +81,24 @@ def test_sources_and_non_durable_vertices_are_read_in_place():
     g2.validate()
     assert not g2.is_virtual("src")  # a source with a sink runs, to stage the sink's files
     assert g2.is_virtual("a") and not g2.is_virtual("b")
-    # recovery counts virtual partitions as available: only src (its sink) and b run
-    assert g2.restart_set({("a", 0), ("a", 1)}) == {"src": [0, 1], "b": [0, 1]}
+    virtual = {("a", 0), ("a", 1)}
+    # a never runs itself, but what it reads is needed: src (it has a sink) and b run
+    assert g2.restart_set(set(), virtual) == {"src": [0, 1], "b": [0, 1]}
+    assert g2.restart_set({("src", 0), ("src", 1)}, virtual) == {"b": [0, 1]}
+
+
+def test_restart_walks_through_a_non_durable_vertex_to_a_lost_durable_partition():
+    """durable a -> durable=False v -> sink s: losing a/1 re-runs a/1 (and s), not v."""
+    g = JobGraph("j")
+    g.add(JobVertex("src", 2, source=_Replayable()))
+    g.add(JobVertex("a", 2, inputs=(Edge("src", "forward"),), fn=lambda d: d, key=("k",)))
+    g.add(JobVertex("v", 2, inputs=(Edge("a", "forward"),), fn=lambda d: d, durable=False))
+    g.add(JobVertex("s", 2, inputs=(Edge("v", "forward"),), fn=lambda d: d,
+                    sinks=[SinkSpec("o", "parquet", "/tmp/o")]))
+    g.validate()
+    virtual = {(vid, p) for vid in ("src", "v") for p in (0, 1)}
+    assert g.restart_set({("a", 0)}, virtual) == {"a": [1], "s": [0, 1]}
+    assert g.restart_set({("a", 0), ("a", 1), ("s", 0)}, virtual) == {"s": [1]}
 
 
 def test_a_non_durable_vertex_with_a_sink_is_refused():

@@ -28,19 +28,19 @@ SETTINGS = Settings(progress="never", event_log_flush_interval_ms=200)
 KILLED = -signal.SIGKILL
 
 
-def crash(orders_input, tmp_path, fault, job_id="orders"):
+def crash(orders_input, tmp_path, fault, job_id="orders", **env):
     proc = run_driver(orders_input, str(tmp_path / "out"), str(tmp_path / "work"), fault=fault,
-                      job_id=job_id)
+                      job_id=job_id, **env)
     assert proc.returncode == KILLED, (
         f"driver was not killed at {fault} (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
         f"\n{proc.stderr[-3000:]}"
     )
 
 
-def resubmit(spark, orders_input, tmp_path, job_id="orders"):
+def resubmit(spark, orders_input, tmp_path, job_id="orders", settings=SETTINGS):
     job = report.build_job(job_id, orders_input, str(tmp_path / "out"), parallelism=4,
                            agg_parallelism=2, work_dir=str(tmp_path / "work"), spark=spark,
-                           settings=SETTINGS)
+                           settings=settings)
     return job.run()
 
 
@@ -187,25 +187,45 @@ def test_unreadable_event_log_starts_fresh_and_keeps_the_old_log(
     assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
 
 
-def test_replaced_input_file_reruns_only_what_read_it(
-        spark, orders_input, expected_daily, tmp_path):
-    """A corrupt file replaced by a good one after a crash: the partitions that read it and
-    what depends on them run again, the rest is reused; a removed file is refused."""
+def test_replaced_input_file_reruns_only_what_read_it(spark, orders_input, tmp_path):
+    """A corrupt file replaced by a good one after a crash: the partitions that read it (the
+    whole wave sharing their files) and what depends on them run again, on the new rows; the
+    rest is reused. A removed file is refused."""
+    import dataclasses
     import shutil
 
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
+
+    from helpers import ROOT, read_daily
 
     local_input = tmp_path / "input"
     shutil.copytree(orders_input, local_input)
-    crash(str(local_input), tmp_path, "vertex.finished:1")  # enriched finished, from 4 files
-    before = finished_in_log(str(tmp_path / "work"))
-    assert {p for v, p in before if v == "enriched"} == {0, 1, 2, 3}
+    defaults = tmp_path / "spark-defaults.conf"  # waves of two partitions of enriched
+    defaults.write_text((ROOT / "spark-defaults.conf").read_text()
+                        + "spark.ckpt.batch.partitionsPerWave 2\n")
+    crash(str(local_input), tmp_path, "vertex.finished:1", SPARK_CKPT_DEFAULTS=str(defaults))
+    assert {p for v, p in finished_in_log(str(tmp_path / "work")) if v == "enriched"} == \
+        {0, 1, 2, 3}
     victim = sorted((local_input / "orders").glob("*.parquet"))[1]  # split 1 of 4
-    pq.write_table(pq.read_table(victim), victim, compression="gzip")  # same rows, new size
-    result = resubmit(spark, str(local_input), tmp_path)
+    good = pq.read_table(victim)
+    good = good.set_column(good.schema.get_field_index("amount"), "amount",
+                           pc.multiply(good.column("amount"), 2))
+    pq.write_table(good, victim)
+    waves = dataclasses.replace(SETTINGS, batch_partitions_per_wave=2)
+    result = resubmit(spark, str(local_input), tmp_path, settings=waves)
+    # split 1 was read by enriched 1, whose wave {0, 1} shares files: both run again
     assert {v: s.ran for v, s in result.vertices.items()} == {
-        "enriched": 1, "settled": 4, "daily": 2}
-    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
+        "enriched": 2, "settled": 4, "daily": 2}
+
+    orders = spark.read.parquet(str(local_input / "orders"))
+    customers = spark.read.parquet(str(local_input / "customers"))
+    payments = spark.read.parquet(str(local_input / "payments"))
+    settled = report.settle(report.enrich(orders, customers), payments)
+    want = report.daily_revenue(settled).toPandas().sort_values(["region", "day"])
+    got = read_daily(str(tmp_path / "out"))
+    assert got[list(want.columns)].reset_index(drop=True).equals(want.reset_index(drop=True))
+    assert spark.read.parquet(str(tmp_path / "out" / "settled")).count() == settled.count()
 
     crash(str(local_input), tmp_path, "vertex.finished:1", job_id="other")
     removed = sorted((local_input / "orders").glob("*.parquet"))[2]

@@ -73,8 +73,9 @@ def plan_recovery(graph: JobGraph, history: JobHistory, fingerprints: dict[str, 
                             graph.job_id, key[0], key[1], path, size,
                             "nothing" if found is None else f"{found} bytes")
             lost.add(key)
-    invalid = (graph.downstream_closure(lost | set(changed_inputs)) | changed_closure) \
-        & set(candidates)
+    seeds = lost | set(changed_inputs)
+    invalid = (graph.downstream_closure(seeds) | changed_closure | seeds) & set(candidates)
+    invalid |= _shared_with(graph, candidates, lost | invalid)
     finished = {k: f for k, f in candidates.items() if k not in lost and k not in invalid}
 
     # A vertex whose sinks have all begun committing needs nothing more.
@@ -85,7 +86,7 @@ def plan_recovery(graph: JobGraph, history: JobHistory, fingerprints: dict[str, 
                     finished[(vertex.id, p)] = candidates[(vertex.id, p)]
     virtual = {(v.id, p) for v in graph.live_vertices() if graph.is_virtual(v.id)
                for p in range(v.parallelism)}
-    to_run = graph.restart_set(set(finished) | virtual)
+    to_run = graph.restart_set(set(finished), virtual)
     return RecoveryPlan(
         finished=finished,
         changed_vertices=[v for v in changed if v in history.vertices],
@@ -93,3 +94,36 @@ def plan_recovery(graph: JobGraph, history: JobHistory, fingerprints: dict[str, 
         invalidated=sorted(invalid - lost),
         to_run=to_run,
     )
+
+
+def _shared_with(graph: JobGraph, candidates: dict[tuple[str, int], FinishedPartition],
+                 bad: set[tuple[str, int]]) -> set[tuple[str, int]]:
+    """Finished partitions that must run again because they share files with one that does.
+
+    The partitions of a split-mode wave share its files, each of which holds the rows of
+    all of them: a partition of a wave is kept only if every partition of the wave is kept
+    (a crash can log some of a wave's partitions and not the others), and nothing that shares
+    a file with a partition that runs again. What those read runs again too.
+    """
+    owners: dict[str, set[tuple[str, int]]] = {}
+    for key, fp in candidates.items():
+        for out in fp.outputs:
+            owners.setdefault(out.path, set()).add(key)
+    bad = set(bad)
+    extra: set[tuple[str, int]] = set()
+    while True:
+        new = set()
+        for key, fp in candidates.items():
+            if key in bad:
+                continue
+            wave_lost = any((key[0], p) not in candidates or (key[0], p) in bad
+                            for p in fp.shared)
+            file_lost = any(owners[out.path] & bad for out in fp.outputs)
+            if wave_lost or file_lost:
+                new.add(key)
+        if not new:
+            return extra
+        new |= graph.downstream_closure(new) & set(candidates)
+        new -= bad
+        bad |= new
+        extra |= new

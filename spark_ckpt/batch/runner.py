@@ -28,7 +28,7 @@ from spark_ckpt.batch.recovery import plan_recovery
 from spark_ckpt.batch.sinks import Sink, make_sink
 from spark_ckpt.batch.sources import FileSource, decode_splits
 from spark_ckpt.batch.vertex_runner import VertexRunner
-from spark_ckpt.errors import JobDefinitionError, JobFencedError
+from spark_ckpt.errors import JobFencedError
 from spark_ckpt.eventlog.events import Event, EventType
 from spark_ckpt.eventlog.reader import EventLogUnreadable, read_table
 from spark_ckpt.eventlog.replay import FinishedPartition, JobHistory, replay_table
@@ -112,6 +112,7 @@ class JobRunner:
         self.problems: list[str] = []
         self.source_schemas: dict[str, Any] = {}
         self.changed_inputs: set[tuple[str, int]] = set()
+        self.deferred_events: list[Event] = []
 
     # -- attempt claim and fencing ---------------------------------------------------------
     def _attempt_marker(self, n: int) -> str:
@@ -252,8 +253,14 @@ class JobRunner:
                              vertex_id=key[0], partition=key[1]))
         for key in plan.invalidated:
             self._emit(Event(EventType.EXECUTION_VERTEX_RESET,
-                             {"reason": "upstream output lost or vertex changed"},
+                             {"reason": "upstream output lost, input replaced or vertex "
+                                        "changed"},
                              vertex_id=key[0], partition=key[1]))
+        # Replaced input files are recorded with their new sizes only after the resets they
+        # cause: a crash in between finds them changed again, never forgotten.
+        self.writer.flush()
+        for event in self.deferred_events:
+            self._emit(event)
         self.finished = dict(plan.finished)
         total_to_run = sum(len(p) for p in plan.to_run.values())
         log.info("Job %s attempt %d: reusing %d finished partitions, running %d (%s)", job_id,
@@ -316,6 +323,7 @@ class JobRunner:
         splits: dict[str, list[Any]] = {}
         for vertex in self.graph.live_vertices():
             fingerprint = vertex.fingerprint()
+            deferred = False
             recorded = history.vertices.get(vertex.id)
             same = recorded is not None and recorded.get("fingerprint") == fingerprint
             state: dict[str, Any] = {"checkpoint_id": -1}
@@ -329,19 +337,14 @@ class JobRunner:
                                     "everything downstream run again", self.job.run_id,
                                     vertex.id, sorted(changed))
                         self.changed_inputs |= {(vertex.id, j) for j in changed}
-                        same = False  # log the splits again, with the new sizes
+                        same = False  # log the splits again, with the new sizes, but only
+                        deferred = True  # after the resets they cause (see _run_attempt)
                 else:
                     declared = vertex.declared_parallelism
                     splits[vertex.id] = vertex.source.discover(
                         declared if isinstance(declared, int) else None)
                 if vertex.auto_parallelism:
                     self.graph.set_parallelism(vertex.id, len(splits[vertex.id]))
-                if len(splits[vertex.id]) != vertex.parallelism:
-                    raise JobDefinitionError(
-                        f"source {vertex.id}: expected {vertex.parallelism} splits, found "
-                        f"{len(splits[vertex.id])} (input files were removed since the job "
-                        "was declared)"
-                    )
                 state["splits"] = splits[vertex.id]
                 schema = (recorded or {}).get("coordinator_state", {}).get("schema") \
                     if recorded is not None and recorded.get("fingerprint") == fingerprint \
@@ -360,12 +363,16 @@ class JobRunner:
                 log.warning("Job %s: vertex %s changed since attempt that recorded it; its "
                             "finished partitions and everything downstream will run again",
                             self.job.run_id, vertex.id)
-            self._emit(Event(
+            event = Event(
                 EventType.JOB_VERTEX_INITIALIZED,
                 {"fingerprint": fingerprint, "parallelism": vertex.parallelism,
                  "descriptor": vertex.descriptor(), "coordinator_state": state},
                 vertex_id=vertex.id,
-            ))
+            )
+            if deferred:
+                self.deferred_events.append(event)
+            else:
+                self._emit(event)
         assert self.writer is not None
         self.writer.flush()
         return splits
@@ -385,7 +392,7 @@ class JobRunner:
             self.finished[key] = FinishedPartition(
                 result.vertex_id, result.partition, result.attempt_id, self.attempt,
                 result.rows, result.finished_ms - result.started_ms,
-                outputs=result.outputs, schema=result.schema,
+                outputs=result.outputs, schema=result.schema, shared=result.shared,
             )
         payload = result.body()
         payload["job_id"] = self.job.run_id
@@ -420,9 +427,10 @@ class JobRunner:
                 else:
                     if version is None:
                         version = sink.next_version()
-                    files = [o for p in range(vertex.parallelism)
-                             for o in self.finished[(vertex.id, p)].outputs
-                             if o.kind == "sink" and o.target == spec.name]
+                    # once each: the partitions of a wave share its files
+                    files = list({o.path: o for p in range(vertex.parallelism)
+                                  for o in self.finished[(vertex.id, p)].outputs
+                                  if o.kind == "sink" and o.target == spec.name}.values())
                     self._emit(Event(EventType.SINK_COMMIT_STARTED,
                                      {"sink": spec.name, "version": version,
                                       "files": len(files), "kind": spec.kind,

@@ -197,16 +197,23 @@ class DeltaSink(Sink):
         from deltalake.transaction import RemoveAction
 
         columns = list(self.spec.partition_by)
-        written = {tuple(f.partition_values.get(c) for c in columns) for f in files}
+        schema = self._schema or pa.schema(table.schema())
+        types = [schema.field(c).type for c in columns]
+        # Compared as typed values: Spark spells a partition directory "true" or
+        # "2026-11-22 00:00:00", the table's log "True"-less typed values.
+        written = {tuple(_typed(f.partition_values.get(c), t) for c, t in zip(columns, types,
+                                                                               strict=True))
+                   for f in files}
         existing = pa.table(table.get_add_actions(flatten=True)).to_pylist()
         removes = []
         for add in existing:
-            values = tuple(_partition_text(add.get(f"partition.{c}")) for c in columns)
+            values = tuple(_typed(add.get(f"partition.{c}"), t)
+                           for c, t in zip(columns, types, strict=True))
             if values in written:
+                texts = {c: _partition_text(add.get(f"partition.{c}")) for c in columns}
                 removes.append(RemoveAction(path=add["path"], data_change=True,
                                             deletion_timestamp=now, size=add["size_bytes"],
-                                            partition_values=dict(zip(columns, values,
-                                                                      strict=True))))
+                                            partition_values=texts))
         return removes
 
     def _merge(self, table: Any, files: list[OutputFile], schema: pa.Schema,
@@ -316,7 +323,11 @@ class ParquetSink(Sink):
                                            dump_record("parquet-sink-commit", 1, body)):
                 return self._move(version, body)
             existing = self._read_marker(version)
-            assert existing is not None
+            if existing is None:
+                raise CommitError(
+                    f"Parquet sink {self.spec.name}: commit marker v{version} existed when "
+                    f"this driver tried to create it, then was gone ({self._marker(version)})"
+                )
         if existing["status"] == "committed":
             return {"skipped": True}
         log.warning("Parquet sink %s: finishing commit v%d begun by an earlier attempt of "
@@ -347,6 +358,21 @@ def make_sink(spec: SinkSpec, job_id: str) -> Sink:
     if spec.kind == "delta":
         return DeltaSink(spec, job_id)
     return ParquetSink(spec, job_id)
+
+
+def _typed(value: Any, type_: pa.DataType) -> Any:
+    """A partition value (Spark's directory text, or a typed value from the Delta log) as
+    a Python value of the column's type, so both spellings compare equal."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        if pa.types.is_timestamp(type_) and getattr(value, "tzinfo", None) is not None:
+            return value.replace(tzinfo=None) if type_.tz is None else value
+        return value
+    if pa.types.is_timestamp(type_) and type_.tz is not None:
+        naive = pa.array([value]).cast(pa.timestamp(type_.unit))
+        return pa.compute.assume_timezone(naive, type_.tz)[0].as_py()
+    return pa.array([value]).cast(type_)[0].as_py()
 
 
 def _partition_text(value: Any) -> str | None:

@@ -36,7 +36,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.batch.sinks import Sink
-from spark_ckpt.batch.sources import DataFrameSource, FileSource
+from spark_ckpt.batch.sources import FileSource
 from spark_ckpt.errors import JobDefinitionError, TaskExecutionError
 from spark_ckpt.execution.graph import Edge, JobVertex
 from spark_ckpt.execution.result_partition import OutputFile, PartitionResult, result_dir
@@ -57,8 +57,16 @@ log = logging.getLogger(__name__)
 
 _SHUFFLE = re.compile(r"(?<!Broadcast)Exchange |\bUnion\b|\bCoalesce\b")
 _EXCHANGE = re.compile(r"(?<!Broadcast)Exchange ")
-_PART_FILE = re.compile(r"^part-(\d{5})-.*\.parquet$")
-_V2 = {"mapreduce.fileoutputcommitter.algorithm.version": "2"}
+_PART_FILE = re.compile(r"^part-(\d{5,})-.*\.parquet$")
+# The v2 file committer moves a task's file into place when the task commits; one file per
+# task (no maxRecordsPerFile split) keeps that move a single rename.
+_V2 = {"mapreduce.fileoutputcommitter.algorithm.version": "2", "maxRecordsPerFile": "0"}
+_DEFAULT_COMMITTERS = {
+    "spark.sql.sources.commitProtocolClass":
+        "org.apache.spark.sql.execution.datasources.SQLHadoopMapReduceCommitProtocol",
+    "spark.sql.parquet.output.committer.class":
+        "org.apache.parquet.hadoop.ParquetOutputCommitter",
+}
 
 
 def plan_shuffles(df: DataFrame) -> bool:
@@ -120,7 +128,15 @@ class VertexRunner:
 
     # -- modes -----------------------------------------------------------------------------
     def hash_mode(self, vertex: JobVertex) -> bool:
-        return bool(vertex.key) or isinstance(vertex.source, DataFrameSource)
+        return bool(vertex.key)
+
+    def per_task_commits(self) -> bool:
+        """True when a task's file is in place, whole, exactly when the task commits: Spark's
+        default commit protocol and Parquet committer (with the v2 algorithm). Any other
+        committer (a cloud vendor's direct or magic committer) counts at job end only."""
+        conf = self.spark.conf
+        return all((conf.get(key, None) or default) == default
+                   for key, default in _DEFAULT_COMMITTERS.items())
 
     def _result_sink(self, vertex: JobVertex) -> str | None:
         """A sink whose staged files hold exactly the vertex output, read by consumers."""
@@ -198,14 +214,13 @@ class VertexRunner:
             return self.spark.createDataFrame([], schema)
         return self.spark.read.schema(schema).parquet(*files)
 
-    def _input(self, edge: Edge, consumer: JobVertex, parts: list[int] | None
-               ) -> tuple[DataFrame, bool]:
-        """One input of ``consumer`` for its ``parts``; True when it holds only their rows."""
+    def _input(self, edge: Edge, consumer: JobVertex, parts: list[int] | None) -> DataFrame:
+        """One input of ``consumer``: the rows its ``parts`` read (None: all)."""
         from pyspark.sql import functions as F
 
         upstream = self.graph.vertices[edge.upstream]
         if edge.kind == "broadcast":
-            return F.broadcast(self.frame(upstream.id, None)), True
+            return F.broadcast(self.frame(upstream.id, None))
         if edge.kind == "hash":
             df = self.frame(upstream.id, None)
             if parts is not None:
@@ -214,30 +229,22 @@ class VertexRunner:
             if consumer.key and tuple(edge.columns) == tuple(consumer.key) and \
                     sum(e.kind == "hash" for e in consumer.inputs) > 1:
                 df = df.repartition(consumer.parallelism, *edge.columns)  # co-partition a join
-            return df, True
-        # forward: partition j of the consumer reads partition j of the upstream
-        exact = (not self.hash_mode(consumer)
-                 or (self.hash_mode(upstream) and tuple(upstream.key) == tuple(consumer.key)))
-        return self.frame(upstream.id, parts if exact else None), exact
+            return df
+        # forward: partition j of the consumer reads partition j of the upstream, which is
+        # what the graph's restart and invalidation rules assume (checked in run())
+        return self.frame(upstream.id, parts)
 
     def _compute(self, vertex: JobVertex, parts: list[int] | None) -> DataFrame:
         """The vertex output for ``parts`` (None: all), before it is arranged for writing."""
-        from pyspark.sql import functions as F
-
         if vertex.is_source:
             return self._source_frame(vertex, parts)
         assert vertex.fn is not None
-        inputs = [self._input(edge, vertex, parts) for edge in vertex.inputs]
-        out = vertex.fn(*[df for df, _ in inputs])
+        out = vertex.fn(*[self._input(edge, vertex, parts) for edge in vertex.inputs])
         if out is None or not hasattr(out, "schema"):
             raise JobDefinitionError(
                 f"vertex {vertex.id}: expected its function to return a DataFrame, found "
                 f"{type(out).__name__}"
             )
-        if parts is not None and self.hash_mode(vertex) and not all(e for _, e in inputs):
-            self._check_key(vertex, out)
-            bucket = F.pmod(F.hash(*vertex.key), F.lit(vertex.parallelism))
-            out = out.where(bucket.isin(parts))  # an input was read whole
         return out
 
     def _check_key(self, vertex: JobVertex, df: DataFrame) -> None:
@@ -266,6 +273,16 @@ class VertexRunner:
                         f"no key, so its partitions share files; read it with "
                         f"{upstream.id}.by(columns), or mark {upstream.id} durable=False"
                     )
+        for edge in vertex.inputs:
+            upstream = self.graph.vertices[edge.upstream]
+            if edge.kind == "forward" and self.hash_mode(vertex) and \
+                    tuple(upstream.key) != tuple(vertex.key):
+                raise JobDefinitionError(
+                    f"vertex {vertex.id} (key {list(vertex.key)}) reads {upstream.id} forward, "
+                    f"but {upstream.id}'s partitions are not split by that key (its key: "
+                    f"{list(upstream.key) or 'none'}); read it with "
+                    f"{upstream.id}.by({', '.join(map(repr, vertex.key))})"
+                )
         log.info("Job %s attempt %d: vertex %s runs %d of %d partitions in %d Spark job(s) "
                  "(%s mode)", self.job.job.run_id, self.job.attempt, vertex.id, len(parts),
                  vertex.parallelism, len(units), "hash" if self.hash_mode(vertex) else "split")
@@ -282,13 +299,17 @@ class VertexRunner:
                 for future in concurrent.futures.as_completed(futures):
                     future.result()
             except BaseException:
+                for future in futures:  # waves not started yet never start
+                    future.cancel()
                 for group in groups:
                     self.spark.sparkContext.cancelJobGroup(group)
                 raise
         missing = [p for p in parts if (vertex.id, p) not in self.job.finished]
         if missing:
             raise TaskExecutionError(
-                f"vertex {vertex.id}: Spark jobs ended but partitions {missing} were not recorded"
+                f"vertex {vertex.id}: expected every one of partitions {parts} recorded when "
+                f"their Spark jobs ended, found {missing} not recorded (their files: see the "
+                "write directories under results/ and the sinks' _spark_ckpt_staging/)"
             )
         log.info("Job %s attempt %d: vertex %s finished %d partitions in %.1f s",
                  self.job.job.run_id, self.job.attempt, vertex.id, len(parts),
@@ -349,7 +370,7 @@ class VertexRunner:
             df = df.persist()
         stop = threading.Event()
         poller = None
-        if self.hash_mode(vertex):
+        if tracker.per_task:
             poller = threading.Thread(target=tracker.poll, args=(stop,),
                                       name=f"spark-ckpt-poll-{vertex.id}", daemon=True)
             poller.start()
@@ -409,6 +430,7 @@ class _UnitTracker:
         self.started_ms = started_ms
         self.recorded: set[int] = set()
         self.hash = runner.hash_mode(vertex)
+        self.per_task = self.hash and runner.per_task_commits()
         self._footers: dict[str, tuple[int, int]] = {}
 
     def _files(self, write: _Write) -> list[tuple[str, int | None]]:
@@ -455,10 +477,13 @@ class _UnitTracker:
                 return
 
     def _record_visible(self) -> None:
+        # One snapshot of which writes ended, taken before listing: a write that ends while
+        # this poll lists must not make a partition whose file the listing missed look empty.
+        done = [w.done for w in self.writes]
         by_write: list[dict[int, list[str]]] = []
-        for w in self.writes:
+        for w, ended in zip(self.writes, done, strict=True):
             files: dict[int, list[str]] = {}
-            if w.done or not w.partition_by:
+            if ended or (self.per_task and not w.partition_by):
                 for path, index in self._files(w):
                     if index is not None:
                         files.setdefault(index, []).append(path)
@@ -466,8 +491,8 @@ class _UnitTracker:
         for p in self.parts:
             if p in self.recorded:
                 continue
-            ready = all(w.done or p in files for w, files in zip(self.writes, by_write,
-                                                                  strict=True))
+            ready = all(ended or p in files for ended, files in zip(done, by_write,
+                                                                    strict=True))
             if ready:
                 self._record(p, [(w, path) for w, files in zip(self.writes, by_write,
                                                                  strict=True)
@@ -476,7 +501,7 @@ class _UnitTracker:
     def finish(self) -> None:
         if self.hash:
             self._check_attribution()
-            self._record_visible()
+            self._record_visible()  # every write has ended: the rest, empty ones included
             return
         files = [(w, path) for w in self.writes for path, _ in self._files(w)]
         for p in self.parts:

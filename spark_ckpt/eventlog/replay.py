@@ -30,11 +30,12 @@ class FinishedPartition:
     """
 
     __slots__ = ("vertex_id", "partition", "attempt_id", "job_attempt", "rows", "duration_ms",
-                 "_outputs", "_schema", "_payload")
+                 "_outputs", "_schema", "_shared", "_payload")
 
     def __init__(self, vertex_id: str, partition: int, attempt_id: str, job_attempt: int,
                  rows: int, duration_ms: int, *, outputs: tuple[OutputFile, ...] | None = None,
-                 schema: str = "", payload_json: str | None = None) -> None:
+                 schema: str = "", payload_json: str | None = None,
+                 shared: tuple[int, ...] = ()) -> None:
         self.vertex_id = vertex_id
         self.partition = partition
         self.attempt_id = attempt_id
@@ -43,13 +44,22 @@ class FinishedPartition:
         self.duration_ms = duration_ms
         self._outputs = outputs
         self._schema = schema
+        self._shared = shared
         self._payload = payload_json
 
     def _parse(self) -> None:
         payload = json.loads(self._payload or "{}")
         self._outputs = tuple(OutputFile.from_json(o) for o in payload.get("outputs", []))
         self._schema = payload.get("schema", "")
+        self._shared = tuple(int(p) for p in payload.get("shared", ()))
         self._payload = None
+
+    @property
+    def shared(self) -> tuple[int, ...]:
+        """The partitions of the split-mode wave whose files this partition shares."""
+        if self._outputs is None:
+            self._parse()
+        return self._shared
 
     @property
     def outputs(self) -> tuple[OutputFile, ...]:
@@ -169,6 +179,7 @@ def _apply(history: JobHistory, event: Event) -> None:
             event.vertex_id, event.partition, event.attempt_id or "", event.job_attempt,
             event.rows or 0, event.duration_ms or 0, outputs=outputs,
             schema=event.payload.get("schema", ""),
+            shared=tuple(int(p) for p in event.payload.get("shared", ())),
         )
         history.finished_per_attempt[event.job_attempt] = (
             history.finished_per_attempt.get(event.job_attempt, 0) + 1

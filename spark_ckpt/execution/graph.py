@@ -275,13 +275,17 @@ class JobGraph:
                         stack.append((consumer_id, q))
         return seen
 
-    def restart_set(self, finished: set[tuple[str, int]]) -> dict[str, list[int]]:
+    def restart_set(self, finished: set[tuple[str, int]],
+                    virtual: set[tuple[str, int]] = frozenset()  # type: ignore[assignment]
+                    ) -> dict[str, list[int]]:
         """Partitions to run so every sink partition is finished (FLIP-383, step 4).
 
         From every unfinished partition of a sink vertex, walk upstream through the edges and
-        collect every unfinished producer partition it needs.
+        collect every unfinished producer partition it needs. ``virtual`` partitions (sources
+        and ``durable=False`` vertices) never run themselves, but what they read is needed.
         """
         needed: set[tuple[str, int]] = set()
+        seen: set[tuple[str, int]] = set()
         stack: list[tuple[str, int]] = []
         for vertex in self.live_vertices():
             if vertex.sinks:
@@ -290,13 +294,15 @@ class JobGraph:
                         stack.append((vertex.id, p))
         while stack:
             vid, p = stack.pop()
-            if (vid, p) in needed:
+            if (vid, p) in seen:
                 continue
-            needed.add((vid, p))
+            seen.add((vid, p))
+            if (vid, p) not in virtual:
+                needed.add((vid, p))
             for edge in self.vertices[vid].inputs:
                 upstream = self.vertices[edge.upstream]
                 for q in edge.producer_partitions(p, upstream.parallelism):
-                    if (upstream.id, q) not in finished and (upstream.id, q) not in needed:
+                    if (upstream.id, q) not in finished and (upstream.id, q) not in seen:
                         stack.append((upstream.id, q))
         plan: dict[str, list[int]] = {}
         for vertex in self.topological():

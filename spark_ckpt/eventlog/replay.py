@@ -11,11 +11,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
 from spark_ckpt.eventlog.events import Event, EventType
@@ -48,10 +48,11 @@ class FinishedPartition:
         self._payload = payload_json
 
     def _parse(self) -> None:
-        payload = json.loads(self._payload or "{}")
-        self._outputs = tuple(OutputFile.from_json(o) for o in payload.get("outputs", []))
+        payload = orjson.loads(self._payload or "{}")  # a recovery parses one per partition
+        self._outputs = tuple([OutputFile.from_json(o) for o in payload.get("outputs", ())])
         self._schema = payload.get("schema", "")
-        self._shared = tuple(int(p) for p in payload.get("shared", ()))
+        shared = payload.get("shared")
+        self._shared = tuple(shared) if shared else ()
         self._payload = None
 
     @property

@@ -21,7 +21,7 @@ def result_dir(job_dir: str, vertex_id: str) -> str:
     return join(job_dir, "results", vertex_id)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)  # not frozen: built once per file a recovery replays
 class OutputFile:
     """One file of a finished partition.
 
@@ -44,15 +44,13 @@ class OutputFile:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> OutputFile:
-        return cls(
-            kind=data["kind"],
-            target=data["target"],
-            path=data["path"],
-            size=int(data["size"]),
-            rows=int(data["rows"]),
-            groups={int(k): list(v) for k, v in (data.get("groups") or {}).items()},
-            partition_values=dict(data.get("partition_values") or {}),
-        )
+        # Called once per file of every finished partition a recovery replays: kept lean.
+        groups = data.get("groups")
+        values = data.get("partition_values")
+        return cls(data["kind"], data["target"], data["path"], int(data["size"]),
+                   int(data["rows"]),
+                   {int(k): list(v) for k, v in groups.items()} if groups else {},
+                   dict(values) if values else {})
 
 
 @dataclasses.dataclass(frozen=True)

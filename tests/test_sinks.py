@@ -29,6 +29,20 @@ def stage(directory, name, values):
     return OutputFile("sink", "s", path, os.path.getsize(path), len(values))
 
 
+def half_done_commit(sink, tmp_path):
+    """Stage two files, then leave commit v1 as a crash would: marker created, one file moved."""
+    from spark_ckpt.formats import dump_record
+
+    staging = staging_of(sink)
+    files = [stage(staging, "a", [1]), stage(staging, "b", [2])]
+    moves = [[f.path, str(tmp_path / "out" / f.path.rsplit("/", 1)[1]), f.size] for f in files]
+    sink.store.create_exclusive(sink._marker(1), dump_record(
+        "parquet-sink-commit", 1, {"job_id": "job", "version": 1, "status": "committing",
+                                   "moves": moves}))
+    sink.store.move(moves[0][0], moves[0][1])
+    return files
+
+
 def test_delta_commit_is_idempotent_per_version(tmp_path):
     sink = DeltaSink(SinkSpec("s", "delta", str(tmp_path / "t")), "job")
     staging = staging_of(sink)
@@ -65,16 +79,7 @@ def test_delta_overwrite_replaces_the_table(tmp_path):
 
 def test_parquet_commit_moves_files_once_and_finishes_a_half_done_commit(tmp_path):
     sink = ParquetSink(SinkSpec("s", "parquet", str(tmp_path / "out")), "job")
-    staging = staging_of(sink)
-    files = [stage(staging, "a", [1]), stage(staging, "b", [2])]
-    # An earlier attempt created the marker and moved one file, then died.
-    from spark_ckpt.formats import dump_record
-
-    moves = [[f.path, str(tmp_path / "out" / f.path.rsplit("/", 1)[1]), f.size] for f in files]
-    sink.store.create_exclusive(sink._marker(1), dump_record(
-        "parquet-sink-commit", 1, {"job_id": "job", "version": 1, "status": "committing",
-                                   "moves": moves}))
-    sink.store.move(moves[0][0], moves[0][1])
+    files = half_done_commit(sink, tmp_path)  # an earlier attempt died mid-commit
     sink.commit(files, 1)
     assert sink.is_committed(1)
     assert sorted(pq.read_table(str(tmp_path / "out")).column("x").to_pylist()) == [1, 2]
@@ -99,16 +104,8 @@ def test_parquet_commit_of_a_missing_file_leaves_no_marker(tmp_path):
 
 
 def test_a_new_run_finishes_a_half_done_commit_before_staging(tmp_path):
-    from spark_ckpt.formats import dump_record
-
     sink = ParquetSink(SinkSpec("s", "parquet", str(tmp_path / "out")), "job")
-    staging = staging_of(sink)
-    files = [stage(staging, "a", [1]), stage(staging, "b", [2])]
-    moves = [[f.path, str(tmp_path / "out" / f.path.rsplit("/", 1)[1]), f.size] for f in files]
-    sink.store.create_exclusive(sink._marker(1), dump_record(
-        "parquet-sink-commit", 1, {"job_id": "job", "version": 1, "status": "committing",
-                                   "moves": moves}))
-    sink.store.move(moves[0][0], moves[0][1])  # the crash left one file moved
+    half_done_commit(sink, tmp_path)
     fresh = ParquetSink(SinkSpec("s", "parquet", str(tmp_path / "out")), "job")
     fresh.prepare(SCHEMA)  # a fresh run of the job id: v1 is completed first
     assert fresh.is_committed(1) and fresh.next_version() == 2

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.batch.progress import JobProgress
 from spark_ckpt.batch.recovery import plan_recovery
-from spark_ckpt.batch.sinks import Sink, make_sink
+from spark_ckpt.batch.sinks import Sink, make_sink, micros_timestamps
 from spark_ckpt.batch.sources import FileSource, decode_splits
 from spark_ckpt.batch.vertex_runner import VertexRunner
 from spark_ckpt.errors import JobFencedError
@@ -49,8 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["JobResult", "JobRunner", "VertexSummary", "job_paths"]
 
 log = logging.getLogger(__name__)
-
-_TIMESTAMP_TYPE = "spark.sql.parquet.outputTimestampType"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,21 +181,15 @@ class JobRunner:
         )
         self.writer.start()
         progress = JobProgress(job_id, self.settings.progress)
-        # Delta needs timestamps as UTC microseconds; Spark's Parquet writer takes the format
-        # from the session only (not from a write option), so it is set for the run.
-        timestamps = self.spark.conf.get(_TIMESTAMP_TYPE, None)
-        self.spark.conf.set(_TIMESTAMP_TYPE, "TIMESTAMP_MICROS")
+        # Spark's Parquet writer takes the timestamp format from the session only (not from a
+        # write option), so microseconds, as Delta wants them, are set for the run.
         try:
-            result = self._run_attempt(history, progress, started)
+            with micros_timestamps(self.spark):
+                result = self._run_attempt(history, progress, started)
         except BaseException as exc:
             progress.close()
             self._fail(exc)
             raise
-        finally:
-            if timestamps is None:
-                self.spark.conf.unset(_TIMESTAMP_TYPE)
-            else:
-                self.spark.conf.set(_TIMESTAMP_TYPE, timestamps)
         progress.close()
         return result
 

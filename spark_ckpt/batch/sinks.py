@@ -20,9 +20,12 @@ asks the sink whether *that* version landed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
+import urllib.parse
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -37,7 +40,8 @@ from spark_ckpt.storage import Storage, join, stat_any
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-__all__ = ["DeltaSink", "ParquetSink", "Sink", "make_sink"]
+__all__ = ["DeltaSink", "ParquetSink", "Sink", "make_sink", "micros_timestamps",
+           "partition_values", "written_files"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,45 @@ def arrow_schema_for(schema: StructType) -> pa.Schema:
             field = field.with_type(pa.timestamp("us", tz="UTC"))
         fields.append(field)
     return pa.schema(fields)
+
+
+@contextlib.contextmanager
+def micros_timestamps(spark: Any) -> Iterator[None]:
+    """Spark writes INT96 timestamps unless told otherwise; Delta wants microseconds."""
+    key = "spark.sql.parquet.outputTimestampType"
+    before = spark.conf.get(key, None)
+    if before == "TIMESTAMP_MICROS":
+        yield
+        return
+    spark.conf.set(key, "TIMESTAMP_MICROS")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
+def written_files(store: Storage, directory: str) -> list[tuple[Any, str]]:
+    """(file info, path relative to ``directory``) of each data file a Spark write left there:
+    not ``_SUCCESS``, ``.crc`` checksums or ``_temporary`` leftovers."""
+    out = []
+    for info in store.list_files(directory, recursive=True):
+        relative = info.path[len(directory.rstrip("/")) + 1:]
+        if not any(part.startswith((".", "_")) for part in relative.split("/")):
+            out.append((info, relative))
+    return out
+
+
+def partition_values(relative: str) -> dict[str, str | None]:
+    """Hive partition values from the ``col=value/`` directories of a written file's path."""
+    values: dict[str, str | None] = {}
+    for segment in relative.split("/")[:-1]:
+        key, _, value = segment.partition("=")
+        value = urllib.parse.unquote(value)
+        values[key] = None if value == "__HIVE_DEFAULT_PARTITION__" else value
+    return values
 
 
 def _check_files(sink: str, files: list[OutputFile]) -> None:

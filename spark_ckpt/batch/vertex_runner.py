@@ -31,11 +31,10 @@ import math
 import re
 import threading
 import time
-import urllib.parse
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.batch.sinks import Sink
+from spark_ckpt.batch.sinks import Sink, partition_values, written_files
 from spark_ckpt.batch.sources import FileSource
 from spark_ckpt.errors import JobDefinitionError, TaskExecutionError
 from spark_ckpt.execution.graph import Edge, JobVertex
@@ -437,10 +436,7 @@ class _UnitTracker:
         """(path, Spark partition) of each data file the write has made visible."""
         store = Storage(write.directory)
         out = []
-        for info in store.list_files(store.root):
-            relative = info.path[len(store.root):].lstrip("/")
-            if any(p.startswith(("_", ".")) for p in relative.split("/")):
-                continue
+        for info, _relative in written_files(store, store.root):
             m = _PART_FILE.match(info.base_name)
             out.append((store.spark_path(info.path), int(m.group(1)) if m else None))
         return out
@@ -457,13 +453,8 @@ class _UnitTracker:
 
     def _output(self, write: _Write, path: str) -> OutputFile:
         size, rows = self._footer(path)
-        values: dict[str, str | None] = {}
-        if write.partition_by:
-            relative = path[len(write.directory.rstrip("/")) + 1:]
-            for segment in relative.split("/")[:-1]:
-                name, _, value = segment.partition("=")
-                value = urllib.parse.unquote(value)
-                values[name] = None if value == "__HIVE_DEFAULT_PARTITION__" else value
+        relative = path[len(write.directory.rstrip("/")) + 1:]
+        values = partition_values(relative) if write.partition_by else {}
         return OutputFile(write.kind, write.target, path, size, rows, {}, values)
 
     def poll(self, stop: threading.Event) -> None:

@@ -20,14 +20,18 @@ Pipelines that checkpoint use the two-phase-commit sinks of twophase.py instead.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.batch.sinks import DeltaSink, ParquetSink
+from spark_ckpt.batch.sinks import (
+    DeltaSink,
+    ParquetSink,
+    micros_timestamps,
+    partition_values,
+    written_files,
+)
 from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.execution.graph import SinkSpec
 from spark_ckpt.execution.result_partition import OutputFile
@@ -44,41 +48,15 @@ __all__ = ["BatchSink", "DeadLetters", "DeltaBatchSink", "ForeachBatchSink", "Pa
 log = logging.getLogger(__name__)
 
 
-@contextlib.contextmanager
-def micros_timestamps(spark: Any) -> Iterator[None]:
-    """Spark writes INT96 timestamps unless told otherwise; Delta wants microseconds."""
-    key = "spark.sql.parquet.outputTimestampType"
-    before = spark.conf.get(key, None)
-    if before == "TIMESTAMP_MICROS":
-        yield
-        return
-    spark.conf.set(key, "TIMESTAMP_MICROS")
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, before)
-
-
 def staged_files(store: Storage, directory: str, target: str) -> list[OutputFile]:
     """The data files Spark wrote under ``directory``, with sizes, rows and partition values."""
     import pyarrow.parquet as pq
 
     files = []
-    for info in store.list_files(directory, recursive=True):
-        relative = info.path[len(directory.rstrip("/")) + 1:]
-        if any(part.startswith((".", "_")) for part in relative.split("/")):
-            continue  # _SUCCESS, .crc checksums, _temporary leftovers
-        values: dict[str, str | None] = {}
-        for segment in relative.split("/")[:-1]:
-            key, _, value = segment.partition("=")
-            value = urllib.parse.unquote(value)
-            values[key] = None if value == "__HIVE_DEFAULT_PARTITION__" else value
+    for info, relative in written_files(store, directory):
         rows = pq.read_metadata(info.path, filesystem=store.fs).num_rows
         files.append(OutputFile("sink", target, store.spark_path(info.path), info.size, rows,
-                                {}, values))
+                                {}, partition_values(relative)))
     return files
 
 

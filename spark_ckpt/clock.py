@@ -16,10 +16,22 @@ class Clock:
     def on_advance(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` whenever time jumps (manual clocks); the system clock never calls it."""
 
+    def wait_until(self, deadline_ms: int, cancel: threading.Event) -> bool:
+        """Block until the clock reads ``deadline_ms``; True if ``cancel`` was set first."""
+        raise NotImplementedError
+
 
 class SystemClock(Clock):
     def now_ms(self) -> int:
         return int(time.time() * 1000)
+
+    def wait_until(self, deadline_ms: int, cancel: threading.Event) -> bool:
+        while not cancel.is_set():
+            delay = (deadline_ms - self.now_ms()) / 1000
+            if delay <= 0:
+                return False
+            cancel.wait(delay)
+        return True
 
 
 class ManualClock(Clock):
@@ -28,6 +40,7 @@ class ManualClock(Clock):
     def __init__(self, start_ms: int = 1_000_000) -> None:
         self._now = start_ms
         self._lock = threading.Lock()
+        self._advanced = threading.Condition(self._lock)
         self._callbacks: list[Callable[[], None]] = []
 
     def now_ms(self) -> int:
@@ -38,9 +51,18 @@ class ManualClock(Clock):
         with self._lock:
             self._now += ms
             callbacks = list(self._callbacks)
+            self._advanced.notify_all()
         for fn in callbacks:
             fn()
 
     def on_advance(self, fn: Callable[[], None]) -> None:
         with self._lock:
             self._callbacks.append(fn)
+
+    def wait_until(self, deadline_ms: int, cancel: threading.Event) -> bool:
+        with self._lock:
+            while self._now < deadline_ms:
+                if cancel.is_set():
+                    return True
+                self._advanced.wait(0.05)  # woken by advance(); the bound lets a cancel through
+        return cancel.is_set()

@@ -32,6 +32,7 @@ POINTS = (
     "stream.batch.staged",  # every output of a batch staged, none committed
     "stream.output.committed",  # one output of a batch committed (counted per output)
     "stream.batch.committed",  # a batch's commit record is durable
+    "stream.purge",  # a batch committed; the records of older batches are about to be purged
     "checkpoint.barrier",  # a barrier placed at a boundary, sinks not yet pre-committed
     "checkpoint.metadata",  # a completed checkpoint's metadata is about to be written
     "checkpoint.completed",  # a checkpoint's metadata is durable, sinks not yet committed

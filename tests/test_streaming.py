@@ -380,16 +380,22 @@ def test_a_failing_batch_stops_the_pipeline_with_its_error(spark, tmp_path):
 def test_stop_graceful_and_await_termination_timeout(spark, tmp_path):
     ctx = make_ctx(spark, tmp_path, interval=0.2)
     slow_started = threading.Event()
+    release = threading.Event()
 
     def slow(df, batch):
         slow_started.set()
-        time.sleep(1.0)
+        assert release.wait(60)
 
     ctx.generator_stream("g", rows_per_batch=5).foreach_batch(slow, name="s")
     ctx.start()
     assert not ctx.await_termination(timeout=0.3)
     assert slow_started.wait(30)
-    ctx.stop(graceful=True, timeout=60)
+    stopper = threading.Thread(target=ctx.stop, kwargs={"graceful": True, "timeout": 60})
+    stopper.start()
+    # the stop waits for the running batch: let it finish only once the stop has begun
+    assert _wait(lambda: ctx.generator.stopping.is_set(), 30)
+    release.set()
+    stopper.join(60)
     assert ctx.await_termination(0)
     committed = sorted(os.listdir(tmp_path / "ckpt" / "commits"))
     assert committed  # the running batch finished before the stop
@@ -460,7 +466,15 @@ def test_stop_now_cancels_the_running_batch_which_reruns_on_restart(spark, tmp_p
     ctx.generator_stream("g", rows_per_batch=5, partitions=1).foreach_batch(slow, name="s")
     ctx.start()
     assert running.wait(60)
-    time.sleep(1.0)  # let the Spark job start
+    tracker = spark.sparkContext.statusTracker()
+
+    def task_running():  # the Spark job of batch 0 has a task running (sleeping)
+        if not tracker.getJobIdsForGroup("spark_ckpt-p-b0"):
+            return False
+        return any(getattr(tracker.getStageInfo(s), "numActiveTasks", 0)
+                   for s in tracker.getActiveStageIds())
+
+    assert _wait(task_running, 60)
     started = time.monotonic()
     ctx.stop(graceful=False, timeout=60)
     assert time.monotonic() - started < 30

@@ -46,9 +46,14 @@ from spark_ckpt.errors import (
 from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.options import Settings
 from spark_ckpt.storage import Storage, join, stat_any
+from spark_ckpt.faults import fault_point
+from spark_ckpt.streaming.allocations import AllocationStore
 from spark_ckpt.streaming.batch import BatchAllocation
+from spark_ckpt.streaming.batch_queue import BatchQueue, QueuedBatch
 from spark_ckpt.streaming.generator import JobGenerator
 from spark_ckpt.streaming.graph import StreamGraph
+from spark_ckpt.streaming.history import RecentHistory
+from spark_ckpt.streaming.lifecycle import Lifecycle, PipelineState
 from spark_ckpt.streaming.metalog import MetadataLog
 from spark_ckpt.streaming.progress import ProgressLog, StreamingListener, notify
 from spark_ckpt.streaming.receiver import QueueSource, SocketSource
@@ -76,7 +81,18 @@ METADATA_VERSION = 1
 
 
 class StreamingContext:
-    """A streaming pipeline bound to an existing SparkSession (never creates one)."""
+    """A streaming pipeline bound to an existing SparkSession (never creates one).
+
+    Thread ownership. The template (graph, sources, outputs) is built by the user's thread
+    before ``start()`` and never changes after it. ``start()`` sets up, on the user's thread,
+    everything the pipeline's threads read (logs, tracker, transactions, coordinator, the
+    restored checkpoint) before it starts any of them; after that those fields are read-only.
+    Mutable state has one owner each: the :class:`Lifecycle` (state, outcome, termination),
+    the :class:`AllocationStore` (allocations), the :class:`BatchQueue` (batches handed from
+    the generator to the scheduler, and the in-flight bound), two :class:`RecentHistory`
+    records (progress, checkpoints). The generator and the scheduler get those narrow pieces
+    and callbacks, not this object's fields.
+    """
 
     def __init__(self, spark: SparkSession, batch_interval: float, checkpoint_dir: str,
                  name: str, *, settings: Settings | None = None,
@@ -98,20 +114,18 @@ class StreamingContext:
         self.graph = StreamGraph()
         self.listeners: list[StreamingListener] = []
         self.dead_letters = DeadLetters(self)
-        self.recent_progress: list[dict[str, Any]] = []
-        self.allocation_ms: dict[int, int] = {}
+        self._progress = RecentHistory()
+        self._checkpoint_history = RecentHistory()
         self._sources: list[Source] = []
-        self._allocations: dict[int, BatchAllocation] = {}
         self._schemas: dict[str, str] = {}
         self._run: int | None = None
-        self._state = "created"  # created -> running -> stopped
-        self._error: BaseException | None = None
-        self._terminated = threading.Event()
-        self._finishing = False
-        self._lock = threading.Lock()
-        self.tracker: ReceiverTracker
-        self.scheduler: JobScheduler
+        self._lifecycle = Lifecycle(name)
+        self._allocation_store: AllocationStore | None = None
+        self.tracker: ReceiverTracker | None = None
+        self.scheduler: JobScheduler | None = None
         self.generator: JobGenerator | None = None
+        self._batches: BatchQueue | None = None
+        self._shutdown_thread: threading.Thread | None = None
         self.clock = clock or SystemClock()
         # lineage: "<name>-<pipeline id>" keys every sink transaction; a checkpoint directory
         # made before pipeline ids existed keeps its old ids ("<name>")
@@ -124,11 +138,10 @@ class StreamingContext:
         self.restored: CompletedCheckpoint | None = None
         self._skipped_checkpoints: list[int] = []
         self.skip_output_through: dict[str, int] = {}  # output -> last batch already visible
-        self.recent_checkpoints: list[dict[str, Any]] = []
 
     # -- sources -------------------------------------------------------------------------
     def _input(self, source: Source) -> InputStream:
-        if self._state != "created":
+        if self._lifecycle.state is not PipelineState.CREATED:
             raise JobDefinitionError(f"pipeline {self.name}: add sources before start()")
         stream = InputStream(self, source)
         source.bind(self)
@@ -177,19 +190,25 @@ class StreamingContext:
         return StructType.fromJson(json.loads(raw)) if raw else None
 
     def allocation(self, batch_id: int) -> BatchAllocation:
-        if batch_id not in self._allocations:
-            record = self.allocations.get(batch_id)
-            if record is None:
-                raise JobDefinitionError(
-                    f"pipeline {self.name}: batch {batch_id} is no longer recorded (a window "
-                    f"reaches further back than spark.ckpt.stream.minBatchesToRetain="
-                    f"{self.settings.stream_min_batches_to_retain})"
-                )
-            self._allocations[batch_id] = BatchAllocation.from_record(record)
-        return self._allocations[batch_id]
+        """The recorded allocation of ``batch_id`` (any thread)."""
+        found = self._allocation_store.get(batch_id) if self._allocation_store else None
+        if found is None:
+            raise JobDefinitionError(
+                f"pipeline {self.name}: batch {batch_id} is no longer recorded (a window "
+                f"reaches further back than spark.ckpt.stream.minBatchesToRetain="
+                f"{self.settings.stream_min_batches_to_retain})"
+            )
+        return found
 
-    def remember_allocation(self, allocation: BatchAllocation) -> None:
-        self._allocations[allocation.batch_id] = allocation
+    @property
+    def recent_progress(self) -> list[dict[str, Any]]:
+        """The progress of the last 100 batches, oldest first (a copy)."""
+        return self._progress.snapshot()
+
+    @property
+    def recent_checkpoints(self) -> list[dict[str, Any]]:
+        """Statistics of the last 100 checkpoints, oldest first (a copy)."""
+        return self._checkpoint_history.snapshot()
 
     def positions(self) -> dict[str, Any]:
         return {s.name: s.position() for s in self._sources}
@@ -268,42 +287,70 @@ class StreamingContext:
         ``restore_checkpoint``: restore from this retained checkpoint id instead of the latest
         (``spark.ckpt.checkpoint.restoreFrom``).
         """
-        with self._lock:
-            if self._state != "created":
-                raise JobDefinitionError(f"pipeline {self.name}: start() called twice")
-            self._state = "running"
+        self._lifecycle.begin_start()
+        try:
+            pending, next_batch = self._prepare(available_now, restore_checkpoint)
+        except BaseException as exc:
+            log.error("Pipeline %s: start failed: %s", self.name, exc)
+            self._lifecycle.start_failed(exc)
+            raise
+        # RUNNING before any thread starts, so a failure on one of them finishes the pipeline
+        stop_requested = self._lifecycle.started()
+        log.info("Pipeline %s run %d: starting at batch %d; %d allocated batch(es) to rerun%s",
+                 self.name, self._run, next_batch, len(pending),
+                 f" ({[a.batch_id for a in pending]})" if pending else "")
+        try:
+            assert self.tracker is not None and self.scheduler is not None
+            assert self.generator is not None
+            self.tracker.start()
+            if self.coordinator is not None:
+                self.coordinator.start()
+            self.scheduler.start()
+            self.generator.start()
+        except BaseException as exc:
+            self._finish(exc)
+            raise
+        if stop_requested:
+            self._finish(None)
+
+    def _prepare(self, available_now: bool, restore_checkpoint: int | None,
+                 ) -> tuple[list[BatchAllocation], int]:
+        """Everything ``start()`` does before any thread runs: restore, pick the batches to
+        rerun, build the generator and the scheduler. Starts nothing."""
         self.graph.validate()
         self.storage.makedirs(self.root)
         self._metadata()
         self._run = self._claim_run()
-        self.allocations = MetadataLog(self.storage, join(self.root, "allocations"), "allocation")
+        self._allocation_store = AllocationStore(
+            MetadataLog(self.storage, join(self.root, "allocations"), "allocation"))
         self.commits = MetadataLog(self.storage, join(self.root, "commits"), "batch-commit")
         self.driver_state = MetadataLog(self.storage, join(self.root, "driver"), "driver-state")
         self.progress_log = ProgressLog(self.storage, self.root)
-        self.tracker = ReceiverTracker(self.name, self._sources, self.allocations)
+        self.tracker = ReceiverTracker(self.name, self._sources, self._allocation_store,
+                                       self.clock)
         records = self.tracker.restore()
-        for record in records:
-            self._allocations[record.batch_id] = record
         self.checkpointing = self._checkpointing_wanted()
         if self.checkpointing:
             pending = self._setup_checkpointing(records, restore_checkpoint)
         else:
             committed = set(self.commits.batch_ids())
             pending = [a for a in records if a.batch_id not in committed]
-        self.scheduler = JobScheduler(self)
+        batches = self._batches = BatchQueue(self.settings.stream_max_batches_in_flight)
+        self.scheduler = JobScheduler(
+            self, batches=batches, checkpoints=self._checkpoint_history,
+            on_completed=self._batch_completed,
+            on_failure=lambda batch, exc: self._batch_failed(batch, exc),
+            on_finished=lambda: self._finish(None))
+        for allocation in pending:  # no in-flight slot: they are not the generator's
+            batches.put(QueuedBatch(allocation, recovered=True))
         next_batch = max((a.batch_id for a in records), default=-1) + 1
-        self._available_now = available_now
-        log.info("Pipeline %s run %d: starting at batch %d; %d allocated batch(es) to rerun%s",
-                 self.name, self._run, next_batch, len(pending),
-                 f" ({[a.batch_id for a in pending]})" if pending else "")
-        for allocation in pending:  # takes no in-flight permit: they are not the generator's
-            self.scheduler.submit(allocation, recovered=True)
-        self.generator = JobGenerator(self, next_batch, available_now)
-        self.tracker.start()
-        if self.coordinator is not None:
-            self.coordinator.start()
-        self.scheduler.start()
-        self.generator.start()
+        self.generator = JobGenerator(
+            self.name, tracker=self.tracker, batches=batches, driver_state=self.driver_state,
+            positions=self.positions, fence=self.check_fenced, clock=self.clock,
+            interval_ms=int(round(self.batch_interval * 1000)), next_batch=next_batch,
+            available_now=available_now, skip_empty=self.settings.stream_skip_empty_batches,
+            on_failure=lambda batch, exc: self._batch_failed(batch, exc, drain=True))
+        return pending, next_batch
 
     # -- checkpointing -------------------------------------------------------------------
     def _checkpointing_wanted(self) -> bool:
@@ -486,8 +533,7 @@ class StreamingContext:
         self._finish(exc)
 
     def _checkpoint_stats(self, stats: dict[str, Any]) -> None:
-        self.recent_checkpoints.append(stats)
-        del self.recent_checkpoints[:-100]
+        self._checkpoint_history.append(stats)
         notify(self.listeners, "on_checkpoint", stats)
 
     def checkpoint_handles(self, operator: str, checkpoint_id: int) -> list[Any]:
@@ -501,14 +547,27 @@ class StreamingContext:
         return [StateHandle.from_json(h) for _p, h in
                 sorted(handles.items(), key=lambda kv: int(kv[0]))]
 
-    def batch_completed(self, progress: dict[str, Any]) -> None:
-        self.recent_progress.append(progress)
-        del self.recent_progress[:-100]
-        self.progress_log.append(progress)
+    def _batch_completed(self, progress: dict[str, Any]) -> None:
+        """Housekeeping after batch ``progress["batch_id"]`` committed (scheduler thread).
+
+        The batch is committed whatever happens here: a failure is a warning, never "batch N
+        failed" (which would make a user think N reruns), and a failed purge is retried after
+        a later batch."""
+        b = progress["batch_id"]
+        self._progress.append(progress)
+        try:
+            self.progress_log.append(progress)
+        except Exception as exc:  # noqa: BLE001 - informational record only
+            log.warning("Pipeline %s batch %d committed; writing its progress line failed: %s",
+                        self.name, b, exc)
         notify(self.listeners, "on_batch_completed", progress)
-        log.info("Pipeline %s batch %d: %s rows in %d ms", self.name, progress["batch_id"],
+        log.info("Pipeline %s batch %d: %s rows in %d ms", self.name, b,
                  progress["num_input_rows"], progress["durations_ms"]["total"])
-        self._purge(progress["batch_id"])
+        try:
+            self._purge(b)
+        except Exception as exc:  # noqa: BLE001 - the records stay until a later purge
+            log.warning("Pipeline %s batch %d committed; purging the records of older batches "
+                        "failed (tried again after a later batch): %s", self.name, b, exc)
 
     def _purge(self, committed: int) -> None:
         keep = max(self.settings.stream_min_batches_to_retain, self.graph.remember_batches)
@@ -517,21 +576,20 @@ class StreamingContext:
             below = min(below, self.coordinator.oldest_barrier)
         if below <= 0 or committed % 10:
             return
-        old = [a for b, a in sorted(self._allocations.items()) if b < below]
-        self.tracker.purge(below, old)
+        fault_point("stream.purge")
+        assert self.tracker is not None
+        self.tracker.purge(below)
         self.commits.purge(below)
         self.driver_state.purge(below)
-        for b in [b for b in self._allocations if b < below]:
-            del self._allocations[b]
 
     @property
     def last_progress(self) -> dict[str, Any] | None:
-        return self.recent_progress[-1] if self.recent_progress else None
+        return self._progress.last()
 
     def _batch_failed(self, batch_id: int, exc: BaseException, *, drain: bool = False) -> None:
         """A batch failed (or, ``drain``, the generator could not allocate one: the batches
-        already allocated still run first)."""
-        if self._state == "stopping-now":
+        already allocated still run first). Any pipeline thread."""
+        if self._lifecycle.stopping_now:  # cancelled by stop(graceful=False)
             self._finish(None)
             return
         if isinstance(exc, JobFencedError):
@@ -546,54 +604,65 @@ class StreamingContext:
         self._finish(error, drain=drain)
 
     def _finish(self, error: BaseException | None, *, drain: bool = False) -> None:
-        with self._lock:
-            if self._finishing:
-                return
-            self._finishing = True
-            self._error = error
-            self._state = "stopped"
-        if self.generator is not None:
-            self.generator.stop()
-        self.scheduler.stop(drain=drain)
-        threading.Thread(target=self._shutdown, args=(error,), daemon=True).start()
-
-    def _shutdown(self, error: BaseException | None) -> None:
-        # await_termination returns only when no thread of this pipeline can still commit
-        self.scheduler.thread.join()
-        if self.generator is not None:
-            self.generator.thread.join()
-        self.tracker.stop()
-        if self.coordinator is not None:
-            self.coordinator.stop()
-        notify(self.listeners, "on_pipeline_terminated", error)
-        self._terminated.set()
-
-    def stop(self, graceful: bool = True, timeout: float | None = None) -> None:
-        """Stop: ``graceful`` finishes the running batch first; otherwise it is cancelled
-        (it reruns on restart). Batches allocated but not started rerun on restart."""
-        if self._state == "created":
-            self._state = "stopped"
-            self._terminated.set()
+        """Stop the pipeline's threads with ``error`` as its outcome (the first call wins)."""
+        if not self._lifecycle.finish(error):
             return
         if self.generator is not None:
             self.generator.stop()
-            self.generator.thread.join(timeout)
+        if self.scheduler is not None:
+            self.scheduler.stop(drain=drain)
+        thread = threading.Thread(target=self._shutdown, args=(error,),
+                                  name=f"spark-ckpt-shutdown-{self.name}", daemon=True)
+        self._shutdown_thread = thread
+        thread.start()
+
+    def _shutdown(self, error: BaseException | None) -> None:
+        # await_termination returns only when no thread of this pipeline can still commit
+        try:
+            for component in (self.scheduler, self.generator):
+                if component is not None and component.thread.ident is not None:
+                    component.thread.join()
+            if self.tracker is not None:
+                self.tracker.stop()
+            if self.coordinator is not None:
+                self.coordinator.stop()
+            notify(self.listeners, "on_pipeline_terminated", error)
+        finally:
+            self._lifecycle.terminate()
+
+    def stop(self, graceful: bool = True, timeout: float | None = None) -> None:
+        """Stop: ``graceful`` finishes the running batch first; otherwise it is cancelled
+        (it reruns on restart). Batches allocated but not started rerun on restart. A no-op on
+        a pipeline that never started, already stopped, or whose start failed."""
+        state = self._lifecycle.request_stop(now=not graceful)
+        if state in (PipelineState.CREATED, PipelineState.STOPPED, PipelineState.FAILED):
+            return
+        if state is PipelineState.STARTING:  # start() finishes the pipeline once it is up
+            self._lifecycle.terminated.wait(timeout)
+            return
+        assert self.scheduler is not None
+        if self.generator is not None:
+            self.generator.stop()
+            if self.generator.thread.ident is not None:
+                self.generator.thread.join(timeout)
         self.scheduler.graceful = graceful
         if not graceful:
-            self._state = "stopping-now"
             group = self.scheduler.running_group
             if group:
                 self.spark.sparkContext.cancelJobGroup(group)
         self.scheduler.stop()
-        self.scheduler.thread.join(timeout)
+        if self.scheduler.thread.ident is not None:
+            self.scheduler.thread.join(timeout)
         self._finish(None)
-        self._terminated.wait(timeout)
+        self._lifecycle.terminated.wait(timeout)
 
     def await_termination(self, timeout: float | None = None) -> bool:
-        """Wait for the pipeline to stop; True if it did. Raises the error that stopped it."""
-        stopped = self._terminated.wait(timeout)
-        if stopped and self._error is not None:
-            raise self._error
+        """Wait for the pipeline to stop; True if it did. Raises the error that stopped it
+        (or that made ``start()`` fail)."""
+        stopped = self._lifecycle.terminated.wait(timeout)
+        error = self._lifecycle.error
+        if stopped and error is not None:
+            raise error
         return stopped
 
     def process_available(self, timeout: float | None = None, *,
@@ -603,7 +672,7 @@ class StreamingContext:
         if not self.await_termination(timeout):
             self.stop(graceful=False)
             raise PipelineFailedError(f"pipeline {self.name}: not done after {timeout} s")
-        return list(self.recent_progress)
+        return self.recent_progress
 
 
 def _state_paths(meta: dict[str, Any]) -> tuple[list[str], list[int | None]]:

@@ -12,44 +12,54 @@ then, per output:
   coordinator (source positions and state handles after the batch, all immutable); a checkpoint
   triggered while the next batch runs places its barrier there at once.
 
-Threads: this thread owns the batch run and the stateful operators' live handles; it talks to
-the coordinator only by posting boundaries (and, for a final checkpoint, by waiting on a
-future). Progress goes to the listeners and the progress log.
+Threads: this thread owns the batch run and the stateful operators' live handles. It takes
+batches from the :class:`BatchQueue` and gives their in-flight slots back; it reads the
+pipeline's definition (template, outputs, sinks' transactions, coordinator, logs), all fixed
+before ``start()`` starts any thread; allocations come from the :class:`AllocationStore`; it
+reports to the context only through three callbacks (a batch completed, a batch failed, the
+pipeline finished) and to the coordinator only by posting boundaries (and, for a final
+checkpoint, by waiting on a future).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.checkpoint.pending import Boundary, TaskAck
 from spark_ckpt.errors import CheckpointError, CommitError
 from spark_ckpt.faults import fault_point
 from spark_ckpt.streaming.batch import BatchAllocation, BatchRun
+from spark_ckpt.streaming.batch_queue import FINISH, STOP, BatchQueue, QueuedBatch
 from spark_ckpt.streaming.progress import notify
 
 if TYPE_CHECKING:
     from spark_ckpt.streaming.context import StreamingContext
+    from spark_ckpt.streaming.history import RecentHistory
 
 __all__ = ["JobScheduler"]
 
 log = logging.getLogger(__name__)
 
-_STOP = object()
-_FINISH = object()
-
 
 class JobScheduler:
-    def __init__(self, ctx: StreamingContext) -> None:
+    def __init__(self, ctx: StreamingContext, *, batches: BatchQueue,
+                 checkpoints: RecentHistory,
+                 on_completed: Callable[[dict[str, Any]], None],
+                 on_failure: Callable[[int, BaseException], None],
+                 on_finished: Callable[[], None]) -> None:
         self.ctx = ctx
-        self.queue: queue.Queue[Any] = queue.Queue()
-        self.in_flight = threading.Semaphore(ctx.settings.stream_max_batches_in_flight)
+        self.batches = batches
+        self._checkpoints = checkpoints
+        self._on_completed = on_completed
+        self._on_failure = on_failure
+        self._on_finished = on_finished
         self.thread = threading.Thread(target=self._loop, name=f"spark-ckpt-scheduler-{ctx.name}",
                                        daemon=True)
-        self.running_group: str | None = None
+        self.running_group: str | None = None  # read by stop(graceful=False) to cancel it
         self.graceful = False  # stop(graceful=True): take a final checkpoint before leaving
         self._last_start: float | None = None
         self._stopping = threading.Event()
@@ -61,32 +71,26 @@ class JobScheduler:
         self._publish_boundary(self.last_batch)  # where a barrier goes before the first batch
         self.thread.start()
 
-    def submit(self, allocation: BatchAllocation, recovered: bool = False) -> None:
-        self.queue.put((allocation, recovered))
-
-    def finish(self) -> None:
-        """After every batch queued so far: take a final checkpoint, then stop the pipeline."""
-        self.queue.put(_FINISH)
-
     def stop(self, *, drain: bool = False) -> None:
         """Stop after the running batch; with ``drain``, after every batch already queued."""
         if not drain:
             self._stopping.set()
-        self.queue.put(_STOP)
+        self.batches.close()
+        self.batches.put_control(STOP)
 
     def _loop(self) -> None:
         ctx = self.ctx
         while True:
-            item = self.queue.get()
-            if item is _FINISH:
+            item = self.batches.take()
+            if item == FINISH:
                 try:
                     self.final_checkpoint()
                 except BaseException as exc:  # noqa: BLE001 - handed to await_termination
-                    ctx._batch_failed(self.last_batch, exc)  # noqa: SLF001
+                    self._on_failure(self.last_batch, exc)
                     return
-                ctx._finish(None)  # noqa: SLF001
+                self._on_finished()
                 return
-            if item is _STOP or self._stopping.is_set():
+            if item == STOP or self._stopping.is_set():
                 if self.graceful:
                     try:
                         self.final_checkpoint()
@@ -94,15 +98,14 @@ class JobScheduler:
                         log.warning("Pipeline %s: final checkpoint on stop failed: %s",
                                     ctx.name, exc)
                 return
-            allocation, recovered = item
+            assert isinstance(item, QueuedBatch)
             try:
-                self.run_batch(allocation, recovered)
+                self.run_batch(item.allocation, item.recovered, item.allocation_ms)
             except BaseException as exc:  # noqa: BLE001 - handed to await_termination
-                ctx._batch_failed(allocation.batch_id, exc)  # noqa: SLF001
+                self._on_failure(item.allocation.batch_id, exc)
                 return
             finally:
-                if not recovered:
-                    self.in_flight.release()
+                self.batches.done(item)
 
     # -- checkpoints ---------------------------------------------------------------------
     def _publish_boundary(self, batch_id: int) -> None:
@@ -151,7 +154,8 @@ class JobScheduler:
             )
 
     # -- one batch -----------------------------------------------------------------------
-    def run_batch(self, allocation: BatchAllocation, recovered: bool) -> dict[str, Any]:
+    def run_batch(self, allocation: BatchAllocation, recovered: bool,
+                  allocation_ms: int = 0) -> dict[str, Any]:
         ctx = self.ctx
         b = allocation.batch_id
         started = time.perf_counter()
@@ -243,11 +247,11 @@ class JobScheduler:
         self._publish_boundary(b)
         total = time.perf_counter() - started
         durations["total"] = _ms(total)
-        durations["allocation"] = ctx.allocation_ms.pop(b, 0)
+        durations["allocation"] = allocation_ms
         rows = run.stats.input_rows
         known = [r for r in rows.values() if r is not None]
         num_rows = sum(known) if len(known) == len(rows) else None
-        latest = ctx.recent_checkpoints[-1] if ctx.recent_checkpoints else None
+        latest = self._checkpoints.last()
         progress = {
             "pipeline": ctx.name,
             "batch_id": b,
@@ -271,7 +275,7 @@ class JobScheduler:
             "durations_ms": durations,
             "outputs": {k: _jsonable(v) for k, v in outputs.items()},
         }
-        ctx.batch_completed(progress)
+        self._on_completed(progress)  # housekeeping: its failures are warnings, b committed
         return progress
 
 

@@ -10,14 +10,14 @@ allocated but unfinished batch over exactly the data it was given.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from spark_ckpt.errors import JobFencedError
 from spark_ckpt.streaming.batch import BatchAllocation
 
 if TYPE_CHECKING:
-    from spark_ckpt.streaming.metalog import MetadataLog
+    from spark_ckpt.clock import Clock
+    from spark_ckpt.streaming.allocations import AllocationStore
     from spark_ckpt.streaming.sources import Source
 
 __all__ = ["ReceiverTracker"]
@@ -26,15 +26,20 @@ log = logging.getLogger(__name__)
 
 
 class ReceiverTracker:
-    def __init__(self, pipeline: str, sources: list[Source], allocations: MetadataLog) -> None:
+    """Thread ownership: ``allocate`` runs on the generator's thread, ``purge`` on the
+    scheduler's (after a commit); sources guard their own positions, and the allocation
+    records belong to the :class:`AllocationStore`."""
+
+    def __init__(self, pipeline: str, sources: list[Source], allocations: AllocationStore,
+                 clock: Clock) -> None:
         self.pipeline = pipeline
         self.sources = {s.name: s for s in sources}
         self.allocations = allocations
+        self._clock = clock
 
     def restore(self) -> list[BatchAllocation]:
         """Rebuild source positions; return every recorded allocation, oldest first."""
-        records = [BatchAllocation.from_record(r) for r in
-                   (self.allocations.get(b) for b in self.allocations.batch_ids()) if r]
+        records = self.allocations.restore()
         for name, source in self.sources.items():
             source.restore([(a.batch_id, a.pieces[name]) for a in records if name in a.pieces])
         return records
@@ -54,8 +59,8 @@ class ReceiverTracker:
         pieces = {name: source.plan() for name, source in self.sources.items()}
         if skip_if_empty and all(self.sources[n].is_empty(p) for n, p in pieces.items()):
             return None
-        allocation = BatchAllocation(batch_id, batch_time_ms, pieces, int(time.time() * 1000))
-        if not self.allocations.add(batch_id, allocation.body()):
+        allocation = BatchAllocation(batch_id, batch_time_ms, pieces, self._clock.now_ms())
+        if not self.allocations.record(allocation):
             raise JobFencedError(
                 f"pipeline {self.pipeline}: batch {batch_id} was already allocated by another "
                 "driver on this checkpoint directory; this driver stops (only one driver may "
@@ -67,9 +72,9 @@ class ReceiverTracker:
                  {name: self.sources[name].rows(piece) for name, piece in pieces.items()})
         return allocation
 
-    def purge(self, below: int, records: list[BatchAllocation]) -> None:
+    def purge(self, below: int) -> None:
         """Drop allocation records of batches ``< below`` (sources fold what they need)."""
-        old = [a for a in records if a.batch_id < below]
+        old = self.allocations.below(below)
         if not old:
             return
         for name, source in self.sources.items():

@@ -1,0 +1,220 @@
+"""The pipeline's lifecycle and the owners of its shared state: start, stop, failures,
+housekeeping, the batch queue's in-flight bound, the allocation store, the injected clock."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import pytest
+
+from spark_ckpt import JobDefinitionError, PipelineFailedError, Settings, StreamingContext
+from spark_ckpt.clock import ManualClock
+from spark_ckpt.errors import IllegalStateTransition
+from spark_ckpt.storage import Storage
+from spark_ckpt.streaming.allocations import AllocationStore
+from spark_ckpt.streaming.batch import BatchAllocation
+from spark_ckpt.streaming.batch_queue import BatchQueue, QueuedBatch
+from spark_ckpt.streaming.lifecycle import Lifecycle, PipelineState
+from spark_ckpt.streaming.metalog import MetadataLog
+from spark_ckpt.streaming.progress import ProgressLog
+
+
+def make_ctx(spark, tmp_path, name="life", interval=0.2, clock=None, **settings):
+    return StreamingContext(spark, interval, str(tmp_path / "ckpt"), name,
+                            settings=Settings(progress="never", **settings), clock=clock)
+
+
+def wait_for(predicate, timeout=60.0):
+    done = threading.Event()
+    deadline = threading.Timer(timeout, done.set)
+    deadline.start()
+    try:
+        while not predicate():
+            if done.wait(0.02):
+                return predicate()
+        return True
+    finally:
+        deadline.cancel()
+
+
+# -- the lifecycle state machine -----------------------------------------------------------
+def test_lifecycle_moves_only_along_its_table():
+    life = Lifecycle("p")
+    life.begin_start()
+    assert life.state is PipelineState.STARTING
+    assert life.started() is False
+    assert life.finish(ValueError("x")) is True
+    assert life.finish(None) is False  # the first outcome wins
+    assert isinstance(life.error, ValueError)
+    life.terminate()
+    assert life.state is PipelineState.STOPPED and life.terminated.is_set()
+    with pytest.raises(JobDefinitionError, match="a context starts once"):
+        life.begin_start()
+    with pytest.raises(IllegalStateTransition, match="STOPPED -> RUNNING"):
+        life._set(PipelineState.RUNNING)  # noqa: SLF001
+
+
+def test_stop_before_start_stops_and_a_failed_start_cannot_start_again():
+    life = Lifecycle("p")
+    assert life.request_stop(now=False) is PipelineState.CREATED
+    assert life.state is PipelineState.STOPPED and life.terminated.is_set()
+    failed = Lifecycle("q")
+    failed.begin_start()
+    failed.start_failed(OSError("disk gone"))
+    with pytest.raises(JobDefinitionError, match=r"earlier start\(\) failed \(disk gone\)"):
+        failed.begin_start()
+
+
+# -- the batch queue -----------------------------------------------------------------------
+def _alloc(b):
+    return BatchAllocation(b, 1000 * b, {})
+
+
+def test_batch_queue_bounds_slots_and_recovered_batches_take_none():
+    q = BatchQueue(1)
+    cancel = threading.Event()
+    for b in range(3):  # a restart with more pending batches than slots
+        q.put(QueuedBatch(_alloc(b), recovered=True))
+    assert q.reserve(cancel)  # recovered batches hold no slot
+    got = []
+    blocked = threading.Thread(target=lambda: got.append(q.reserve(cancel)))
+    blocked.start()
+    q.put(QueuedBatch(_alloc(3), holds_slot=True))
+    assert [q.take().allocation.batch_id for _ in range(3)] == [0, 1, 2]
+    assert blocked.is_alive()  # the only slot is held by batch 3
+    q.done(q.take())
+    blocked.join(10)
+    assert got == [True]
+    stuck = threading.Thread(target=lambda: got.append(q.reserve(cancel)))
+    stuck.start()
+    cancel.set()
+    stuck.join(10)
+    assert got == [True, False]
+
+
+def test_a_closed_queue_hands_out_no_slot():
+    q = BatchQueue(2)
+    q.close()
+    assert q.reserve(threading.Event()) is False
+
+
+# -- the allocation store ------------------------------------------------------------------
+def test_allocation_store_records_reads_and_purges_from_several_threads(tmp_path):
+    storage = Storage(str(tmp_path))
+    store = AllocationStore(MetadataLog(storage, str(tmp_path / "allocations"), "allocation"))
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def generator():
+        try:
+            for b in range(300):
+                assert store.record(_alloc(b))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            done.set()
+
+    def scheduler():
+        try:
+            while not done.is_set():
+                for a in store.below(10_000):
+                    store.get(a.batch_id)
+                store.purge(max(0, len(store.below(10_000)) - 5))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=generator), threading.Thread(target=scheduler)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert store.get(299) == _alloc(299)
+    assert not store.record(_alloc(299))  # a second record of a batch is refused
+
+
+# -- a running pipeline --------------------------------------------------------------------
+def test_the_generator_ticks_on_the_injected_clock(spark, tmp_path):
+    clock = ManualClock(start_ms=5_000_000)
+    ctx = make_ctx(spark, tmp_path, interval=10.0, clock=clock)
+    ctx.generator_stream("g", rows_per_batch=3).foreach_batch(lambda df, b: None, name="o")
+    ctx.start()
+    try:
+        assert wait_for(lambda: len(ctx.recent_progress) == 1)
+        for n in (2, 3):
+            clock.advance(10_000)
+            assert wait_for(lambda n=n: len(ctx.recent_progress) == n)
+    finally:
+        ctx.stop(graceful=False, timeout=60)
+    assert [p["batch_time_ms"] for p in ctx.recent_progress] == [5_000_000, 5_010_000,
+                                                                 5_020_000]
+
+
+def test_a_restart_with_more_pending_batches_than_slots_runs_them_all(spark, tmp_path):
+    clock = ManualClock()
+    first = make_ctx(spark, tmp_path, clock=clock, interval=1.0,
+                     stream_max_batches_in_flight=3)
+    release = threading.Event()
+
+    def stuck_then_fail(df, batch):
+        release.wait(60)
+        raise RuntimeError("batch 0 gives up")
+
+    first.generator_stream("g", rows_per_batch=4, total_rows=40).foreach_batch(
+        stuck_then_fail, name="o")
+    first.start()
+    allocations = tmp_path / "ckpt" / "allocations"
+    for n in (2, 3):
+        clock.advance(1000)
+        assert wait_for(lambda n=n: len(os.listdir(allocations)) == n)
+    release.set()
+    with pytest.raises(PipelineFailedError, match="batch 0 gives up"):
+        first.await_termination(60)
+    assert not (tmp_path / "ckpt" / "commits").exists() or \
+        not os.listdir(tmp_path / "ckpt" / "commits")
+    seen: list[int] = []
+    second = make_ctx(spark, tmp_path, stream_max_batches_in_flight=1)
+    second.generator_stream("g", rows_per_batch=4, total_rows=40).foreach_batch(
+        lambda df, b: seen.append(b), name="o")
+    progress = second.process_available(timeout=120)
+    assert [p["recovered"] for p in progress[:3]] == [True, True, True]
+    assert seen[:3] == [0, 1, 2]
+
+
+def test_a_failed_start_stops_cleanly_and_says_why_on_a_second_start(spark, tmp_path):
+    owner = make_ctx(spark, tmp_path, name="owner")
+    owner.generator_stream("g", rows_per_batch=1, total_rows=1).foreach_batch(
+        lambda df, b: None, name="o")
+    owner.process_available(timeout=120)
+    ctx = make_ctx(spark, tmp_path, name="intruder")
+    ctx.generator_stream("g", rows_per_batch=1).foreach_batch(lambda df, b: None, name="o")
+    with pytest.raises(JobDefinitionError, match="belongs to pipeline 'owner'"):
+        ctx.start()
+    ctx.stop()  # a no-op, not an AttributeError
+    with pytest.raises(JobDefinitionError, match=r"earlier start\(\) failed.*'owner'"):
+        ctx.start()
+    with pytest.raises(JobDefinitionError, match="belongs to pipeline 'owner'"):
+        ctx.await_termination(0)
+
+
+def test_housekeeping_failures_after_a_commit_are_warnings(spark, tmp_path, monkeypatch,
+                                                           caplog):
+    monkeypatch.setenv("SPARK_CKPT_FAULT", "stream.purge:1:fail")
+
+    def no_progress_line(self, progress):
+        if progress["batch_id"] == 3:
+            raise OSError("progress volume full")
+
+    monkeypatch.setattr(ProgressLog, "append", no_progress_line)
+    ctx = make_ctx(spark, tmp_path, stream_min_batches_to_retain=2)
+    ctx.generator_stream("g", rows_per_batch=2, total_rows=24).foreach_batch(
+        lambda df, b: None, name="o")
+    with caplog.at_level(logging.WARNING, logger="spark_ckpt.streaming.context"):
+        progress = ctx.process_available(timeout=180)
+    assert [p["batch_id"] for p in progress] == list(range(12))
+    text = caplog.text
+    assert "batch 3 committed; writing its progress line failed: progress volume full" in text
+    assert "batch 10 committed; purging the records of older batches failed" in text
+    assert len(os.listdir(tmp_path / "ckpt" / "commits")) == 12  # not purged: it failed

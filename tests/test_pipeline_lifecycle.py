@@ -218,3 +218,32 @@ def test_housekeeping_failures_after_a_commit_are_warnings(spark, tmp_path, monk
     assert "batch 3 committed; writing its progress line failed: progress volume full" in text
     assert "batch 10 committed; purging the records of older batches failed" in text
     assert len(os.listdir(tmp_path / "ckpt" / "commits")) == 12  # not purged: it failed
+
+
+def test_a_stop_while_start_is_restoring_stops_the_pipeline_once_it_is_up(spark, tmp_path,
+                                                                           monkeypatch):
+    from spark_ckpt.streaming.receiver import QueueSource
+
+    restoring, release = threading.Event(), threading.Event()
+    original = QueueSource.restore
+
+    def slow_restore(self, pieces):
+        restoring.set()
+        assert release.wait(60)
+        original(self, pieces)
+
+    monkeypatch.setattr(QueueSource, "restore", slow_restore)
+    ctx = make_ctx(spark, tmp_path)
+    ctx.queue_stream("q", "id BIGINT").foreach_batch(lambda df, b: None, name="o")
+    starter = threading.Thread(target=ctx.start)
+    starter.start()
+    assert restoring.wait(60)
+    stopper = threading.Thread(target=ctx.stop, kwargs={"timeout": 60})
+    stopper.start()
+    assert wait_for(lambda: ctx._lifecycle._stop_requested)  # noqa: SLF001
+    release.set()
+    starter.join(60)
+    stopper.join(60)
+    assert ctx.await_termination(0)  # stopped on request, no error
+    assert ctx._lifecycle.state is PipelineState.STOPPED  # noqa: SLF001
+    assert not ctx.generator.thread.is_alive() and not ctx.scheduler.thread.is_alive()

@@ -278,23 +278,28 @@ def test_socket_receiver_writes_lines_ahead(spark, tmp_path):
     server.listen(1)
     port = server.getsockname()[1]
 
+    lines: list[str] = []
+    done = threading.Event()
+
     def serve():
         conn, _ = server.accept()
         with conn:
             conn.sendall(b"alpha\nbeta\r\ngam")
-            time.sleep(0.3)
-            conn.sendall(b"ma\n")
-            time.sleep(0.5)
+            # the rest of the line only once the first two lines went through a batch: the
+            # partial "gam" must wait in the receiver across blocks and batches
+            if _wait(lambda: len(lines) >= 2, 60):
+                conn.sendall(b"ma\n")
+            done.wait(60)  # keep the connection open until the test has its answer
 
     threading.Thread(target=serve, daemon=True).start()
     ctx = make_ctx(spark, tmp_path, interval=0.3, stream_receiver_block_interval_ms=100)
-    lines: list[str] = []
     ctx.socket_stream("sock", "127.0.0.1", port).foreach_batch(
         lambda df, b: lines.extend(r.value for r in df.collect()), name="o")
     ctx.start()
     try:
         assert _wait(lambda: len(lines) >= 3, 60)
     finally:
+        done.set()
         ctx.stop()
         server.close()
     assert lines == ["alpha", "beta", "gamma"]

@@ -161,6 +161,23 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         minimum=10,
     ),
     _opt(
+        "spark.ckpt.stream.receiverMaxLineBytes",
+        "int",
+        1 << 20,
+        "A socket receiver holds at most this many bytes of a line without a newline; longer "
+        "lines are emitted in pieces of at most this size, cut between characters (nothing "
+        "is dropped; a warning counts the cut lines).",
+        minimum=4,
+    ),
+    _opt(
+        "spark.ckpt.stream.receiverMaxBlockBytes",
+        "int",
+        8 << 20,
+        "A receiver writes a block early once it holds this many bytes of lines, whatever "
+        "receiverBlockIntervalMs says.",
+        minimum=1024,
+    ),
+    _opt(
         "spark.ckpt.checkpoint.enabled",
         "choice",
         "auto",
@@ -335,6 +352,8 @@ class Settings:
     stream_skip_empty_batches: bool = False
     stream_min_batches_to_retain: int = 100
     stream_receiver_block_interval_ms: int = 200
+    stream_receiver_max_line_bytes: int = 1 << 20
+    stream_receiver_max_block_bytes: int = 8 << 20
     checkpoint_enabled: str = "auto"
     checkpoint_interval_ms: int = 10000
     checkpoint_min_pause_ms: int = 0

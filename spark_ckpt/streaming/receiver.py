@@ -41,7 +41,6 @@ class BlockStore:
         self.storage = storage
         self.directory = directory
         storage.makedirs(directory)
-        self._lock = threading.Lock()
         self.next_seq = max((seq for seq, _path in self._files()), default=-1) + 1
 
     def _files(self) -> list[tuple[int, str]]:
@@ -62,17 +61,19 @@ class BlockStore:
                 for seq, path in self._files()]
 
     def append(self, table: Any) -> tuple[int, str, int]:
-        """Write ``table`` as the next block; return ``(seq, path, rows)`` once it is durable."""
+        """Write ``table`` as the next block; return ``(seq, path, rows)`` once it is durable.
+
+        The caller holds the receiver's lock: numbering, writing and counting a block as
+        received are one step, so blocks become pending in sequence order."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        with self._lock:
-            seq = self.next_seq
-            self.next_seq += 1
-            buffer = pa.BufferOutputStream()
-            pq.write_table(table, buffer, compression="zstd")
-            path = join(self.directory, f"{seq:012d}.parquet")
-            self.storage.write_atomic(path, buffer.getvalue().to_pybytes())
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table, buffer, compression="zstd")
+        seq = self.next_seq
+        path = join(self.directory, f"{seq:012d}.parquet")
+        self.storage.write_atomic(path, buffer.getvalue().to_pybytes())
+        self.next_seq += 1  # only once written: a failed write leaves no hole in the numbers
         return seq, self.storage.spark_path(path), table.num_rows
 
     def delete_through(self, seq: int) -> int:
@@ -96,7 +97,11 @@ class ReceiverSource(Source):
         super().__init__(name)
         self._schema = StructType.fromDDL(schema) if isinstance(schema, str) else schema
         self.store: BlockStore | None = None
-        self.allocated_through = -1  # last block seq given to a batch
+        # Thread ownership: receivers and push() (any thread) add blocks, the generator plans
+        # and advances, restore runs before any of them; ``_lock`` guards the block store's
+        # numbering, ``_pending`` and ``allocated_through``. Blocks become pending in sequence
+        # order, so what batches take is always a prefix of the numbers.
+        self.allocated_through = -1  # highest block seq given to a batch
         self._pending: list[tuple[int, str, int]] = []
         self._lock = threading.Lock()
         self.received_rows = 0
@@ -110,11 +115,13 @@ class ReceiverSource(Source):
 
     def restore(self, pieces: list[tuple[int, dict[str, Any]]]) -> None:
         assert self.store is not None
-        for _batch, piece in pieces:
-            if piece["blocks"]:
-                self.allocated_through = max(self.allocated_through, piece["blocks"][-1][0])
+        taken = {b[0] for _batch, piece in pieces for b in piece["blocks"]}
         with self._lock:
-            self._pending = [b for b in self.store.blocks() if b[0] > self.allocated_through]
+            self.allocated_through = max(taken, default=self.allocated_through)
+            # every block no recorded batch took and not below a purged one (purged batches'
+            # blocks are deleted with them, through the highest seq they took)
+            self._pending = [b for b in self.store.blocks()
+                             if b[0] not in taken and b[0] > self._purged_through(taken)]
         if self._pending:
             log.info("Source %s: %d block(s) received before the restart await a batch",
                      self.name, len(self._pending))
@@ -132,8 +139,11 @@ class ReceiverSource(Source):
                 f"receiver {self.name}: expected rows of {self._schema.simpleString()}, found "
                 f"{table.schema}: {exc}"
             ) from exc
-        block = self.store.append(table)
+        from spark_ckpt import faults
+
         with self._lock:
+            block = self.store.append(table)
+            faults.fault_point("stream.block.stored")
             self._pending.append(block)
             self.received_rows += block[2]
         return block[0]
@@ -144,12 +154,18 @@ class ReceiverSource(Source):
         return {"blocks": blocks, "rows": sum(b[2] for b in blocks)}
 
     def advance(self, piece: dict[str, Any]) -> None:
-        if not piece["blocks"]:
+        """Move past exactly the blocks ``piece`` took (blocks received since stay pending)."""
+        taken = {b[0] for b in piece["blocks"]}
+        if not taken:
             return
-        last = piece["blocks"][-1][0]
         with self._lock:
-            self._pending = [b for b in self._pending if b[0] > last]
-        self.allocated_through = last
+            self._pending = [b for b in self._pending if b[0] not in taken]
+            self.allocated_through = max(self.allocated_through, *taken)
+
+    def _purged_through(self, taken: set[int]) -> int:
+        """Blocks below the oldest block a kept allocation took belong to purged batches (a
+        purge that failed half-way can leave some of their files behind)."""
+        return min(taken) - 1 if taken else -1
 
     def position(self) -> dict[str, Any]:
         with self._lock:
@@ -165,7 +181,7 @@ class ReceiverSource(Source):
         return run.spark.read.schema(self._schema).parquet(*[b[1] for b in piece["blocks"]])
 
     def purge(self, pieces_below: list[tuple[int, dict[str, Any]]], below: int) -> None:
-        last = max((p["blocks"][-1][0] for _b, p in pieces_below if p["blocks"]), default=-1)
+        last = max((b[0] for _b, p in pieces_below for b in p["blocks"]), default=-1)
         if last >= 0 and self.store is not None:
             self.store.delete_through(last)
 
@@ -258,24 +274,80 @@ class SocketSource(ReceiverSource):
                 backoff = min(backoff * 2, 5.0)
 
     def _read(self, conn: socket.socket, interval: float) -> None:
-        buffer = b""
+        settings = self.pipeline.settings
+        splitter = LineSplitter(settings.stream_receiver_max_line_bytes)
+        max_block = settings.stream_receiver_max_block_bytes
         lines: list[str] = []
+        held = 0
         last = time.monotonic()
-        while not self._stop.is_set():
-            try:
-                chunk = conn.recv(65536)
-            except TimeoutError:
-                chunk = None
-            if chunk == b"":  # closed by the server
-                if buffer:
-                    lines.append(buffer.decode("utf-8", errors="replace"))
-                self._flush(lines)
-                raise ConnectionResetError("server closed the connection")
-            if chunk:
-                buffer += chunk
-                *complete, buffer = buffer.split(b"\n")
-                lines.extend(c.decode("utf-8", errors="replace").rstrip("\r") for c in complete)
-            if time.monotonic() - last >= interval:
-                self._flush(lines)
-                last = time.monotonic()
-        self._flush(lines)
+        try:
+            while not self._stop.is_set():
+                try:
+                    chunk = conn.recv(65536)
+                except TimeoutError:
+                    chunk = None
+                if chunk == b"":  # closed by the server
+                    lines.extend(splitter.close())
+                    self._flush(lines)
+                    raise ConnectionResetError("server closed the connection")
+                if chunk:
+                    for line in splitter.feed(chunk):
+                        lines.append(line)
+                        held += len(line)
+                if held >= max_block or time.monotonic() - last >= interval:
+                    self._flush(lines)
+                    held = 0
+                    last = time.monotonic()
+            self._flush(lines)
+        finally:
+            if splitter.cut_lines:
+                log.warning("Receiver %s: %d line(s) longer than spark.ckpt.stream."
+                            "receiverMaxLineBytes=%d were emitted in pieces", self.name,
+                            splitter.cut_lines, splitter.limit)
+
+
+class LineSplitter:
+    """Bytes in, text lines out: ``\n`` ends a line (a ``\r`` before it is dropped, as
+    Spark's socket source does), and a line longer than ``limit`` bytes comes out in pieces
+    of at most ``limit`` bytes, cut between UTF-8 characters, so memory stays bounded and no
+    byte is lost or mangled."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._buffer = b""
+        self._cutting = False  # the current line already gave out a piece
+        self.cut_lines = 0
+
+    def feed(self, chunk: bytes) -> list[str]:
+        out: list[str] = []
+        self._buffer += chunk
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0:
+                content = end - 1 if self._buffer[end - 1:end] == b"\r" else end
+                if content <= self.limit:
+                    out.append(_decode(self._buffer[:content]))
+                    self._buffer = self._buffer[end + 1:]
+                    self._cutting = False
+                    continue
+            elif len(self._buffer) <= self.limit + 1:  # + 1: a "\r" whose "\n" is to come
+                return out
+            # this line is longer than the limit: give out a piece, cut between characters
+            cut = self.limit
+            while cut > 0 and (self._buffer[cut] & 0xC0) == 0x80:
+                cut -= 1
+            cut = cut or self.limit
+            out.append(_decode(self._buffer[:cut]))
+            self._buffer = self._buffer[cut:]
+            if not self._cutting:
+                self._cutting = True
+                self.cut_lines += 1
+
+    def close(self) -> list[str]:
+        """What is left when the connection ends: the last line, without its newline."""
+        rest, self._buffer = self._buffer, b""
+        return [_decode(rest[:-1] if rest.endswith(b"\r") else rest)] if rest else []
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")

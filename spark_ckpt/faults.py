@@ -4,7 +4,10 @@
 ``n``-th time (default 1; ``n-m`` for passes n to m, ``n-`` for every pass from n on), the action
 runs. Actions: ``kill`` (SIGKILL the driver's whole process group, JVM and Python workers
 included: a crash, not a shutdown), ``pause`` (sleep for ``SPARK_CKPT_FAULT_PAUSE_S`` seconds,
-default an hour, so a test can race a second driver against this one) and ``fail`` (raise
+default an hour, so a test can race a second driver against this one; with
+``SPARK_CKPT_FAULT_RELEASE=<file>`` the pause ends as soon as that file exists, and
+``SPARK_CKPT_FAULT_REACHED=<file>`` is created when the pause begins, so a test waits on events,
+not on a time window) and ``fail`` (raise
 ``OSError``, as failing storage would). Unset, a fault point costs one dict
 lookup. The points are listed in :data:`POINTS` and in docs/recovery.md.
 """
@@ -33,6 +36,8 @@ POINTS = (
     "stream.output.committed",  # one output of a batch committed (counted per output)
     "stream.batch.committed",  # a batch's commit record is durable
     "stream.purge",  # a batch committed; the records of older batches are about to be purged
+    "stream.block.stored",  # a receiver's block is durable, not yet counted as received
+    "eventlog.write",  # an append to the event log is about to be written (counted per try)
     "checkpoint.barrier",  # a barrier placed at a boundary, sinks not yet pre-committed
     "checkpoint.metadata",  # a completed checkpoint's metadata is about to be written
     "checkpoint.completed",  # a checkpoint's metadata is durable, sinks not yet committed
@@ -76,7 +81,7 @@ def fault_point(name: str) -> None:
         raise OSError(f"injected storage failure at fault point {name} "
                       f"(pass {_counts[name]}, SPARK_CKPT_FAULT)")
     if spec[3] == "pause":
-        time.sleep(float(os.environ.get("SPARK_CKPT_FAULT_PAUSE_S", "3600")))
+        _pause(float(os.environ.get("SPARK_CKPT_FAULT_PAUSE_S", "3600")))
         return
     # A crash: the driver, its JVM and the Python workers die together, mid-write if need be.
     # The whole group only when this driver leads its own (a test started it in a new session);
@@ -84,3 +89,17 @@ def fault_point(name: str) -> None:
     if os.getpgid(0) != os.getpgid(os.getppid()):
         os.killpg(os.getpgid(0), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pause(seconds: float) -> None:
+    reached = os.environ.get("SPARK_CKPT_FAULT_REACHED")
+    release = os.environ.get("SPARK_CKPT_FAULT_RELEASE")
+    if reached:
+        with open(reached, "w") as f:
+            f.write(str(os.getpid()))
+    if not release:
+        time.sleep(seconds)
+        return
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -103,6 +103,22 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         minimum=1,
     ),
     _opt(
+        "spark.ckpt.eventLog.writeRetries",
+        "int",
+        5,
+        "A failed append to the event log is retried this many times (the events stay "
+        "buffered) before the job fails with EventLogError.",
+        minimum=0,
+    ),
+    _opt(
+        "spark.ckpt.eventLog.retryBackoffMs",
+        "int",
+        200,
+        "Wait before the first retry of a failed event-log append; doubled for each further "
+        "retry, at most 10 s.",
+        minimum=1,
+    ),
+    _opt(
         "spark.ckpt.batch.partitionsPerWave",
         "int",
         0,
@@ -344,6 +360,8 @@ class Settings:
     work_dir: str = "spark-ckpt-work"
     event_log_flush_interval_ms: int = 1000
     event_log_flush_max_events: int = 500
+    event_log_write_retries: int = 5
+    event_log_retry_backoff_ms: int = 200
     batch_partitions_per_wave: int = 0
     batch_concurrent_waves: int = 2
     batch_poll_interval_ms: int = 300

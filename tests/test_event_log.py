@@ -5,7 +5,7 @@ import time
 import pytest
 from deltalake import DeltaTable
 
-from spark_ckpt.errors import JobFencedError
+from spark_ckpt.errors import EventLogError, JobFencedError
 from spark_ckpt.eventlog.events import Event, EventType
 from spark_ckpt.eventlog.reader import EventLogUnreadable, read_events
 from spark_ckpt.eventlog.replay import replay
@@ -67,6 +67,50 @@ def test_fenced_writer_refuses_to_write(tmp_path):
     with pytest.raises(JobFencedError):
         w.append(finished(2))
     assert [e.partition for e in read_events(storage, storage.path("events")).events] == [0]
+
+
+def test_failed_appends_are_retried_with_backoff_and_keep_every_event(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARK_CKPT_FAULT", "eventlog.write:2-3:fail")
+    waits: list[float] = []
+    storage, w = writer(tmp_path, write_retries=5, retry_backoff_ms=200, sleep=waits.append)
+    w.append(finished(0))
+    w.flush()  # pass 1: written
+    for p in (1, 2):
+        w.append(finished(p))
+    w.flush()  # passes 2 and 3 fail, pass 4 writes
+    assert waits == [0.2, 0.4]
+    assert w.retried == 1 and w.commits == 2
+    events = read_events(storage, storage.path("events")).events
+    assert [(e.partition, e.seq) for e in events] == [(0, 1), (1, 2), (2, 3)]
+    w.close()
+
+
+def test_an_append_failing_past_its_retries_fails_clearly_and_keeps_the_events(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARK_CKPT_FAULT", "eventlog.write:1-4:fail")
+    waits: list[float] = []
+    storage, w = writer(tmp_path, write_retries=2, retry_backoff_ms=8000, sleep=waits.append)
+    w.append(finished(0))
+    with pytest.raises(EventLogError, match=r"could not append 1 events .* after 3 tries "
+                       r"\(spark.ckpt.eventLog.writeRetries=2\).*injected storage failure"):
+        w.flush()
+    assert waits == [8.0, 10.0]  # doubled, capped at 10 s
+    w.flush()  # pass 4 fails, pass 5 writes: the buffered event was kept
+    assert [e.partition for e in read_events(storage, storage.path("events")).events] == [0]
+    w.close()
+
+
+def test_retries_stop_once_the_driver_is_fenced(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARK_CKPT_FAULT", "eventlog.write:1-:fail")
+    fenced = {"now": False}
+
+    def wait_and_get_fenced(seconds):
+        fenced["now"] = True  # a newer attempt claimed the job while this one waited
+
+    storage, w = writer(tmp_path, is_fenced=lambda: fenced["now"], sleep=wait_and_get_fenced)
+    w.append(finished(0))
+    with pytest.raises(JobFencedError):
+        w.flush()
 
 
 def test_truncated_last_commit_is_tolerated_and_set_aside(tmp_path):

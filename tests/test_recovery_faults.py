@@ -158,6 +158,17 @@ def test_deleted_file_of_a_consumed_partition_invalidates_its_consumers(
     assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
 
 
+def test_event_log_appends_that_fail_twice_are_retried_and_the_job_completes(
+        spark, orders_input, expected_daily, tmp_path):
+    done = run_driver(orders_input, str(tmp_path / "out"), str(tmp_path / "work"),
+                      fault="eventlog.write:2-3:fail")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "retrying in" in done.stdout + done.stderr
+    assert durable(tmp_path / "work") == TOTAL_PARTITIONS
+    assert delta_writes(str(tmp_path / "out")) == 1
+    assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
+
+
 def test_torn_event_log_tail_is_tolerated(spark, orders_input, expected_daily, tmp_path):
     crash(orders_input, tmp_path, "vertex.finished:2")
     log_dir = tmp_path / "work" / "orders" / "events" / "_delta_log"
@@ -235,12 +246,17 @@ def test_replaced_input_file_reruns_only_what_read_it(spark, orders_input, tmp_p
 
 
 def test_second_driver_fences_the_first(spark, orders_input, expected_daily, tmp_path):
+    reached, release = tmp_path / "paused", tmp_path / "release"
     slow = start_driver(orders_input, str(tmp_path / "out"), str(tmp_path / "work"),
-                        fault="vertex.finished:1:pause", SPARK_CKPT_FAULT_PAUSE_S="25")
+                        fault="vertex.finished:1:pause", SPARK_CKPT_FAULT_PAUSE_S="600",
+                        SPARK_CKPT_FAULT_REACHED=str(reached),
+                        SPARK_CKPT_FAULT_RELEASE=str(release))
     try:
-        assert wait_for(lambda: durable(tmp_path / "work") >= 4, timeout=240)
+        assert wait_for(reached.exists, timeout=240)  # attempt 1 stopped after a vertex
+        assert durable(tmp_path / "work") >= 4
         result = resubmit(spark, orders_input, tmp_path)  # attempt 2 fences attempt 1
         assert result.attempt == 2 and result.status == "succeeded"
+        release.touch()  # the stale driver wakes only now, after attempt 2 committed
         output, _ = slow.communicate(timeout=240)
     finally:
         if slow.poll() is None:

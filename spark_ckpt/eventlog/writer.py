@@ -5,6 +5,11 @@ Events are buffered and appended as one Delta commit per flush: every
 ``spark.ckpt.eventLog.flushMaxEvents``, and synchronously when the driver needs an event to be
 durable before it goes on (attempt start, before a sink commit, at the end).
 
+Failures: a failed append is retried ``spark.ckpt.eventLog.writeRetries`` times with a doubling
+back-off from ``spark.ckpt.eventLog.retryBackoffMs`` (at most 10 s); the events stay buffered
+and in order meanwhile. Only then does the writer fail (``EventLogError``), and it stops
+retrying at once if the driver has been fenced in between.
+
 Fencing: before every flush the writer checks that no newer driver attempt of the same job has
 claimed its attempt marker; if one has, the flush fails with JobFencedError and nothing more is
 written by this driver.
@@ -24,6 +29,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from spark_ckpt.errors import EventLogError, JobFencedError
 from spark_ckpt.eventlog.events import EVENT_SCHEMA, Event, events_to_table
+from spark_ckpt.faults import fault_point
 from spark_ckpt.storage import Storage
 
 __all__ = ["EventLogWriter"]
@@ -32,6 +38,7 @@ log = logging.getLogger(__name__)
 
 # Delta writes a log checkpoint every N commits, so loading a long log stays fast.
 _TABLE_CONFIG = {"delta.checkpointInterval": "50", "delta.appendOnly": "true"}
+_MAX_BACKOFF_S = 10.0
 
 
 class EventLogWriter:
@@ -44,9 +51,12 @@ class EventLogWriter:
         job_attempt: int,
         flush_interval_ms: int,
         flush_max_events: int,
+        write_retries: int = 5,
+        retry_backoff_ms: int = 200,
         is_fenced: Callable[[], bool] = lambda: False,
         on_flush: Callable[[list[Event]], None] | None = None,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._storage = storage
         self._path = table_path
@@ -58,6 +68,10 @@ class EventLogWriter:
         self._is_fenced = is_fenced
         self._on_flush = on_flush
         self._clock = clock
+        self._retries = write_retries
+        self._backoff = retry_backoff_ms / 1000.0
+        self._sleep = sleep
+        self.retried = 0  # failed appends that a retry then made good
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._buffer: list[Event] = []
@@ -120,29 +134,52 @@ class EventLogWriter:
                           self.job_id, self.job_attempt, exc)
                 return
 
+    def _fenced_error(self) -> JobFencedError:
+        error = JobFencedError(
+            f"job {self.job_id}: driver attempt {self.job_attempt} was fenced off by a "
+            "newer attempt of the same job; this driver stops without committing"
+        )
+        self._error = error
+        return error
+
     def _flush_once(self) -> None:
         with self._flush_lock:
             with self._lock:
                 batch, self._buffer = self._buffer, []
             if not batch:
                 return
-            if self._is_fenced():
-                error = JobFencedError(
-                    f"job {self.job_id}: driver attempt {self.job_attempt} was fenced off by a "
-                    "newer attempt of the same job; this driver stops without committing"
-                )
-                self._error = error
-                raise error
             started = time.perf_counter()
-            try:
-                write_deltalake(self._uri, events_to_table(batch), mode="append")
-            except Exception as exc:
-                with self._lock:  # keep the events: a later flush may succeed
-                    self._buffer = batch + self._buffer
-                raise EventLogError(
-                    f"job {self.job_id}: could not append {len(batch)} events to the event log "
-                    f"at {self._uri}: {exc}"
-                ) from exc
+            backoff = self._backoff
+            attempt = 0
+            while True:
+                if self._is_fenced():
+                    with self._lock:
+                        self._buffer = batch + self._buffer
+                    raise self._fenced_error()
+                try:
+                    fault_point("eventlog.write")
+                    write_deltalake(self._uri, events_to_table(batch), mode="append")
+                    break
+                except Exception as exc:
+                    attempt += 1
+                    if attempt > self._retries:
+                        with self._lock:  # keep the events: a later flush may succeed
+                            self._buffer = batch + self._buffer
+                        raise EventLogError(
+                            f"job {self.job_id} attempt {self.job_attempt}: could not append "
+                            f"{len(batch)} events to the event log at {self._uri} after "
+                            f"{attempt} tries (spark.ckpt.eventLog.writeRetries="
+                            f"{self._retries}); the storage keeps failing: {exc}. Submit the "
+                            "job again once the storage is back: it resumes from what the log "
+                            "holds"
+                        ) from exc
+                    log.warning("Job %s attempt %d: appending %d events to the event log "
+                                "failed (try %d of %d), retrying in %.1f s: %s", self.job_id,
+                                self.job_attempt, len(batch), attempt, self._retries + 1,
+                                backoff, exc)
+                    self._sleep(backoff)
+                    backoff = min(backoff * 2, _MAX_BACKOFF_S)
+            self.retried += 1 if attempt else 0
             self.commits += 1
             log.debug("Job %s attempt %d: flushed %d events in %.0f ms", self.job_id,
                       self.job_attempt, len(batch), (time.perf_counter() - started) * 1000)

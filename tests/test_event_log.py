@@ -122,9 +122,14 @@ def test_truncated_last_commit_is_tolerated_and_set_aside(tmp_path):
     log_dir = tmp_path / "events" / "_delta_log"
     last = sorted(log_dir.glob("*.json"))[-1]
     last.write_text(last.read_text()[: len(last.read_text()) // 2])  # a torn write
-    result = read_events(storage, storage.path("events"))
+    before = sorted(p.name for p in log_dir.iterdir())
+    read_only = read_events(storage, storage.path("events"))  # a reader (the CLI): no repair
+    assert [e.partition for e in read_only.events] == [0, 1]
+    assert any("torn and was not read" in p for p in read_only.problems)
+    assert sorted(p.name for p in log_dir.iterdir()) == before  # nothing moved
+    result = read_events(storage, storage.path("events"), repair=True)  # the next appender
     assert [e.partition for e in result.events] == [0, 1]
-    assert any("unreadable" in p for p in result.problems)
+    assert any("torn; moved to" in p for p in result.problems)
     # The next writer appends again at the version the torn commit had.
     storage, w2 = writer(tmp_path, job_attempt=2)
     w2.append(finished(2))
@@ -155,6 +160,71 @@ def test_a_log_that_cannot_load_at_all_raises_unreadable(tmp_path):
         f.write_text("{broken")
     with pytest.raises(EventLogUnreadable):
         read_events(storage, storage.path("events"))
+
+
+def test_the_cli_reads_a_torn_log_without_moving_a_file(tmp_path):
+    from click.testing import CliRunner
+
+    from spark_ckpt.cli import main
+
+    storage = Storage(str(tmp_path / "work" / "j"))
+    w = EventLogWriter(storage, storage.path("events"), job_id="j", job_attempt=1,
+                       flush_interval_ms=60_000, flush_max_events=1000)
+    w.start()
+    for p in range(2):
+        w.append(finished(p))
+        w.flush()
+    w.close()
+    log_dir = tmp_path / "work" / "j" / "events" / "_delta_log"
+    last = sorted(log_dir.glob("*.json"))[-1]
+    last.write_bytes(last.read_bytes()[:40])
+    before = {p.name: p.read_bytes() for p in log_dir.iterdir()}
+    result = CliRunner().invoke(main, ["events", "j", "--work-dir", str(tmp_path / "work")])
+    assert result.exit_code == 0, result.output
+    assert {p.name: p.read_bytes() for p in log_dir.iterdir()} == before
+
+
+def test_a_log_whose_commits_parse_but_do_not_load_stops_the_read_and_moves_nothing(tmp_path):
+    import json
+
+    storage, w = writer(tmp_path)
+    w.append(finished(0))
+    w.flush()
+    w.close()
+    log_dir = tmp_path / "events" / "_delta_log"
+    newer = {"protocol": {"minReaderVersion": 99, "minWriterVersion": 99}}
+    version = len(list(log_dir.glob("*.json")))
+    (log_dir / f"{version:020d}.json").write_text(json.dumps(newer) + "\n")
+    before = sorted(p.name for p in log_dir.iterdir())
+    for repair in (False, True):
+        with pytest.raises(EventLogError, match="none of its newest commits is torn"):
+            read_events(storage, storage.path("events"), repair=repair)
+    assert sorted(p.name for p in log_dir.iterdir()) == before
+
+
+@pytest.mark.parametrize("error, skipped", [
+    (TimeoutError(110, "Connection timed out"), False),  # the storage, not the file
+    (PermissionError(13, "Permission denied"), False),
+    (OSError("Couldn't deserialize thrift: TProtocolException: Invalid data"), True),
+])
+def test_only_a_damaged_data_file_is_skipped_a_storage_error_propagates(
+        tmp_path, monkeypatch, error, skipped):
+    import pyarrow.parquet as pq
+
+    storage, w = writer(tmp_path)
+    w.append(finished(0))
+    w.close()
+
+    def failing_read(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(pq, "read_table", failing_read)  # the storage answers with ``error``
+    if skipped:
+        result = read_events(storage, storage.path("events"))
+        assert result.events == [] and "skipped" in result.problems[0]
+    else:
+        with pytest.raises(type(error)):
+            read_events(storage, storage.path("events"))
 
 
 def test_users_can_query_the_log_with_pandas(tmp_path):

@@ -197,7 +197,8 @@ class JobRunner:
 
     def _load_history(self) -> JobHistory:
         try:
-            table, _version, problems = read_table(self.storage, self.paths["events"])
+            table, _version, problems = read_table(self.storage, self.paths["events"],
+                                                   repair=True)  # this driver appends next
         except EventLogUnreadable as exc:
             self.problems.append(str(exc))
             log.error("Job %s: %s; keeping it aside and starting fresh", self.job.run_id, exc)

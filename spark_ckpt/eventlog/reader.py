@@ -1,15 +1,26 @@
-"""Read the Delta event log back, tolerating a damaged tail.
+"""Read the Delta event log back, tolerating a damaged tail and nothing else.
 
 A driver killed mid-commit can leave a truncated last commit file or a data file that never
-finished. Reading loads the newest table version that loads, moves the unreadable newer commit
-files aside (so the next append reuses their version numbers), and skips data files that cannot
-be read: losing a finished-partition event only makes that partition run again, because
-recovery validates outputs against storage and never trusts the log alone.
+finished. Reading loads the newest table version that loads and skips data files that cannot be
+read: losing a finished-partition event only makes that partition run again, because recovery
+validates outputs against storage and never trusts the log alone.
+
+What counts as damage is narrow, so that a passing storage error never throws history away:
+
+* a commit file is damaged only when its JSON does not parse (a torn write); only commits
+  *newer* than the last one that parses are set aside, and only by the driver that is about to
+  append (``repair=True``: the next append reuses their version numbers). Readers such as the
+  CLI never move a file.
+* a log whose commits all parse but that does not load (a newer protocol, a storage error)
+  stops the read with :class:`EventLogError`, changing nothing;
+* a data file is skipped only when it is corrupt (Arrow cannot decode it), missing, or of an
+  unknown event format version; any other error (permission, connection, timeout) propagates.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 import time
@@ -18,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from spark_ckpt.errors import EventLogError
 from spark_ckpt.eventlog.events import EVENT_FORMAT_VERSION, EVENT_SCHEMA, Event
 from spark_ckpt.storage import Storage, join
 
@@ -49,44 +61,95 @@ def _commit_versions(storage: Storage, path: str) -> list[int]:
     return sorted(versions)
 
 
-def _load_newest(storage: Storage, path: str, problems: list[str]) -> DeltaTable:
+def _torn(storage: Storage, path: str, version: int) -> bool:
+    """Whether commit ``version`` is a torn write (its JSON does not parse). A storage error
+    reading it propagates: it says nothing about the commit."""
+    data = storage.read_bytes(join(path, "_delta_log", f"{version:020d}.json"))
+    try:
+        for line in data.decode("utf-8").splitlines():
+            if line.strip():
+                json.loads(line)
+    except (UnicodeDecodeError, ValueError):
+        return True
+    return False
+
+
+def _load_newest(storage: Storage, path: str, problems: list[str], repair: bool) -> DeltaTable:
     uri = storage.spark_path(path)
     try:
         return DeltaTable(uri)
-    except Exception as exc:  # delta-rs raises several types for damaged logs
+    except Exception as exc:  # delta-rs raises several types; which one says little
         first_error = exc
     versions = _commit_versions(storage, path)
+    torn = []
     for version in reversed(versions[-_MAX_VERSIONS_BACK:]):
-        try:
-            table = DeltaTable(uri, version=version)
-        except Exception:
-            continue
-        for bad in (v for v in versions if v > version):
-            src = join(path, "_delta_log", f"{bad:020d}.json")
+        if not _torn(storage, path, version):
+            break
+        torn.append(version)
+    if not torn:
+        raise EventLogError(
+            f"event log at {uri} cannot be loaded although none of its newest commits is torn "
+            f"(a storage error, or a log written by a newer Delta protocol): {first_error}. "
+            "Nothing was changed; fix the storage or upgrade spark_ckpt, then submit again"
+        ) from first_error
+    if len(torn) == len(versions):
+        raise EventLogUnreadable(
+            f"event log at {uri} cannot be loaded: every commit is torn ({first_error})"
+        ) from first_error
+    good = min(torn) - 1
+    try:
+        table = DeltaTable(uri, version=good)
+    except Exception as exc:
+        raise EventLogError(
+            f"event log at {uri}: commits {sorted(torn)} are torn and version {good} before "
+            f"them does not load either: {exc}"
+        ) from exc
+    for bad in sorted(torn):
+        src = join(path, "_delta_log", f"{bad:020d}.json")
+        if repair:
             dst = f"{src}.unreadable-{int(time.time())}"
             storage.move(src, dst)
-            problems.append(f"commit {bad} of the event log was unreadable; moved to {dst}")
-        log.warning("Event log %s: loaded version %d after %s", uri, version, first_error)
-        return table
-    raise EventLogUnreadable(f"event log at {uri} cannot be loaded: {first_error}") from first_error
+            problems.append(f"commit {bad} of the event log was torn; moved to {dst}")
+        else:
+            problems.append(f"commit {bad} of the event log is torn and was not read")
+    log.warning("Event log %s: loaded version %d after %s", uri, good, first_error)
+    return table
 
 
-def read_table(storage: Storage, path: str) -> tuple[pa.Table, int | None, list[str]]:
-    """Every readable event row as one Arrow table (unsorted), the version, and problems."""
+def _damaged(exc: BaseException) -> bool:
+    """A data file error that means the file itself is bad, not the storage."""
+    if isinstance(exc, pa.ArrowInvalid | FileNotFoundError | _FormatVersion):
+        return True
+    # pyarrow reports a corrupt footer as an OSError from its Thrift decoder
+    return isinstance(exc, OSError) and any(
+        word in str(exc) for word in ("thrift", "Thrift", "Parquet", "magic bytes"))
+
+
+class _FormatVersion(ValueError):
+    pass
+
+
+def read_table(storage: Storage, path: str, *, repair: bool = False,
+               ) -> tuple[pa.Table, int | None, list[str]]:
+    """Every readable event row as one Arrow table (unsorted), the version, and problems.
+
+    ``repair``: set torn tail commits aside (only the driver that appends next does that)."""
     if not storage.exists(join(path, "_delta_log")):
         return EVENT_SCHEMA.empty_table(), None, []
     problems: list[str] = []
-    table = _load_newest(storage, path, problems)
+    table = _load_newest(storage, path, problems, repair)
     pieces: list[pa.Table] = []
     for uri in table.file_uris():
         try:
             piece = pq.read_table(_local(uri) if storage.local else uri)
             versions = set(piece.column("format_version").unique().to_pylist())
             if versions - {EVENT_FORMAT_VERSION}:
-                raise ValueError(f"event format_version {sorted(versions)} is not supported "
-                                 f"(this release reads {EVENT_FORMAT_VERSION})")
+                raise _FormatVersion(f"event format_version {sorted(versions)} is not "
+                                     f"supported (this release reads {EVENT_FORMAT_VERSION})")
             pieces.append(piece.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA))
         except Exception as exc:
+            if not _damaged(exc):
+                raise
             problems.append(f"event file {uri} is unreadable and was skipped: {exc}")
     for problem in problems:
         log.warning("Event log %s: %s", path, problem)
@@ -94,9 +157,9 @@ def read_table(storage: Storage, path: str) -> tuple[pa.Table, int | None, list[
     return events, table.version(), problems
 
 
-def read_events(storage: Storage, path: str) -> LogReadResult:
+def read_events(storage: Storage, path: str, *, repair: bool = False) -> LogReadResult:
     """All readable events as Event objects, in (job_attempt, seq) order."""
-    table, version, problems = read_table(storage, path)
+    table, version, problems = read_table(storage, path, repair=repair)
     table = table.sort_by([("job_attempt", "ascending"), ("seq", "ascending")])
     return LogReadResult([Event.from_row(r) for r in table.to_pylist()], version, problems)
 

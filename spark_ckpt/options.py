@@ -410,13 +410,16 @@ class Settings:
         if isinstance(conf, Mapping):
             for key in conf:
                 if key.startswith("spark.ckpt.") and key not in _BY_KEY:
-                    known = ", ".join(sorted(_BY_KEY))
-                    raise ConfigurationError(f"unknown option {key}; known options: {known}")
+                    raise ConfigurationError(
+                        f"unknown option {key}: expected one of the declared spark.ckpt.* "
+                        f"keys{_closest(key)} (see docs/configuration.md)"
+                    )
             getter: Callable[[str], Any] = conf.get
         elif conf is None:
             getter = lambda _k: None  # noqa: E731
         elif hasattr(conf, "get"):
             runtime = conf
+            _warn_unknown(_session_keys(runtime))
 
             def getter(key: str) -> Any:
                 return runtime.get(key, None)  # type: ignore[union-attr]
@@ -432,6 +435,39 @@ class Settings:
                 raise ConfigurationError(f"unknown setting {name!r}; known: {sorted(fields)}")
             values[name] = value
         return cls(**values)
+
+
+_warned: set[str] = set()
+
+
+def _closest(key: str) -> str:
+    import difflib
+
+    match = difflib.get_close_matches(key, list(_BY_KEY), n=1, cutoff=0.6)
+    return f"; did you mean {match[0]}?" if match else ""
+
+
+def _session_keys(conf: Any) -> list[str]:
+    """The ``spark.ckpt.*`` keys set in a session's runtime conf, if it can list them."""
+    try:
+        listed = conf.getAll  # PySpark 4: a property holding every set key
+        keys = listed() if callable(listed) else listed
+    except Exception:  # noqa: BLE001 - an older or foreign conf object: nothing to check
+        return []
+    return [k for k in dict(keys) if isinstance(k, str) and k.startswith("spark.ckpt.")]
+
+
+def _warn_unknown(keys: list[str]) -> None:
+    """Warn once per process about each unknown ``spark.ckpt.*`` key (a typo is silently
+    ignored by Spark, so this is the only place it can be noticed)."""
+    import logging
+
+    for key in keys:
+        if key not in _BY_KEY and key not in _warned:
+            _warned.add(key)
+            logging.getLogger(__name__).warning(
+                "Unknown option %s is ignored: expected a declared spark.ckpt.* key%s",
+                key, _closest(key))
 
 
 def render_markdown() -> str:

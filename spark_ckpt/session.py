@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.errors import ConfigurationError
 from spark_ckpt.javacheck import check_java
@@ -21,7 +21,7 @@ from spark_ckpt.javacheck import check_java
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["get_or_create_session", "read_defaults"]
+__all__ = ["get_or_create_session", "read_defaults", "require_classic"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ def get_or_create_session(
 
     active = SparkSession.getActiveSession()
     if active is not None:
+        require_classic(active, "get_or_create_session")
         return active
     if "PYSPARK_GATEWAY_PORT" in os.environ:
         # Launched by spark-submit (or a notebook kernel with a gateway): it configured the
@@ -78,7 +79,7 @@ def get_or_create_session(
         builder = SparkSession.builder.appName(app_name)
         for key, value in (conf or {}).items():
             builder = builder.config(key, value)
-        return builder.getOrCreate()
+        return require_classic(builder.getOrCreate(), "get_or_create_session")
     check_java()
     # Python workers must run this interpreter, or they cannot import pyarrow and spark_ckpt.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -95,4 +96,25 @@ def get_or_create_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     log.info("Starting SparkSession %s (defaults: %s)", app_name, path or "embedded")
-    return builder.getOrCreate()
+    return require_classic(builder.getOrCreate(), "get_or_create_session")
+
+
+def require_classic(spark: Any, what: str) -> Any:
+    """Return ``spark`` if it is a classic session; refuse a Spark Connect one up front.
+
+    spark_ckpt drives Spark through the driver's JVM (job groups, plans, status tracker), which
+    a Spark Connect client does not have: failing here names the problem, instead of an
+    AttributeError on ``_jsc`` deep inside a job.
+    """
+    from spark_ckpt.errors import EnvironmentError_
+
+    module = type(spark).__module__
+    if module.startswith("pyspark.sql.connect") or not hasattr(spark, "_jsparkSession"):
+        raise EnvironmentError_(
+            f"{what}: expected a classic SparkSession with a driver JVM, found a Spark Connect "
+            f"session ({module}.{type(spark).__name__}); spark_ckpt runs jobs through the "
+            "driver's JVM. Use a classic session: unset SPARK_REMOTE / spark.remote, set "
+            "spark.api.mode=classic, or on Databricks use a classic (not serverless or shared "
+            "access mode) cluster"
+        )
+    return spark

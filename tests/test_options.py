@@ -50,3 +50,59 @@ def test_settings_are_immutable_and_read_from_a_spark_conf_like_object():
 
 def test_configuration_doc_is_generated_from_the_declarations():
     assert (ROOT / "docs" / "configuration.md").read_text() == render_markdown()
+
+
+def test_a_misspelled_key_in_a_mapping_is_refused_with_the_closest_known_key():
+    with pytest.raises(ConfigurationError, match=r"unknown option spark.ckpt.stream."
+                       r"maxBatchesInFligt.*did you mean spark.ckpt.stream.maxBatchesInFlight"):
+        Settings.from_conf({"spark.ckpt.stream.maxBatchesInFligt": "3"})
+
+
+def test_a_misspelled_key_in_the_session_is_warned_once_with_the_closest_known_key(
+        spark, caplog):
+    import logging
+
+    spark.conf.set("spark.ckpt.checkpoint.intervallMs", "5")
+    try:
+        with caplog.at_level(logging.WARNING, logger="spark_ckpt.options"):
+            Settings.from_conf(spark.conf)
+            Settings.from_conf(spark.conf)
+    finally:
+        spark.conf.unset("spark.ckpt.checkpoint.intervallMs")
+    warnings = [r.getMessage() for r in caplog.records
+                if "spark.ckpt.checkpoint.intervallMs" in r.getMessage()]
+    assert warnings == ["Unknown option spark.ckpt.checkpoint.intervallMs is ignored: expected "
+                        "a declared spark.ckpt.* key; did you mean "
+                        "spark.ckpt.checkpoint.intervalMs?"]
+
+
+CONNECT_CHILD = """
+import sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.remote("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+from spark_ckpt import BatchJob, StreamingContext, get_or_create_session
+from spark_ckpt.errors import EnvironmentError_
+refused = []
+for attempt in (lambda: StreamingContext(spark, 1.0, sys.argv[1], "p"),
+                lambda: BatchJob("j", spark=spark, work_dir=sys.argv[1]).run(),
+                lambda: get_or_create_session()):
+    try:
+        attempt()
+    except EnvironmentError_ as exc:
+        refused.append(str(exc))
+print("REFUSED", len(refused), refused[0] if refused else "")
+spark.stop()
+"""
+
+
+@pytest.mark.slow
+def test_a_spark_connect_session_is_refused_up_front(tmp_path):
+    import subprocess
+    import sys
+
+    pytest.importorskip("grpc", reason="Spark Connect's client needs grpcio (test extra)")
+    done = subprocess.run([sys.executable, "-c", CONNECT_CHILD, str(tmp_path / "ckpt")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "REFUSED 3 " in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "found a Spark Connect session" in done.stdout

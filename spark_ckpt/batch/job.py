@@ -254,9 +254,10 @@ class BatchJob:
         """
         from spark_ckpt.batch.runner import JobRunner
         from spark_ckpt.options import Settings
-        from spark_ckpt.session import get_or_create_session
+        from spark_ckpt.session import get_or_create_session, require_classic
 
-        spark = self._spark or get_or_create_session(f"spark_ckpt:{self.run_id}")
+        spark = require_classic(
+            self._spark or get_or_create_session(f"spark_ckpt:{self.run_id}"), "BatchJob.run")
         settings = self._settings or Settings.from_conf(spark.conf)
         if self._work_dir:
             settings = dataclasses.replace(settings, work_dir=self._work_dir)

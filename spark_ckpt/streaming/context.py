@@ -97,6 +97,9 @@ class StreamingContext:
     def __init__(self, spark: SparkSession, batch_interval: float, checkpoint_dir: str,
                  name: str, *, settings: Settings | None = None,
                  clock: Clock | None = None) -> None:
+        from spark_ckpt.session import require_classic
+
+        require_classic(spark, f"StreamingContext {name!r}")
         if batch_interval <= 0:
             raise JobDefinitionError(
                 f"pipeline {name}: expected batch_interval > 0 seconds, found {batch_interval!r}"

@@ -597,6 +597,12 @@ class StreamingContext:
             return
         if isinstance(exc, JobFencedError):
             error: BaseException = exc
+        elif drain:  # the generator: batch_id was not (wholly) allocated
+            error = PipelineFailedError(
+                f"pipeline {self.name}: allocating batch {batch_id} failed and the pipeline "
+                f"stopped after the batches already allocated; nothing is lost: {exc}"
+            )
+            error.__cause__ = exc
         else:
             error = PipelineFailedError(
                 f"pipeline {self.name}: batch {batch_id} failed and the pipeline stopped; it "

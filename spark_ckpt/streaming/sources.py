@@ -178,6 +178,13 @@ class FileStreamSource(Source):
     # -- positions -----------------------------------------------------------------------
     def _listing(self) -> list[tuple[str, int, int]]:
         infos = self.store.list_files(self.store.root, recursive=False)
+        if not infos and not self.store.exists(self.store.root):
+            # not the same as an empty directory: a wrong path would otherwise wait forever
+            raise SourceError(
+                f"file source {self.name}: expected a directory of {self.fmt} files at "
+                f"{self.path}, found that the path does not exist; create it (it may stay "
+                "empty) or fix the path"
+            )
         files = [
             (self.store.spark_path(i.path), i.size, i.mtime_ns or 0) for i in infos
             if not i.base_name.startswith((".", "_")) and ".tmp" not in i.base_name

@@ -247,3 +247,20 @@ def test_a_stop_while_start_is_restoring_stops_the_pipeline_once_it_is_up(spark,
     assert ctx.await_termination(0)  # stopped on request, no error
     assert ctx._lifecycle.state is PipelineState.STOPPED  # noqa: SLF001
     assert not ctx.generator.thread.is_alive() and not ctx.scheduler.thread.is_alive()
+
+
+def test_the_progress_log_rotates_and_keeps_the_newest_files(tmp_path):
+    import json
+
+    log = ProgressLog(Storage(str(tmp_path)), str(tmp_path), max_bytes=200, keep=3)
+    for b in range(40):
+        log.append({"batch_id": b, "pad": "x" * 20})
+    files = sorted(p.name for p in (tmp_path / "progress").iterdir())
+    assert files == ["progress.jsonl", "progress.jsonl.1", "progress.jsonl.2"]
+    sizes = [(tmp_path / "progress" / f).stat().st_size for f in files]
+    assert all(size <= 200 for size in sizes)
+    newest = [json.loads(line)["batch_id"] for line in
+              (tmp_path / "progress" / "progress.jsonl").read_text().splitlines()]
+    previous = [json.loads(line)["batch_id"] for line in
+                (tmp_path / "progress" / "progress.jsonl.1").read_text().splitlines()]
+    assert newest[-1] == 39 and previous[-1] == newest[0] - 1  # nothing lost across a rotation

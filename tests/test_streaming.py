@@ -445,6 +445,8 @@ def test_old_records_are_purged_and_restart_still_skips_seen_files(spark, tmp_pa
     assert sorted(os.listdir(ckpt / "allocations"))[0] == "000000000008.json"
     assert sorted(os.listdir(ckpt / "commits"))[0] == "000000000008.json"
     assert os.listdir(ckpt / "sources" / "orders") == ["seen-000000000008.parquet"]
+    markers = sorted(os.listdir(tmp_path / "out" / "_spark_ckpt_commits"))
+    assert len(markers) == 4 and markers[0].endswith("-v00009.json")  # batches 8..11 only
     _drop(landing, 1, first=12, rows=10)
     ctx2 = make_ctx(spark, tmp_path, stream_min_batches_to_retain=3)
     ctx2.file_stream("orders", str(landing), "parquet", max_files_per_batch=1) \

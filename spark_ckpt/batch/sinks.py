@@ -340,6 +340,17 @@ class ParquetSink(Sink):
     def next_version(self) -> int:
         return max(self._versions(), default=0) + 1
 
+    def purge_markers(self, below: int) -> int:
+        """Delete the commit markers of versions ``< below`` (a streaming sink's batches
+        whose records are purged: they never run again); return how many went."""
+        gone = 0
+        for version in self._versions():
+            if version >= below:
+                break
+            self.store.fs.delete_file(self._marker(version))
+            gone += 1
+        return gone
+
     def _read_marker(self, version: int) -> dict[str, Any] | None:
         path = self._marker(version)
         if not self.store.exists(path):

@@ -582,6 +582,10 @@ class StreamingContext:
         fault_point("stream.purge")
         assert self.tracker is not None
         self.tracker.purge(below)
+        for output in self.graph.outputs:
+            purge_sink = getattr(output.sink, "purge", None)
+            if purge_sink is not None:
+                purge_sink(below)
         self.commits.purge(below)
         self.driver_state.purge(below)
 

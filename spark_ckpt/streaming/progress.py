@@ -33,21 +33,56 @@ class StreamingListener:
 
 
 class ProgressLog:
-    """``<checkpoint>/progress/progress.jsonl``, one JSON object a batch."""
+    """``<checkpoint>/progress/progress.jsonl``, one JSON object a batch, bounded.
 
-    def __init__(self, storage: Storage, root: str) -> None:
+    The file is rotated at ``max_bytes`` (``progress.jsonl.1`` is the previous one, and so on)
+    keeping ``keep`` files in all. Object stores cannot append: there each batch is its own
+    ``progress-<batch>.json`` and only the newest ``keep_files`` of them are kept.
+
+    Thread ownership: the scheduler's thread only.
+    """
+
+    def __init__(self, storage: Storage, root: str, *, max_bytes: int = 10 << 20,
+                 keep: int = 3, keep_files: int = 1000) -> None:
         self.storage = storage
-        self.path = join(root, "progress", "progress.jsonl")
-        storage.makedirs(join(root, "progress"))
+        self.directory = join(root, "progress")
+        self.path = join(self.directory, "progress.jsonl")
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self.keep_files = keep_files
+        self._per_batch = 0
+        storage.makedirs(self.directory)
 
     def append(self, progress: dict[str, Any]) -> None:
         line = (json.dumps(progress, sort_keys=True, default=str) + "\n").encode()
         try:
+            self._rotate_if_full(len(line))
             with self.storage.fs.open_append_stream(self.path) as out:
                 out.write(line)
         except Exception:  # object stores cannot append: one file per batch instead
             name = f"progress-{progress['batch_id']:012d}.json"
-            self.storage.write_atomic(join(self.path.rsplit("/", 1)[0], name), line)
+            self.storage.write_atomic(join(self.directory, name), line)
+            self._per_batch += 1
+            if self._per_batch % 100 == 0:
+                self._prune_per_batch()
+
+    def _rotate_if_full(self, adding: int) -> None:
+        info = self.storage.fs.get_file_info(self.path)
+        if info.size is None or info.size + adding <= self.max_bytes:
+            return
+        for n in range(self.keep - 1, 0, -1):
+            older = f"{self.path}.{n}"
+            if n == self.keep - 1 and self.storage.exists(older):
+                self.storage.fs.delete_file(older)
+            newer = f"{self.path}.{n - 1}" if n > 1 else self.path
+            if self.storage.exists(newer):
+                self.storage.fs.move(newer, older)
+
+    def _prune_per_batch(self) -> None:
+        files = sorted(i.path for i in self.storage.list_files(self.directory, recursive=False)
+                       if i.base_name.startswith("progress-"))
+        for path in files[:-self.keep_files]:
+            self.storage.fs.delete_file(path)
 
 
 def notify(listeners: list[StreamingListener], method: str, *args: Any) -> None:

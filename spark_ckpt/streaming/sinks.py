@@ -198,6 +198,11 @@ class ParquetBatchSink(_FileSink):
     def is_committed(self, batch_id: int) -> bool:
         return self._parquet.is_committed(batch_id + 1)
 
+    def purge(self, below: int) -> None:
+        """Batches ``< below`` never run again (their records are purged): drop their
+        commit markers, which would otherwise grow by one a batch forever."""
+        self._parquet.purge_markers(below + 1)
+
     def finish_pending(self, batch_id: int) -> dict[str, Any] | None:
         if self._parquet._read_marker(batch_id + 1) is None:  # noqa: SLF001
             return None

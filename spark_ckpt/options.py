@@ -177,6 +177,15 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         minimum=10,
     ),
     _opt(
+        "spark.ckpt.stream.fileSource.maxFileAgeMs",
+        "int",
+        7 * 24 * 3600 * 1000,
+        "A file source takes no file older than the newest file it took minus this age, and "
+        "forgets the names of such files, so its state stays bounded (Spark's maxFileAge). A "
+        "file moved in with an old modification time is ignored with a warning.",
+        minimum=1,
+    ),
+    _opt(
         "spark.ckpt.stream.receiverMaxLineBytes",
         "int",
         1 << 20,
@@ -370,6 +379,7 @@ class Settings:
     stream_skip_empty_batches: bool = False
     stream_min_batches_to_retain: int = 100
     stream_receiver_block_interval_ms: int = 200
+    stream_file_source_max_file_age_ms: int = 7 * 24 * 3600 * 1000
     stream_receiver_max_line_bytes: int = 1 << 20
     stream_receiver_max_block_bytes: int = 8 << 20
     checkpoint_enabled: str = "auto"

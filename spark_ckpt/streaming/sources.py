@@ -34,6 +34,7 @@ __all__ = ["DeltaStreamSource", "FileStreamSource", "GeneratorSource", "Source"]
 log = logging.getLogger(__name__)
 
 CORRUPT_COLUMN = "_corrupt_record"
+_KEEP = 1 << 62  # the mtime of a seen file recorded before mtimes were: never forgotten
 
 
 class Source:
@@ -137,7 +138,18 @@ class FileStreamSource(Source):
         self.max_bytes = max_bytes_per_batch
         self.options = dict(options or {})
         self.store = Storage(path)
-        self.seen: set[str] = set()
+        # path -> mtime (ns) of every file taken within the age window; older entries are
+        # forgotten, and files older than the window are never taken (Spark's maxFileAge)
+        self.seen: dict[str, int] = {}
+        self.latest_ns = 0
+        self.late_files = 0
+        self._warned_late: set[str] = set()
+
+    def _max_age_ns(self) -> int:
+        return int(self.pipeline.settings.stream_file_source_max_file_age_ms) * 1_000_000
+
+    def _threshold_ns(self) -> int:
+        return self.latest_ns - self._max_age_ns() if self.latest_ns else 0
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": self.path, "format": self.fmt}
@@ -193,14 +205,24 @@ class FileStreamSource(Source):
         return files
 
     def restore(self, pieces: list[tuple[int, dict[str, Any]]]) -> None:
-        self.seen = set(self._snapshot())
+        self.seen = dict(self._snapshot())
         for _batch, piece in pieces:
-            self.seen.update(f[0] for f in piece.get("files", []))
+            self._take(piece.get("files", []))
+        real = [m for m in self.seen.values() if m != _KEEP]
+        if real:
+            self.latest_ns = max(self.latest_ns, *real)
+
+    def _take(self, files: list[list[Any]]) -> None:
+        for path, _size, mtime in files:
+            self.seen[path] = int(mtime)
+            self.latest_ns = max(self.latest_ns, int(mtime))
 
     def _snapshot_dir(self) -> str:
         return join(self.pipeline.root, "sources", self.name)
 
-    def _snapshot(self) -> list[str]:
+    def _snapshot(self) -> list[tuple[str, int]]:
+        """``(path, mtime ns)`` of the newest seen-files snapshot. Snapshots written before
+        mtimes were kept have none: their files are kept for good (``_KEEP``)."""
         import pyarrow.parquet as pq
 
         store = self.pipeline.storage
@@ -208,21 +230,33 @@ class FileStreamSource(Source):
                        if i.base_name.startswith("seen-") and i.base_name.endswith(".parquet"))
         if not snaps:
             return []
-        return pq.read_table(snaps[-1], filesystem=store.fs).column("path").to_pylist()
+        table = pq.read_table(snaps[-1], filesystem=store.fs)
+        paths = table.column("path").to_pylist()
+        if "mtime_ns" in table.column_names:
+            return list(zip(paths, table.column("mtime_ns").to_pylist(), strict=True))
+        return [(p, _KEEP) for p in paths]
 
     def purge(self, pieces_below: list[tuple[int, dict[str, Any]]], below: int) -> None:
-        """Fold the files of the records about to go into a seen-files snapshot."""
+        """Fold the files of the records about to go into a seen-files snapshot, keeping only
+        the files within the age window (older ones are never taken again anyway)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         store = self.pipeline.storage
-        seen = set(self._snapshot())
+        seen = dict(self._snapshot())
         for _batch, piece in pieces_below:
-            seen.update(f[0] for f in piece.get("files", []))
+            seen.update((f[0], int(f[2])) for f in piece.get("files", []))
+        threshold = self._threshold_ns()
+        seen = {p: m for p, m in seen.items() if m >= threshold}
+        for path in [p for p, m in self.seen.items() if m < threshold]:
+            del self.seen[path]
         directory = self._snapshot_dir()
         store.makedirs(directory)
         buffer = pa.BufferOutputStream()
-        pq.write_table(pa.table({"path": sorted(seen)}), buffer)
+        paths = sorted(seen)
+        pq.write_table(pa.table({"path": pa.array(paths, pa.string()),
+                                 "mtime_ns": pa.array([seen[p] for p in paths], pa.int64())}),
+                       buffer)
         store.write_atomic(join(directory, f"seen-{below:012d}.parquet"),
                            buffer.getvalue().to_pybytes())
         for info in store.list_files(directory, recursive=False):
@@ -232,8 +266,17 @@ class FileStreamSource(Source):
     def plan(self) -> dict[str, Any]:
         chosen: list[list[Any]] = []
         total = 0
+        threshold = self._threshold_ns()
         for path, size, mtime in self._listing():
             if path in self.seen:
+                continue
+            if mtime < threshold:  # older than the window: never taken (maxFileAge)
+                if path not in self._warned_late:
+                    self._warned_late.add(path)
+                    self.late_files += 1
+                    log.warning("File source %s: ignoring %s, older than the newest file "
+                                "taken minus spark.ckpt.stream.fileSource.maxFileAgeMs", self.name,
+                                path)
                 continue
             if self.max_files is not None and len(chosen) >= self.max_files:
                 break
@@ -269,10 +312,10 @@ class FileStreamSource(Source):
         return rows
 
     def advance(self, piece: dict[str, Any]) -> None:
-        self.seen.update(f[0] for f in piece["files"])
+        self._take(piece["files"])
 
     def position(self) -> dict[str, Any]:
-        return {"files_seen": len(self.seen)}
+        return {"files_seen": len(self.seen), "late_files_ignored": self.late_files}
 
     def is_empty(self, piece: dict[str, Any]) -> bool:
         return not piece["files"]

@@ -29,6 +29,7 @@ from spark_ckpt.batch.sinks import Sink, make_sink, micros_timestamps
 from spark_ckpt.batch.sources import FileSource, decode_splits
 from spark_ckpt.batch.vertex_runner import VertexRunner
 from spark_ckpt.errors import JobFencedError
+from spark_ckpt.fencing import Fence
 from spark_ckpt.eventlog.events import Event, EventType
 from spark_ckpt.eventlog.reader import EventLogUnreadable, read_table
 from spark_ckpt.eventlog.replay import FinishedPartition, JobHistory, replay_table
@@ -111,6 +112,7 @@ class JobRunner:
         self.source_schemas: dict[str, Any] = {}
         self.changed_inputs: set[tuple[str, int]] = set()
         self.deferred_events: list[Event] = []
+        self.fence = Fence(self.storage, self.paths["job"], f"job {job.run_id}")
 
     # -- attempt claim and fencing ---------------------------------------------------------
     def _attempt_marker(self, n: int) -> str:
@@ -130,7 +132,10 @@ class JobRunner:
             n += 1
 
     def _is_fenced(self) -> bool:
-        return self.storage.exists(self._attempt_marker(self.attempt + 1))
+        # The fence decides (a Delta commit, a CAS where Delta's is); the marker of attempt
+        # n+1 is checked too, which is exact on local disks and costs nothing more.
+        return self.fence.is_fenced() or \
+            self.storage.exists(self._attempt_marker(self.attempt + 1))
 
     def _check_fenced(self) -> None:
         if self._is_fenced():
@@ -162,6 +167,7 @@ class JobRunner:
         # Claimed before a fresh start archives anything: attempt numbers keep growing across
         # fresh starts, so a driver still running an older attempt finds itself fenced.
         self.attempt = self._claim_attempt()
+        self.fence.claim(f"attempt {self.attempt}")
         if fresh:
             self._archive(self.paths["events"], "archived")
             self._archive(self.paths["results"], "archived")

@@ -47,6 +47,7 @@ from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.options import Settings
 from spark_ckpt.storage import Storage, join, stat_any
 from spark_ckpt.faults import fault_point
+from spark_ckpt.fencing import Fence
 from spark_ckpt.streaming.allocations import AllocationStore
 from spark_ckpt.streaming.batch import BatchAllocation
 from spark_ckpt.streaming.batch_queue import BatchQueue, QueuedBatch
@@ -122,6 +123,7 @@ class StreamingContext:
         self._sources: list[Source] = []
         self._schemas: dict[str, str] = {}
         self._run: int | None = None
+        self._fence = Fence(self.storage, self.root, f"pipeline {name}")
         self._lifecycle = Lifecycle(name)
         self._allocation_store: AllocationStore | None = None
         self.tracker: ReceiverTracker | None = None
@@ -258,6 +260,9 @@ class StreamingContext:
         self.storage.write_atomic(path, dump_record("pipeline-metadata", METADATA_VERSION, body))
 
     def _claim_run(self) -> int:
+        """Number this driver's run (``runs/<n>.json``) and claim the checkpoint directory
+        with a fence commit, which decides ownership even where create-if-absent is not
+        atomic (object stores)."""
         runs = join(self.root, "runs")
         self.storage.makedirs(runs)
         while True:
@@ -265,6 +270,7 @@ class StreamingContext:
             body = {"pipeline": self.name, "started_ms": int(time.time() * 1000)}
             if self.storage.create_exclusive(join(runs, f"{number:08d}.json"),
                                              dump_record("pipeline-run", 1, body)):
+                self._fence.claim(f"run {number}")
                 return number
 
     def _runs(self) -> list[int]:
@@ -273,11 +279,14 @@ class StreamingContext:
                 if i.base_name.endswith(".json") and i.base_name[:8].isdigit()]
 
     def check_fenced(self) -> None:
-        newest = max(self._runs(), default=0)
-        if self._run is not None and newest > self._run:
+        """Raise if a newer driver claimed this checkpoint directory (any thread)."""
+        if self._run is None:
+            return
+        if self._fence.is_fenced() or self.storage.exists(
+                join(self.root, "runs", f"{self._run + 1:08d}.json")):
             raise JobFencedError(
-                f"pipeline {self.name}: a newer driver (run {newest}) started on this "
-                f"checkpoint directory; this driver (run {self._run}) stops without committing"
+                f"pipeline {self.name}: a newer driver started on this checkpoint directory; "
+                f"this driver (run {self._run}) stops without committing"
             )
 
     # -- lifecycle -----------------------------------------------------------------------

@@ -1,0 +1,96 @@
+"""Fencing: which driver owns a job id or a checkpoint directory, decided by a Delta commit.
+
+Each driver *claims* ownership by appending one commit to a small Delta table (``fence/``)
+beside what it protects. Delta writes each log entry ``_delta_log/<version>.json`` with
+put-if-absent, so concurrent claims get distinct, totally ordered versions; the claim with the
+highest version owns, and a driver is fenced as soon as any newer claim exists, which costs
+one existence check of ``_delta_log/<own version + 1>.json``. This is a compare-and-swap
+wherever Delta's own multi-writer guarantee holds: local disks, HDFS, ADLS, GCS, and S3 with
+conditional writes or a DynamoDB lock provider (as delta-rs documents). Plain
+``create_exclusive`` markers, which are check-then-write on object stores, only number the
+attempts; they no longer decide who may commit.
+
+Log cleanup is off on the fence table, so the check of the next version stays valid for as
+long as the table lives (one small commit per driver start).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+import uuid
+import pyarrow as pa
+
+from spark_ckpt.errors import JobFencedError
+from spark_ckpt.storage import Storage, join
+
+__all__ = ["Fence"]
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = pa.schema([("claim_id", pa.string()), ("owner", pa.string()),
+                     ("host", pa.string()), ("claimed_ms", pa.int64())])
+_CONFIG = {"delta.enableExpiredLogCleanup": "false", "delta.appendOnly": "true"}
+_CLAIM_KEY = "spark_ckpt.claim"
+
+
+class Fence:
+    """One driver's claim on ``<directory>/fence``.
+
+    Thread ownership: :meth:`claim` runs once on the driver's main thread before any other
+    thread starts; afterwards :meth:`is_fenced` may be called from any thread (it only
+    reads).
+    """
+
+    def __init__(self, storage: Storage, directory: str, what: str) -> None:
+        self._storage = storage
+        self._path = join(directory, "fence")
+        self._uri = storage.spark_path(self._path)
+        self._what = what
+        self.version: int | None = None
+
+    def claim(self, owner: str) -> int:
+        """Append this driver's claim; return its version (the driver's epoch)."""
+        from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+        if not DeltaTable.is_deltatable(self._uri):
+            try:
+                DeltaTable.create(self._uri, _SCHEMA, mode="ignore", name="spark_ckpt_fence",
+                                  configuration=_CONFIG)
+            except Exception:  # noqa: BLE001 - another driver created it at the same moment
+                if not DeltaTable.is_deltatable(self._uri):
+                    raise
+        claim_id = uuid.uuid4().hex
+        row = pa.table({"claim_id": [claim_id], "owner": [owner],
+                        "host": [socket.gethostname()],
+                        "claimed_ms": [int(time.time() * 1000)]}, schema=_SCHEMA)
+        write_deltalake(self._uri, row, mode="append",
+                        commit_properties=CommitProperties(custom_metadata={
+                            _CLAIM_KEY: claim_id}))
+        self.version = self._find(claim_id, DeltaTable(self._uri).version())
+        log.info("%s: %s claimed ownership (fence version %d)", self._what, owner,
+                 self.version)
+        return self.version
+
+    def _find(self, claim_id: str, newest: int) -> int:
+        """The version of the commit carrying ``claim_id`` (read from the log itself)."""
+        for version in range(newest, -1, -1):
+            for line in self._commit(version).splitlines():
+                info = json.loads(line).get("commitInfo") if line.strip() else None
+                if info is not None and info.get(_CLAIM_KEY) == claim_id:
+                    return version
+        raise JobFencedError(f"{self._what}: this driver's claim {claim_id} is not in the "
+                             f"fence log at {self._uri}; expected it after committing it")
+
+    def _commit(self, version: int) -> str:
+        path = join(self._path, "_delta_log", f"{version:020d}.json")
+        return self._storage.read_bytes(path).decode("utf-8")
+
+    def is_fenced(self) -> bool:
+        """Whether a newer claim exists (always False before :meth:`claim`)."""
+        if self.version is None:
+            return False
+        return self._storage.exists(join(self._path, "_delta_log",
+                                         f"{self.version + 1:020d}.json"))

@@ -20,6 +20,7 @@ Prints raw figures and ratios, and writes them as JSON (``--json``).
 
 from __future__ import annotations
 
+from spark_ckpt.delta_reader import read_delta
 import argparse
 import json
 import os
@@ -122,9 +123,8 @@ def kill_at(args: argparse.Namespace, output: str, work_dir: str, after: float) 
     time.sleep(after)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    from deltalake import DeltaTable
 
-    frame = DeltaTable(f"{work_dir}/bench/events").to_pandas()
+    frame = read_delta(f"{work_dir}/bench/events").to_pandas()
     return {"durable_partitions": int((frame.event_type == "ExecutionVertexFinished").sum()),
             "killed_after_seconds": after}
 
@@ -132,7 +132,6 @@ def kill_at(args: argparse.Namespace, output: str, work_dir: str, after: float) 
 def outputs_equal(plain: str, ckpt: str) -> dict:
     """Both sides wrote the same settled rows and the same daily report."""
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
 
     def settled(out: str):
         table = ds.dataset(f"{out}/settled", format="parquet",
@@ -140,7 +139,7 @@ def outputs_equal(plain: str, ckpt: str) -> dict:
         return table.to_pandas().sort_values("order_id").reset_index(drop=True)
 
     def daily(out: str):
-        frame = DeltaTable(f"{out}/daily").to_pandas()
+        frame = read_delta(f"{out}/daily").to_pandas()
         return frame.sort_values(["region", "day"]).reset_index(drop=True)
 
     a, b = settled(plain), settled(ckpt)

@@ -23,6 +23,7 @@ Streaming:
 
 from __future__ import annotations
 
+from spark_ckpt.delta_reader import read_delta
 import argparse
 import os
 import shutil
@@ -61,13 +62,12 @@ def environment() -> dict[str, str]:
 
 
 def durable_partitions(work: Path) -> int:
-    from deltalake import DeltaTable
 
     events = work / "orders-demo" / "events"
     if not (events / "_delta_log").exists():
         return 0
     try:
-        frame = DeltaTable(str(events)).to_pandas(columns=["event_type"])
+        frame = read_delta(str(events), columns=["event_type"]).to_pandas()
     except Exception:  # a commit being written right now
         return 0
     return int((frame.event_type == "ExecutionVertexFinished").sum())
@@ -141,7 +141,7 @@ def batch_demo(data: Path) -> None:
     from deltalake import DeltaTable
 
     def daily(path: Path) -> pd.DataFrame:
-        return DeltaTable(str(path / "daily")).to_pandas().sort_values(
+        return read_delta(str(path / "daily")).to_pandas().sort_values(
             ["region", "day"]).reset_index(drop=True)
 
     def settled(path: Path) -> pd.DataFrame:
@@ -168,7 +168,6 @@ def stream_demo(data: Path) -> None:
     import json
 
     import orders_data
-    from deltalake import DeltaTable
 
     files = orders_data.drop_order_files(str(data / "landing"), files=10, rows_per_file=5_000,
                                          customers=20_000, malformed_every=1_000)
@@ -206,8 +205,8 @@ def stream_demo(data: Path) -> None:
                 continue
             if row["amount"] > 0:
                 expected.add(row["order_id"])
-    table = DeltaTable(str(data / "stream-output" / "enriched")).to_pandas(columns=["order_id"])
-    dead = DeltaTable(str(data / "stream-ckpt" / "deadletter")).to_pandas(columns=["record"])
+    table = read_delta(str(data / "stream-output" / "enriched"), columns=["order_id"]).to_pandas()
+    dead = read_delta(str(data / "stream-ckpt" / "deadletter"), columns=["record"]).to_pandas()
     assert len(table) == len(expected) and set(table.order_id) == expected, "stream output"
     assert len(dead) == malformed, "dead letters"
     print(f"[demo] every valid order exactly once: {len(table):,} rows in the Delta table "

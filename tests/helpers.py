@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from spark_ckpt.delta_reader import read_delta
 import os
 import signal
 import subprocess
@@ -81,7 +82,7 @@ def finished_in_log(work_dir: str, job_id: str = "orders") -> set[tuple[str, int
     path = Path(work_dir) / job_id / "events"
     if not (path / "_delta_log").exists():
         return set()
-    frame = DeltaTable(str(path)).to_pandas().sort_values(["job_attempt", "seq"])
+    frame = read_delta(str(path)).to_pandas().sort_values(["job_attempt", "seq"])
     finished: set[tuple[str, int]] = set()
     for row in frame.itertuples():
         if row.event_type == "ExecutionVertexFinished":
@@ -92,7 +93,7 @@ def finished_in_log(work_dir: str, job_id: str = "orders") -> set[tuple[str, int
 
 
 def read_daily(output: str) -> pd.DataFrame:
-    frame = DeltaTable(f"{output}/daily").to_pandas()
+    frame = read_delta(f"{output}/daily").to_pandas()
     return frame.sort_values(["region", "day"]).reset_index(drop=True)
 
 

@@ -6,6 +6,7 @@ writes in Spark's terms would leave (append, overwrite, dynamic partition overwr
 
 from __future__ import annotations
 
+from spark_ckpt.delta_reader import read_delta
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
@@ -32,7 +33,7 @@ def run(spark, tmp_path, run_key, rows, *, mode="append", partition_by=(), merge
 
 
 def table(tmp_path):
-    frame = DeltaTable(str(tmp_path / "table")).to_pandas()
+    frame = read_delta(str(tmp_path / "table")).to_pandas()
     return sorted(zip(frame["id"], frame["day"], frame["value"], strict=True))
 
 
@@ -116,7 +117,7 @@ def test_a_wave_of_partitions_sharing_files_commits_each_file_once(spark, tmp_pa
                     merge_keys=["id"] if mode == "merge" else ())
     result = job.run()
     assert result.vertices["out"].partitions == 4 and result.ran == 4
-    frame = DeltaTable(str(tmp_path / "table")).to_pandas()
+    frame = read_delta(str(tmp_path / "table")).to_pandas()
     assert sorted(frame["id"]) == list(range(400))
 
 

@@ -8,6 +8,7 @@ equals an uninterrupted run's.
 
 from __future__ import annotations
 
+from spark_ckpt.delta_reader import read_delta
 import json
 import random
 import select
@@ -17,7 +18,6 @@ import time
 
 import pandas as pd
 import pytest
-from deltalake import DeltaTable
 from helpers import ROOT, child_env, kill_group
 
 from spark_ckpt import read_state
@@ -43,7 +43,7 @@ def run(tmp_path, total: int, fault: str | None = None,
 
 def assert_exactly_once(spark, tmp_path, total: int) -> None:
     TOTAL = total  # noqa: N806
-    events = DeltaTable(str(tmp_path / "out" / "events")).to_pandas()
+    events = read_delta(str(tmp_path / "out" / "events")).to_pandas()
     assert len(events) == TOTAL, f"{len(events)} events for {TOTAL} ids"
     assert sorted(events.id) == list(range(TOTAL)), "an id is missing or shows twice"
     for key, rows in events.groupby("key"):
@@ -53,7 +53,7 @@ def assert_exactly_once(spark, tmp_path, total: int) -> None:
         assert rows.prev_id.iloc[1:].tolist() == rows.id.iloc[:-1].tolist(), \
             f"key {key}: rows not linked in order"
         assert pd.isna(rows.prev_id.iloc[0])
-    totals = DeltaTable(str(tmp_path / "out" / "totals")).to_pandas()
+    totals = read_delta(str(tmp_path / "out" / "totals")).to_pandas()
     assert sorted(totals.key) == list(range(KEYS)) and set(totals.n) == {TOTAL // KEYS}
     state = read_state(spark, str(tmp_path / "ckpt"), "totals").toPandas()
     assert sorted(state.key) == list(range(KEYS)) and set(state.n) == {TOTAL // KEYS}

@@ -3,12 +3,12 @@ same computation in plain Spark, across restores, rescaling and failing checkpoi
 
 from __future__ import annotations
 
+from spark_ckpt.delta_reader import read_delta
 import json
 import shutil
 
 import pandas as pd
 import pytest
-from deltalake import DeltaTable
 from pyspark.sql import functions as F
 
 from spark_ckpt import (
@@ -80,7 +80,7 @@ def test_keyed_aggregates_equal_plain_spark_in_every_view(spark, tmp_path, small
     assert [p["num_input_rows"] for p in progress] == [400] * 5
     assert {p["state"]["totals"]["single_task"] for p in progress} == {small_batch_bytes > 0}
     want = expected_aggs(generated(spark, 0, 2000, 97))
-    same(DeltaTable(str(tmp_path / "totals")).to_pandas(), want)
+    same(read_delta(str(tmp_path / "totals")).to_pandas(), want)
     same(agg.state_view().toPandas(), want)
     same(read_state(spark, str(tmp_path / "ckpt"), "totals").toPandas(), want)
     # the full state after every batch (complete mode)
@@ -201,7 +201,7 @@ def test_rescale_4_to_2_to_8_gives_the_uninterrupted_result(spark, tmp_path):
         assert agg.parallelism == parallelism
         same(agg.state_view().toPandas(), expected_aggs(generated(spark, 0, total, 97)))
     want = expected_aggs(generated(spark, 0, 2400, 97))
-    same(DeltaTable(str(tmp_path / "totals")).to_pandas(), want)
+    same(read_delta(str(tmp_path / "totals")).to_pandas(), want)
     updates = spark.read.parquet(str(tmp_path / "updates")).toPandas()
     same(updates.sort_values("n").groupby("key").tail(1), want)
 
@@ -237,7 +237,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_shows_nothing_twice(spark, tmp
     ctx2.process_available(timeout=300)
     assert "cannot be restored" in caplog.text and "falling back" in caplog.text
     want = expected_aggs(generated(spark, 0, 2000, 97))
-    same(DeltaTable(str(tmp_path / "totals")).to_pandas(), want)
+    same(read_delta(str(tmp_path / "totals")).to_pandas(), want)
     updates = spark.read.parquet(str(tmp_path / "updates")).toPandas()
     # each batch's updates are in the append-only output once: 5 batches x 97 keys
     assert len(updates) == 5 * 97
@@ -262,7 +262,7 @@ def test_new_checkpoint_directory_on_an_existing_table_keeps_new_rows(spark, tmp
     run("ckpt-a", 0)
     run("ckpt-b", 1000)  # a new checkpoint directory, the same table and output name
     if kind == "delta":
-        ids = DeltaTable(str(tmp_path / "table")).to_pandas().id
+        ids = read_delta(str(tmp_path / "table")).to_pandas().id
     else:
         ids = spark.read.parquet(str(tmp_path / "table")).toPandas().id
     assert sorted(ids) == list(range(30)) + list(range(1000, 1030))
@@ -279,7 +279,7 @@ def test_memory_backend_fails_clearly_past_its_limit_and_rocksdb_takes_it(spark,
                             state_backend="rocksdb", state_local_dir=str(tmp_path / "local"))
     ctx.process_available(timeout=300)
     want = expected_aggs(generated(spark, 0, 1600, 97))
-    same(DeltaTable(str(tmp_path / "totals")).to_pandas(), want)
+    same(read_delta(str(tmp_path / "totals")).to_pandas(), want)
     same(agg.state_view().toPandas(), want)
 
 
@@ -316,7 +316,7 @@ def test_failing_checkpoint_storage_is_tolerated_then_fails_clearly(spark, tmp_p
     ctx.process_available(timeout=300)
     statuses = [c["status"] for c in ctx.recent_checkpoints]
     assert statuses[:2] == ["aborted", "aborted"] and statuses[-1] == "completed"
-    same(DeltaTable(str(tmp_path / "totals")).to_pandas(),
+    same(read_delta(str(tmp_path / "totals")).to_pandas(),
          expected_aggs(generated(spark, 0, 1600, 97)))
 
     monkeypatch.setenv("SPARK_CKPT_FAULT", "checkpoint.metadata:1-:fail")
@@ -326,7 +326,7 @@ def test_failing_checkpoint_storage_is_tolerated_then_fails_clearly(spark, tmp_p
     monkeypatch.delenv("SPARK_CKPT_FAULT")
     ctx, _ = agg_pipeline(spark, tmp_path, total=3200)
     ctx.process_available(timeout=300)
-    same(DeltaTable(str(tmp_path / "totals")).to_pandas(),
+    same(read_delta(str(tmp_path / "totals")).to_pandas(),
          expected_aggs(generated(spark, 0, 3200, 97)))
     updates = spark.read.parquet(str(tmp_path / "updates")).toPandas()
     assert len(updates) == 8 * 97 and not updates.duplicated(["key", "n"]).any()
@@ -350,7 +350,7 @@ def test_a_checkpoint_that_times_out_is_aborted_and_output_stays_exactly_once(
     assert [s[:2] for s in statuses[:2]] == [(1, "aborted"), (2, "aborted")], statuses
     assert all("expired" in s[2] for s in statuses[:2]), statuses
     assert ctx.recent_checkpoints[-1]["status"] == "completed"
-    got = DeltaTable(str(tmp_path / "out")).to_pandas().sort_values("key")
+    got = read_delta(str(tmp_path / "out")).to_pandas().sort_values("key")
     assert got.n.tolist() == [80] * 5
 
 
@@ -432,11 +432,11 @@ def test_a_checkpoint_goes_at_the_last_finished_batch_without_waiting_for_the_ru
         assert meta["sources"]["gen"]["piece"]["end"] == 100
         same(read_state(spark, str(tmp_path / "ckpt"), "n", cid).toPandas(),
              generated(spark, 0, 100, 5).groupBy("key").agg(F.count("*").alias("n")).toPandas())
-        assert DeltaTable(str(tmp_path / "out")).to_pandas().n.sum() == 100
+        assert read_delta(str(tmp_path / "out")).to_pandas().n.sum() == 100
     finally:
         gate.touch()
     assert ctx.await_termination(300)
-    same(DeltaTable(str(tmp_path / "out")).to_pandas(),
+    same(read_delta(str(tmp_path / "out")).to_pandas(),
          generated(spark, 0, 300, 5).groupBy("key").agg(F.count("*").alias("n")).toPandas())
 
 

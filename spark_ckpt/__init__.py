@@ -25,6 +25,7 @@ from spark_ckpt.errors import (
     SparkCkptError,
     StateTooLargeError,
     TaskExecutionError,
+    UserFunctionError,
 )
 from spark_ckpt.options import Settings
 from spark_ckpt.session import get_or_create_session
@@ -63,6 +64,7 @@ __all__ = [
     "StreamingListener",
     "TaskExecutionError",
     "TwoPhaseCommitSink",
+    "UserFunctionError",
     "VertexRef",
     "VertexSummary",
     "get_or_create_session",

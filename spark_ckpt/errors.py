@@ -22,6 +22,7 @@ __all__ = [
     "SparkCkptError",
     "StateTooLargeError",
     "TaskExecutionError",
+    "UserFunctionError",
 ]
 
 
@@ -90,3 +91,23 @@ class StateTooLargeError(SparkCkptError, RuntimeError):
 class CheckpointError(SparkCkptError, RuntimeError):
     """A checkpoint could not be taken or restored: storage failures past the tolerable limit,
     no restorable checkpoint, a checkpoint that does not belong to this pipeline."""
+
+
+class UserFunctionError(SparkCkptError, RuntimeError):
+    """A user's function (a keyed processor's ``process`` or ``on_timer``) raised inside a
+    Spark task. The message names the operator, the partition and key-group range, the key,
+    and carries the user's exception and traceback once."""
+
+    MARK = "[spark_ckpt user function error]"
+    END = "[end of spark_ckpt user function error]"
+
+    @classmethod
+    def from_task_failure(cls, exc: BaseException) -> UserFunctionError | None:
+        """The user error a failed Spark job carries in its message, if it carries one."""
+        text = str(exc)
+        start = text.find(cls.MARK)
+        if start < 0:
+            return None
+        end = text.find(cls.END, start)
+        body = text[start + len(cls.MARK):end if end > 0 else None].strip()
+        return cls(body)

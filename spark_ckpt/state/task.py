@@ -22,6 +22,7 @@ import json
 import os
 import tempfile
 import time
+import traceback
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -459,7 +460,8 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
                                      processing_time_ms=now_ms, watermark_ms=watermark,
                                      ttl_ms=ttl)
                     rows = pdf.iloc[index].reset_index(drop=True)
-                    emit(processor.process(key, rows, ctx))
+                    with _user_call(params, task, "process", pykey):
+                        emit(processor.process(key, rows, ctx))
                     if ctx._dirty:  # noqa: SLF001
                         changes[key_json] = (kg, ctx._result())  # noqa: SLF001
         # timers: event time up to the watermark, processing time (and TTL) up to now
@@ -483,7 +485,8 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
                 ctx.timers.delete(ms, kind)
                 if kind != "ttl":
                     ctx.timer_kind = kind
-                    emit(processor.on_timer(pykey, ms, ctx))
+                    with _user_call(params, task, "on_timer", pykey):
+                        emit(processor.on_timer(pykey, ms, ctx))
                     fired += 1
                 ctx._dirty = True  # noqa: SLF001
             if ctx._dirty:  # noqa: SLF001
@@ -577,3 +580,21 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "isoformat"):
         return value.isoformat()
     return value
+
+
+@contextlib.contextmanager
+def _user_call(params: dict[str, Any], task: _Run, method: str,
+               key: tuple[Any, ...]) -> Iterator[None]:
+    """Run a user callback; if it raises, fail the task once with the operator, partition,
+    key-group range and key, and the user's traceback, between markers the driver finds."""
+    from spark_ckpt.errors import UserFunctionError
+
+    try:
+        yield
+    except Exception as exc:
+        trace = "".join(traceback.format_exception(exc)).rstrip()
+        raise RuntimeError(
+            f"{UserFunctionError.MARK}\noperator {params['operator']}, partition {task.pid} "
+            f"(key groups {task.range.label}): {method}() raised on key {key!r}: "
+            f"{type(exc).__name__}: {exc}\n{trace}\n{UserFunctionError.END}"
+        ) from None

@@ -248,7 +248,15 @@ class StatefulStream(Stream):
                             f"operator {self.operator}")
         if not partitioned:
             df = df.repartitionById(self.parallelism, PID_COLUMN)
-        rows = df.mapInArrow(fn, META_SCHEMA).collect()
+        try:
+            rows = df.mapInArrow(fn, META_SCHEMA).collect()
+        except Exception as exc:
+            from spark_ckpt.errors import UserFunctionError
+
+            user = UserFunctionError.from_task_failure(exc)
+            if user is None:
+                raise
+            raise user from None  # the JVM's stack and task retries say nothing more
         metas = []
         for row in rows:
             meta = json.loads(row.meta)

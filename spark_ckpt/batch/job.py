@@ -19,6 +19,8 @@ is missing.
 
 from __future__ import annotations
 
+from spark_ckpt.names import check_name
+
 import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
@@ -90,11 +92,7 @@ class BatchJob:
         for what, value in (("job id", job_id), ("run key", run_key)):
             if value is None and what == "run key":
                 continue
-            if not value or "/" in value or "@" in value or value.startswith((".", "_")):
-                raise JobDefinitionError(
-                    f"{what} must be a non-empty name without '/' or '@' that does not start "
-                    f"with '.' or '_', found {value!r}"
-                )
+            check_name(what, value)
         self.job_id = job_id
         self.run_key = run_key
         # One run of the job's logic: its event log, results and sink commits. The same run

@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
+from spark_ckpt.names import check_name
 from spark_ckpt.errors import JobDefinitionError
 
 __all__ = ["Edge", "EdgeKind", "JobGraph", "JobVertex", "SinkSpec"]
@@ -176,11 +177,7 @@ class JobGraph:
     def add(self, vertex: JobVertex) -> JobVertex:
         if vertex.id in self.vertices:
             raise JobDefinitionError(f"job {self.job_id}: vertex {vertex.id!r} is defined twice")
-        if not vertex.id or "/" in vertex.id or vertex.id.startswith(("_", ".")):
-            raise JobDefinitionError(
-                f"vertex id must be a non-empty name without '/' that does not start with "
-                f"'_' or '.', found {vertex.id!r}"
-            )
+        check_name(f"job {self.job_id}: vertex name", vertex.id)
         if vertex.parallelism < 1:
             raise JobDefinitionError(
                 f"vertex {vertex.id!r}: parallelism must be >= 1, found {vertex.parallelism}"

@@ -44,6 +44,7 @@ from spark_ckpt.errors import (
     PipelineFailedError,
 )
 from spark_ckpt.formats import dump_record, load_record
+from spark_ckpt.names import check_name
 from spark_ckpt.options import Settings
 from spark_ckpt.storage import Storage, join, stat_any
 from spark_ckpt.faults import fault_point
@@ -105,10 +106,7 @@ class StreamingContext:
             raise JobDefinitionError(
                 f"pipeline {name}: expected batch_interval > 0 seconds, found {batch_interval!r}"
             )
-        if not name or any(c in name for c in "/\\ "):
-            raise JobDefinitionError(
-                f"expected a pipeline name without '/', '\\\\' or spaces, found {name!r}"
-            )
+        check_name("pipeline name", name)
         self.spark = spark
         self.batch_interval = float(batch_interval)
         self.name = name
@@ -148,6 +146,7 @@ class StreamingContext:
     def _input(self, source: Source) -> InputStream:
         if self._lifecycle.state is not PipelineState.CREATED:
             raise JobDefinitionError(f"pipeline {self.name}: add sources before start()")
+        check_name(f"pipeline {self.name}: source name", source.name)
         stream = InputStream(self, source)
         source.bind(self)
         self._sources.append(source)

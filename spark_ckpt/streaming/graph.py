@@ -54,6 +54,9 @@ class StreamGraph:
         self.stateful.append(stream)
 
     def check_output_name(self, name: str) -> None:
+        from spark_ckpt.names import check_name
+
+        check_name("output name", name)
         if any(o.output_name == name for o in self.outputs):
             raise JobDefinitionError(
                 f"an output named {name!r} already exists in this pipeline; pass "

@@ -112,11 +112,9 @@ class StatefulStream(Stream):
     def __init__(self, keyed: KeyedStream, name: str) -> None:
         super().__init__(keyed.ctx, keyed.inputs, name)
         self.operator = self.name
-        if any(c in self.operator for c in "/\\ :"):
-            raise JobDefinitionError(
-                f"stateful operator name {self.operator!r}: expected no '/', '\\\\', ':' or "
-                "spaces (it names the operator's state directory)"
-            )
+        from spark_ckpt.names import check_name
+
+        check_name("stateful operator name (pass name=)", self.operator)
         self.keys = keyed.keys
         self.requested_parallelism = keyed.parallelism
         self.requested_max = keyed.max_parallelism

@@ -47,7 +47,7 @@ def test_batch_ids_and_vertex_names_are_checked(spark, tmp_path):
     job = BatchJob("j", spark=spark, work_dir=str(tmp_path))
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.json").write_text(json.dumps({"id": 1}) + "\n")
-    with pytest.raises(JobDefinitionError, match="vertex name"):
+    with pytest.raises(JobDefinitionError, match="vertex id"):
         job.read_files("../src", str(tmp_path / "in"), format="json", schema="id BIGINT")
 
 

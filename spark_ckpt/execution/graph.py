@@ -177,7 +177,7 @@ class JobGraph:
     def add(self, vertex: JobVertex) -> JobVertex:
         if vertex.id in self.vertices:
             raise JobDefinitionError(f"job {self.job_id}: vertex {vertex.id!r} is defined twice")
-        check_name(f"job {self.job_id}: vertex name", vertex.id)
+        check_name(f"job {self.job_id}: vertex id", vertex.id)
         if vertex.parallelism < 1:
             raise JobDefinitionError(
                 f"vertex {vertex.id!r}: parallelism must be >= 1, found {vertex.parallelism}"

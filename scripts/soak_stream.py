@@ -10,8 +10,8 @@ open file descriptors of the driver and its JVM and the bytes and files under ea
 checkpoint directory. At the end it checks the output is exactly once (every id from 0 to the
 highest committed one shows once, each key's ``seq`` runs 1, 2, 3... and ``prev_id`` chains
 its ids: Flink's check) and that the checkpoint directory stopped growing once retention
-applies (its size in the last quarter of the run is within 1.5x of its size in the second
-quarter). The output tables themselves grow with the data, as they should. Not a test: a
+applies (its size, less the progress log, which rotation bounds by itself, in the last
+quarter of the run is within 1.5x of its size in the second quarter). The output tables themselves grow with the data, as they should. Not a test: a
 benchmark of what a long run keeps; write its result into docs/benchmarks.md.
 """
 
@@ -141,9 +141,14 @@ def main() -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     verdict = check_exactly_once(out)
+    # progress.jsonl is bounded on its own (rotated at 10 MiB, 3 files): leave it out here
     quarter = max(1, len(samples) // 4)
-    second = max(s["ckpt_bytes"] for s in samples[quarter:2 * quarter]) if samples else 0
-    last = max(s["ckpt_bytes"] for s in samples[-quarter:]) if samples else 0
+
+    def kept(s: dict[str, int]) -> int:
+        return s["ckpt_bytes"] - s["progress_bytes"]
+
+    second = max(kept(s) for s in samples[quarter:2 * quarter]) if samples else 0
+    last = max(kept(s) for s in samples[-quarter:]) if samples else 0
     verdict["ckpt_bytes_second_quarter_max"] = second
     verdict["ckpt_bytes_last_quarter_max"] = last
     verdict["ckpt_bounded"] = bool(second and last <= 1.5 * second)

@@ -11,8 +11,9 @@ checkpoint directory. At the end it checks the output is exactly once (every id 
 highest committed one shows once, each key's ``seq`` runs 1, 2, 3... and ``prev_id`` chains
 its ids: Flink's check) and that the checkpoint directory stopped growing once retention
 applies (its size, less the progress log, which rotation bounds by itself, in the last
-quarter of the run is within 1.5x of its size in the second quarter). The output tables themselves grow with the data, as they should. Not a test: a
-benchmark of what a long run keeps; write its result into docs/benchmarks.md.
+quarter of the run is within 1.5x of its size in the second quarter). The output tables
+themselves grow with the data, as they should. Not a test: a benchmark of what a long run
+keeps; write its result into docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -69,12 +69,17 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2) -> bool:
+    """Poll ``predicate`` every ``interval`` seconds: True as soon as it holds, False once
+    ``timeout`` seconds passed without it (after a last look at the deadline, so a condition
+    that came true during the final sleep is not missed). The one wait loop of the tests."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         if predicate():
             return True
-        time.sleep(interval)
-    return False
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        time.sleep(min(interval, remaining))
 
 
 def finished_in_log(work_dir: str, job_id: str = "orders") -> set[tuple[str, int]]:

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+from helpers import wait_for
+
 from spark_ckpt.fencing import Fence
 from spark_ckpt.storage import Storage
 
@@ -74,7 +76,7 @@ def test_two_drivers_that_both_got_run_one_as_on_an_object_store_the_older_is_fe
     first = make()
     first.start()
     try:
-        assert _wait(lambda: first.last_progress is not None)
+        assert wait_for(lambda: first.last_progress is not None, 60, 0.05)
         second = make()
         # what a lost race on an object store looks like: the same run number, "created"
         monkeypatch.setattr(second, "_runs", lambda: [])
@@ -86,13 +88,3 @@ def test_two_drivers_that_both_got_run_one_as_on_an_object_store_the_older_is_fe
     finally:
         first.stop(graceful=False, timeout=60)
 
-
-def _wait(predicate, timeout=60.0):
-    import threading
-
-    done = threading.Event()
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return True
-        done.wait(0.05)
-    return predicate()

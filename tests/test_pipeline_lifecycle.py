@@ -8,6 +8,7 @@ import os
 import threading
 
 import pytest
+from helpers import wait_for
 
 from spark_ckpt import JobDefinitionError, PipelineFailedError, Settings, StreamingContext
 from spark_ckpt.clock import ManualClock
@@ -24,19 +25,6 @@ from spark_ckpt.streaming.progress import ProgressLog
 def make_ctx(spark, tmp_path, name="life", interval=0.2, clock=None, **settings):
     return StreamingContext(spark, interval, str(tmp_path / "ckpt"), name,
                             settings=Settings(progress="never", **settings), clock=clock)
-
-
-def wait_for(predicate, timeout=60.0):
-    done = threading.Event()
-    deadline = threading.Timer(timeout, done.set)
-    deadline.start()
-    try:
-        while not predicate():
-            if done.wait(0.02):
-                return predicate()
-        return True
-    finally:
-        deadline.cancel()
 
 
 # -- the lifecycle state machine -----------------------------------------------------------
@@ -142,10 +130,10 @@ def test_the_generator_ticks_on_the_injected_clock(spark, tmp_path):
     ctx.generator_stream("g", rows_per_batch=3).foreach_batch(lambda df, b: None, name="o")
     ctx.start()
     try:
-        assert wait_for(lambda: len(ctx.recent_progress) == 1)
+        assert wait_for(lambda: len(ctx.recent_progress) == 1, 60, 0.02)
         for n in (2, 3):
             clock.advance(10_000)
-            assert wait_for(lambda n=n: len(ctx.recent_progress) == n)
+            assert wait_for(lambda n=n: len(ctx.recent_progress) == n, 60, 0.02)
     finally:
         ctx.stop(graceful=False, timeout=60)
     assert [p["batch_time_ms"] for p in ctx.recent_progress] == [5_000_000, 5_010_000,
@@ -168,7 +156,7 @@ def test_a_restart_with_more_pending_batches_than_slots_runs_them_all(spark, tmp
     allocations = tmp_path / "ckpt" / "allocations"
     for n in (2, 3):
         clock.advance(1000)
-        assert wait_for(lambda n=n: len(os.listdir(allocations)) == n)
+        assert wait_for(lambda n=n: len(os.listdir(allocations)) == n, 60, 0.02)
     release.set()
     with pytest.raises(PipelineFailedError, match="batch 0 gives up"):
         first.await_termination(60)
@@ -240,7 +228,7 @@ def test_a_stop_while_start_is_restoring_stops_the_pipeline_once_it_is_up(spark,
     assert restoring.wait(60)
     stopper = threading.Thread(target=ctx.stop, kwargs={"timeout": 60})
     stopper.start()
-    assert wait_for(lambda: ctx._lifecycle._stop_requested)  # noqa: SLF001
+    assert wait_for(lambda: ctx._lifecycle._stop_requested, 60, 0.02)  # noqa: SLF001
     release.set()
     starter.join(60)
     stopper.join(60)

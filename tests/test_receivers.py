@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 import pytest
+from helpers import wait_for
 
 from spark_ckpt import Settings
 from spark_ckpt.storage import Storage
@@ -44,7 +45,7 @@ def test_a_block_acknowledged_late_is_not_lost_by_a_restart(spark, tmp_path, mon
     slow = threading.Thread(target=source.push, args=([(i,) for i in range(10)],))
     slow.start()  # block 0 is written, then its push pauses before it counts as received
     first = tmp_path / "ckpt" / "receivedData" / "q" / f"{0:012d}.parquet"
-    assert _wait(first.exists)
+    assert wait_for(first.exists, 30, 0.02)
     source.push([(i,) for i in range(10, 20)])  # block 1, acknowledged
     pieces: list = []
     allocate(source, pieces)  # a batch is allocated while block 0 may still be in flight
@@ -118,17 +119,6 @@ def test_many_pushing_threads_against_an_allocator_then_a_restart(spark, tmp_pat
 
 
 # -- the socket receiver -------------------------------------------------------------------
-def _wait(predicate, timeout=30.0):
-    done = threading.Event()
-    while not predicate():
-        if done.wait(0.02):
-            break
-        timeout -= 0.02
-        if timeout <= 0:
-            return False
-    return True
-
-
 @pytest.mark.parametrize("limit", [7, 1 << 20])
 def test_socket_lines_are_bounded_cut_on_characters_and_never_dropped(spark, tmp_path, limit):
     server = socket.socket()
@@ -155,7 +145,7 @@ def test_socket_lines_are_bounded_cut_on_characters_and_never_dropped(spark, tmp
             received[:] = [v for b in blocks for v in pq.read_table(b[1]).column("value")
                            .to_pylist()]
             return received and received[-1] == "last"
-        assert _wait(lines)
+        assert wait_for(lines, 30, 0.02)
     finally:
         done.set()
         source.stop()

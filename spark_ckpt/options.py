@@ -257,6 +257,14 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         minimum=1,
     ),
     _opt(
+        "spark.ckpt.checkpoint.historyRetained",
+        "int",
+        100,
+        "Statistics records (checkpoints/history/<id>.json) kept for the newest checkpoints, "
+        "completed or aborted; older ones are deleted so a long run's history stays bounded.",
+        minimum=1,
+    ),
+    _opt(
         "spark.ckpt.checkpoint.mode",
         "choice",
         "exactly_once",
@@ -389,6 +397,7 @@ class Settings:
     checkpoint_timeout_ms: int = 600000
     checkpoint_tolerable_failures: int = 0
     checkpoint_retained: int = 3
+    checkpoint_history_retained: int = 100
     checkpoint_mode: str = "exactly_once"
     checkpoint_dir: str = ""
     checkpoint_restore_from: int = 0

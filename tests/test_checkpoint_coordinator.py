@@ -170,6 +170,24 @@ def test_retains_n_and_deletes_only_files_no_checkpoint_or_task_still_uses(tmp_p
         h.stop()
 
 
+def test_statistics_history_keeps_only_the_newest_records(tmp_path):
+    """A long run writes a statistics record per checkpoint: only the newest
+    ``historyRetained`` stay (a soak found checkpoints/ gaining 12 files a minute)."""
+    h = Harness(tmp_path, retained=1, history_retained=3)
+    try:
+        for i in range(6):
+            h.clock.advance(1000)
+            cid = h.barrier()
+            h.ack_all(cid, i, [f"/s/a{i}", f"/s/b{i}"])
+            assert h.coordinator.completion(cid).result(timeout=10) == "completed"
+        names = sorted(p.name for p in (tmp_path / "checkpoints" / "history").iterdir())
+        assert names == ["00000004.json", "00000005.json", "00000006.json"]
+        assert [s["checkpoint_id"] for s in h.storage.history()] == [4, 5, 6]
+        assert h.storage.completed_ids() == [6]
+    finally:
+        h.stop()
+
+
 def test_min_pause_and_max_concurrent_hold_back_triggers(tmp_path):
     h = Harness(tmp_path, min_pause_ms=5000)
     try:

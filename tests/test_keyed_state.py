@@ -465,3 +465,21 @@ def test_the_update_stream_read_by_a_transform_and_foreach_batch_has_every_chang
         pd.testing.assert_frame_equal(
             got[chained.columns].sort_values(order).reset_index(drop=True),
             chained.sort_values(order).reset_index(drop=True), check_dtype=False)
+
+
+def test_a_completed_checkpoint_left_behind_by_a_crash_is_discarded_on_restart(spark, tmp_path):
+    """A driver killed after completing a checkpoint but before subsuming the oldest leaves one
+    checkpoint too many; its state files go with the restart's clean-up, so the restart
+    discards its directory too (a soak found checkpoints/ growing across kills)."""
+    ctx, _ = agg_pipeline(spark, tmp_path, total=1200, checkpoint_retained=2)
+    ctx.process_available(timeout=300)
+    chk = tmp_path / "ckpt" / "checkpoints"
+    kept = sorted(p.name for p in chk.glob("chk-*"))
+    assert len(kept) == 2
+    leftover = chk / "chk-00000000"  # as old as can be: not among the two retained
+    shutil.copytree(chk / kept[0], leftover)
+    ctx2, agg2 = agg_pipeline(spark, tmp_path, total=2000, checkpoint_retained=2)
+    ctx2.process_available(timeout=300)
+    assert not leftover.exists()
+    assert len(list(chk.glob("chk-*"))) == 2
+    same(agg2.state_view().toPandas(), expected_aggs(generated(spark, 0, 2000, 97)))

@@ -70,6 +70,7 @@ class CheckpointConfig:
     timeout_ms: int = 600_000
     tolerable_failures: int = 0
     retained: int = 3
+    history_retained: int = 100
     mode: str = "exactly_once"
 
 
@@ -443,6 +444,7 @@ class CheckpointCoordinator:
         for old in [c for c in self._outcomes if c < cid - 100]:
             del self._outcomes[old]
         self.storage.write_stats(cid, stats)
+        self.storage.prune_history(cid, self.config.history_retained)
         try:
             self._on_stats(stats)
         except Exception as exc:  # noqa: BLE001

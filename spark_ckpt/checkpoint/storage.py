@@ -5,7 +5,8 @@ Layout under the checkpoint storage root (``spark.ckpt.checkpoint.dir``, by defa
 
     chk-<id>/_metadata.json   a completed checkpoint: written last, atomically (a local rename,
                               a whole-object PUT on object stores); its presence is completion
-    history/<id>.json         statistics of every checkpoint, completed or aborted
+    history/<id>.json         statistics of the newest checkpoints, completed or aborted
+                              (``spark.ckpt.checkpoint.historyRetained``, default 100)
 
 Metadata is a versioned JSON record (kind ``checkpoint-metadata``); an unknown version, a record
 of another pipeline or unreadable bytes are rejected with a message, and restore falls back to
@@ -114,6 +115,22 @@ class CheckpointStorage:
                                     dump_record("checkpoint-stats", 1, stats))
         except OSError as exc:  # statistics never fail a checkpoint
             log.warning("Checkpoint %d: could not write statistics: %s", checkpoint_id, exc)
+
+    def prune_history(self, newest_id: int, keep: int) -> int:
+        """Delete statistics records of checkpoints older than the ``keep`` newest ids up to
+        ``newest_id``; return how many went. A failure is logged, never raised."""
+        doomed = []
+        try:
+            for info in self.store.list_files(join(self.root, "history"), recursive=False):
+                stem = info.base_name.removesuffix(".json")
+                if stem.isdigit() and int(stem) <= newest_id - keep:
+                    doomed.append(info.path)
+            for path in doomed:
+                self.store.fs.delete_file(path)
+        except OSError as exc:
+            log.warning("Could not prune checkpoint statistics below %d: %s",
+                        newest_id - keep + 1, exc)
+        return len(doomed)
 
     def history(self) -> list[dict[str, Any]]:
         out = []

@@ -441,12 +441,14 @@ class StreamingContext:
                         "now", self.name, self._skipped_checkpoints)
         else:
             self._cleanup_state(retained)
+            self._discard_unretained(storage, retained)
         self.coordinator = CheckpointCoordinator(
             self.name, self.pipeline_id, CheckpointConfig(
                 interval_ms=s.checkpoint_interval_ms, min_pause_ms=s.checkpoint_min_pause_ms,
                 max_concurrent=s.checkpoint_max_concurrent, timeout_ms=s.checkpoint_timeout_ms,
                 tolerable_failures=s.checkpoint_tolerable_failures,
-                retained=s.checkpoint_retained, mode=s.checkpoint_mode),
+                retained=s.checkpoint_retained,
+                history_retained=s.checkpoint_history_retained, mode=s.checkpoint_mode),
             storage, completed=list(reversed(retained)), next_id=storage.highest_id() + 1,
             listeners=list(self.transactions.values()), on_failure=self._checkpoint_failed,
             on_stats=self._checkpoint_stats, delete_files=self._delete_state_files,
@@ -511,6 +513,25 @@ class StreamingContext:
         if doomed:
             log.info("Pipeline %s: deleted %d state file(s) no retained checkpoint references",
                      self.name, len(doomed))
+
+    def _discard_unretained(self, storage: CheckpointStorage,
+                            retained: list[CompletedCheckpoint]) -> None:
+        """Discard completed checkpoints older than the oldest retained one: a driver killed
+        between completing a checkpoint and subsuming the oldest leaves one behind, and its
+        state files are gone with the clean-up above, so it could not be restored anyway."""
+        if not retained:
+            return
+        oldest = min(c.checkpoint_id for c in retained)
+        for cid in storage.completed_ids():
+            if cid < oldest:
+                try:
+                    storage.discard(cid)
+                except OSError as exc:
+                    log.warning("Pipeline %s: could not discard unretained checkpoint %d: %s",
+                                self.name, cid, exc)
+                else:
+                    log.info("Pipeline %s: discarded checkpoint %d, older than the %d "
+                             "retained", self.name, cid, len(retained))
 
     def _delete_state_files(self, paths: list[str]) -> None:
         for path in paths:

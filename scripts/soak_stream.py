@@ -54,6 +54,24 @@ def process_stats(pid: int) -> tuple[int, int]:
         return 0, 0
 
 
+def jvm_heap(pid: int) -> tuple[int, int]:
+    """The JVM's live heap (bytes used right after a full GC, which ``jcmd GC.run`` forces)
+    and its committed heap; (0, 0) without ``jcmd``/``jstat`` or if the JVM is gone. Live heap
+    is the leak signal: RSS follows the committed heap, which the JVM grows up to -Xmx and
+    rarely gives back."""
+    try:
+        subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=30,
+                       check=True)
+        out = subprocess.run(["jstat", "-gc", str(pid)], capture_output=True, text=True,
+                             timeout=30, check=True).stdout.split("\n")
+        row = dict(zip(out[0].split(), out[1].split(), strict=False))
+        used = sum(float(row[k]) for k in ("S0U", "S1U", "EU", "OU"))
+        committed = sum(float(row[k]) for k in ("S0C", "S1C", "EC", "OC"))
+        return int(used * 1024), int(committed * 1024)
+    except (OSError, subprocess.SubprocessError, KeyError, IndexError, ValueError):
+        return 0, 0
+
+
 def children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
@@ -121,9 +139,10 @@ def main() -> None:
         jvm = [c for c in children(proc.pid)]
         jvm_rss = sum(process_stats(c)[0] for c in jvm)
         jvm_fds = sum(process_stats(c)[1] for c in jvm)
+        live, committed = jvm_heap(jvm[0]) if jvm else (0, 0)
         sample = {"t_s": round(now - began, 1), "driver_rss": driver_rss,
                   "driver_fds": driver_fds, "jvm_rss": jvm_rss, "jvm_fds": jvm_fds,
-                  "kills": kills}
+                  "jvm_heap_live": live, "jvm_heap_committed": committed, "kills": kills}
         for part in PARTS:
             sample[f"{part}_bytes"], sample[f"{part}_files"] = tree(ckpt / part)
         sample["ckpt_bytes"], sample["ckpt_files"] = tree(ckpt)
@@ -153,9 +172,14 @@ def main() -> None:
     verdict["ckpt_bytes_second_quarter_max"] = second
     verdict["ckpt_bytes_last_quarter_max"] = last
     verdict["ckpt_bounded"] = bool(second and last <= 1.5 * second)
+    for part in ("checkpoints", "state", "allocations", "commits", "runs"):
+        files = [s[f"{part}_files"] for s in samples]
+        verdict[f"{part}_files_second_quarter_max"] = max(files[quarter:2 * quarter] or [0])
+        verdict[f"{part}_files_last_quarter_max"] = max(files[-quarter:] or [0])
     summary = {"minutes": args.minutes, "kill_every_s": args.kill_every, "kills": kills,
                "restarts": kills, "verdict": verdict}
-    for key in ("driver_rss", "jvm_rss", "driver_fds", "jvm_fds", "ckpt_bytes", "ckpt_files",
+    for key in ("driver_rss", "jvm_rss", "jvm_heap_live", "jvm_heap_committed", "driver_fds",
+                "jvm_fds", "ckpt_bytes", "ckpt_files", "checkpoints_files",
                 "state_bytes", "checkpoints_bytes", "allocations_files", "commits_files",
                 "progress_bytes", "out_bytes"):
         series = [s[key] for s in samples if s["driver_rss"]] or [0]

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 import pyarrow.fs as pafs
 
+from spark_ckpt import faultfs
+
 __all__ = ["Storage", "join", "stat_any"]
 
 
@@ -31,8 +33,11 @@ class Storage:
     def __init__(self, uri: str) -> None:
         if "://" not in uri and not uri.startswith("file:"):
             uri = os.path.abspath(uri)
-        self.fs, root = pafs.FileSystem.from_uri(uri)
-        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self._fs, root = pafs.FileSystem.from_uri(uri)
+        self.local = isinstance(self._fs, pafs.LocalFileSystem)
+        # Callers' direct ``fs`` calls meet the fault rules of the tests (faultfs); this
+        # class's own operations check them once, on the unwrapped file system.
+        self.fs = faultfs.wrap(self._fs)
         self.root = root.rstrip("/") or "/"
         self.uri = uri
 
@@ -55,42 +60,69 @@ class Storage:
         return join(self.root, *parts)
 
     def makedirs(self, path: str) -> None:
-        self.fs.create_dir(path, recursive=True)
+        self._fs.create_dir(path, recursive=True)
 
     def exists(self, path: str) -> bool:
-        return self.fs.get_file_info(path).type != pafs.FileType.NotFound
+        return self._fs.get_file_info(path).type != pafs.FileType.NotFound
 
     def list_files(self, path: str, *, recursive: bool = True) -> list[pafs.FileInfo]:
+        if faultfs.active("list", path):
+            raise faultfs.enospc("list", path)
         selector = pafs.FileSelector(path, allow_not_found=True, recursive=recursive)
-        return [i for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File]
+        return [i for i in self._fs.get_file_info(selector) if i.type == pafs.FileType.File]
 
     def read_bytes(self, path: str) -> bytes:
-        with self.fs.open_input_stream(path) as stream:
-            return stream.read()
+        rule = faultfs.active("read", path)
+        with self._fs.open_input_stream(path) as stream:
+            data = stream.read()
+        if rule is not None:
+            if rule.action == "torn":
+                return rule.tear(data)
+            raise faultfs.enospc("read", path)
+        return data
 
-    def _local_temp(self, path: str, data: bytes) -> str:
+    def _local_temp(self, path: str, data: bytes, rule: faultfs.Rule | None = None) -> str:
         """Write ``data`` durably to a temporary file beside ``path``; return its name."""
         self.makedirs(path.rsplit("/", 1)[0])
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
         with open(tmp, "wb") as f:
+            if rule is not None and rule.action == "enospc":  # a full disk: part, then error
+                f.write(data[: len(data) // 2])
+                os.unlink(tmp)
+                raise faultfs.enospc("write", path)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         return tmp
 
+    def _torn(self, path: str, data: bytes, rule: faultfs.Rule | None) -> None:
+        """A crash mid-write on a store that publishes bytes as they come (faultfs ``torn``)."""
+        if rule is not None and rule.action == "torn":
+            with self._fs.open_output_stream(path) as out:
+                out.write(rule.tear(data))
+            faultfs.crash()
+
     def write_atomic(self, path: str, data: bytes) -> None:
         """Write ``data`` so that readers see either nothing or all of it."""
+        rule = faultfs.active("write", path)
+        self._torn(path, data, rule)
         if self.local:
-            os.replace(self._local_temp(path, data), path)
+            os.replace(self._local_temp(path, data, rule), path)
             return
+        if rule is not None:
+            raise faultfs.enospc("write", path)
         self.makedirs(path.rsplit("/", 1)[0])
-        with self.fs.open_output_stream(path) as out:  # object stores publish a PUT whole
+        with self._fs.open_output_stream(path) as out:  # object stores publish a PUT whole
             out.write(data)
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Create ``path`` holding ``data`` only if it does not exist; True if this call made it."""
+        rule = faultfs.active("create", path)
         if self.local:
-            tmp = self._local_temp(path, data)
+            tmp = self._local_temp(path, data, rule)
+            if rule is not None and not os.path.exists(path):
+                os.unlink(tmp)
+                self._torn(path, data, rule)
             try:
                 os.link(tmp, path)  # atomic, fails if path exists
             except FileExistsError:
@@ -100,18 +132,25 @@ class Storage:
             return True
         if self.exists(path):
             return False
+        self._torn(path, data, rule)
+        if rule is not None:
+            raise faultfs.enospc("create", path)
         self.makedirs(path.rsplit("/", 1)[0])
-        with self.fs.open_output_stream(path) as out:
+        with self._fs.open_output_stream(path) as out:
             out.write(data)
         return True
 
     def move(self, src: str, dst: str) -> None:
+        if faultfs.active("rename", src):
+            raise faultfs.enospc("rename", src)
         self.makedirs(dst.rsplit("/", 1)[0])
-        self.fs.move(src, dst)
+        self._fs.move(src, dst)
 
     def delete_dir(self, path: str) -> None:
+        if faultfs.active("delete", path):
+            raise faultfs.enospc("delete", path)
         if self.exists(path):
-            self.fs.delete_dir(path)
+            self._fs.delete_dir(path)
 
 
 def stat_any(paths: Iterable[str]) -> list[int | None]:

@@ -47,9 +47,12 @@ _CACHE: dict[tuple[str, str, str], Any] = {}
 def _fs(uri: str) -> tuple[Any, str]:
     import pyarrow.fs as pafs
 
+    from spark_ckpt.faultfs import wrap  # faulty storage in tests; the file system itself else
+
     if "://" not in uri and not uri.startswith("file:"):
-        return pafs.LocalFileSystem(), uri
-    return pafs.FileSystem.from_uri(uri)
+        return wrap(pafs.LocalFileSystem()), uri
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return wrap(fs), path
 
 
 STATE_FORMAT = b"1"  # Parquet key-value metadata spark_ckpt.state of every state file

@@ -18,6 +18,7 @@ __all__ = [
     "JobDefinitionError",
     "JobFencedError",
     "PipelineFailedError",
+    "RecordError",
     "SourceError",
     "SparkCkptError",
     "StateTooLargeError",
@@ -55,6 +56,13 @@ class FormatVersionError(SparkCkptError, ValueError):
     """A persisted record has a format version this release cannot read."""
 
 
+class RecordError(FormatVersionError):
+    """A persisted record parses and has a known version, but a field is missing, has the
+    wrong type, an impossible value or a path that leaves its directory (a hand edit or a
+    bug): the message names the file, the field, what was expected and what was found.
+    Nothing is run from such a record."""
+
+
 class EventLogError(SparkCkptError, RuntimeError):
     """The job event log could not be written (reading tolerates damage instead)."""
 
@@ -76,8 +84,9 @@ class TaskExecutionError(SparkCkptError, RuntimeError):
 
 
 class SourceError(SparkCkptError, RuntimeError):
-    """A streaming source cannot be read as declared: a malformed file, a schema mismatch, a
-    non-append change to a Delta table. Nothing is allocated from it until it is fixed."""
+    """A source cannot be read as declared: a malformed file, a file whose schema drifted, a
+    non-append change to a Delta table. Nothing is allocated (streaming) or read (batch) from
+    it until it is fixed."""
 
 
 class PipelineFailedError(SparkCkptError, RuntimeError):

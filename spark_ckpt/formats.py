@@ -2,16 +2,163 @@
 
 One reader per version; an unknown version is rejected with a message naming both. Pickle is
 never read back from storage.
+
+Records a restart acts on are also checked field by field when they are loaded, against the
+declarative specs in :data:`RECORDS` (one per kind and version): a missing field, a wrong type,
+an impossible number (a negative batch id) or a path with a ``..`` segment raises
+:class:`RecordError` naming the file, the field, what was expected and what was found, before
+anything runs from the record. Unknown extra fields are allowed (they are never read).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
-from spark_ckpt.errors import FormatVersionError
+from spark_ckpt.errors import FormatVersionError, RecordError
 
-__all__ = ["dump_record", "load_record"]
+__all__ = ["ANY", "PATH", "RECORDS", "STR", "Check", "ListOf", "MapOf", "Opt", "Row", "Tree",
+           "dump_record", "integer", "load_record", "validate"]
+
+
+# -- the spec language -------------------------------------------------------------------------
+# A spec is a Check (a leaf), Opt/ListOf/MapOf/Row/Tree, or a dict {field: spec} for a JSON
+# object whose fields ending in "?" may be absent.
+class Check:
+    def __init__(self, expected: str, ok: Callable[[Any], bool]) -> None:
+        self.expected = expected
+        self.ok = ok
+
+
+class Opt:
+    """``spec`` or null."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+
+class ListOf:
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+
+class MapOf:
+    """A JSON object with any keys, every value matching ``spec``."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+
+class Row:
+    """A fixed-length JSON array: one spec per position."""
+
+    def __init__(self, *specs: Any) -> None:
+        self.specs = specs
+
+
+class Tree:
+    """Any JSON value; wherever a nested object has one of ``keys``, its value must match."""
+
+    def __init__(self, keys: dict[str, Any]) -> None:
+        self.keys = keys
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def integer(low: int = 0, high: int | None = None) -> Check:
+    what = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
+    return Check(what, lambda v: _is_int(v) and v >= low and (high is None or v <= high))
+
+
+def _safe_path(value: Any) -> bool:
+    if not isinstance(value, str) or not value or "\x00" in value:
+        return False
+    return ".." not in value.replace("\\", "/").split("/")
+
+
+ANY = Check("any value", lambda v: True)
+STR = Check("a string", lambda v: isinstance(v, str))
+OBJECT = Check("a JSON object", lambda v: isinstance(v, dict))
+PATH = Check("a path without '..' segments", _safe_path)
+BATCH_ID = integer(0, 10**12 - 1)  # batch ids name files with 12 digits
+MILLIS = integer(0)
+
+
+def validate(value: Any, spec: Any, field: str = "") -> None:
+    """Raise RecordError(field, expected, found) where ``value`` does not match ``spec``."""
+    def fail(expected: str, found: Any) -> None:
+        text = repr(found)
+        raise RecordError(f"field {field or '(the record)'}: expected {expected}, found "
+                          f"{text if len(text) <= 80 else text[:77] + '...'}")
+
+    def at(key: Any) -> str:
+        return f"{field}[{key}]" if isinstance(key, int) else (f"{field}.{key}" if field else key)
+
+    if isinstance(spec, Check):
+        if not spec.ok(value):
+            fail(spec.expected, value)
+    elif isinstance(spec, Opt):
+        if value is not None:
+            validate(value, spec.spec, field)
+    elif isinstance(spec, ListOf | Row):
+        if not isinstance(value, list):
+            fail("a JSON array", value)
+        if isinstance(spec, Row) and len(value) != len(spec.specs):
+            fail(f"an array of {len(spec.specs)} items", value)
+        for i, item in enumerate(value):
+            validate(item, spec.spec if isinstance(spec, ListOf) else spec.specs[i], at(i))
+    elif isinstance(spec, MapOf):
+        if not isinstance(value, dict):
+            fail("a JSON object", value)
+        for key, item in value.items():
+            validate(item, spec.spec, at(key))
+    elif isinstance(spec, Tree):
+        items = value.items() if isinstance(value, dict) else enumerate(
+            value if isinstance(value, list) else [])
+        for key, item in items:
+            if isinstance(value, dict) and key in spec.keys:
+                validate(item, spec.keys[key], at(key))
+            else:
+                validate(item, spec, at(key))
+    elif isinstance(spec, dict):
+        if not isinstance(value, dict):
+            fail("a JSON object", value)
+        for name, sub in spec.items():
+            key = name.rstrip("?")
+            if key in value:
+                validate(value[key], sub, at(key))
+            elif not name.endswith("?"):
+                raise RecordError(f"field {at(key)}: expected a value, found the field missing")
+    else:  # pragma: no cover - a bad spec is a bug here
+        raise TypeError(f"not a record spec: {spec!r}")
+
+
+# -- the records a restart acts on -------------------------------------------------------------
+# Source pieces inside allocations are checked by their sources (Source.PIECE), which know
+# their own layout and directories.
+_PATHS = Tree({"path": PATH, "dir": PATH})
+RECORDS: dict[tuple[str, int], Any] = {
+    ("allocation", 1): {"batch_id": BATCH_ID, "batch_time_ms": MILLIS,
+                        "pieces": MapOf(OBJECT), "allocated_ms?": MILLIS},
+    ("batch-commit", 1): {"batch_id": BATCH_ID, "outputs": MapOf(OBJECT),
+                          "finished_ms?": MILLIS},
+    ("pipeline-metadata", 1): {"name": STR, "sources": MapOf(OBJECT),
+                               "schemas?": MapOf(STR), "pipeline_id?": STR},
+    ("checkpoint-metadata", 1): {
+        "checkpoint_id": integer(0), "pipeline?": STR, "pipeline_id?": STR,
+        "barrier_batch": integer(-1, 10**12 - 1), "trigger_ms?": MILLIS,
+        "completed_ms?": MILLIS,
+        "sources": MapOf({"batch": BATCH_ID, "piece": _PATHS}),
+        "operators": MapOf({"handles": MapOf({
+            "files": ListOf({"path": PATH, "bytes?": integer(0), "rows?": integer(0),
+                             "batch?": BATCH_ID, "kind?": STR, "range?": STR}),
+            "rows?": integer(0), "range?": STR, "token": Opt(STR)})}),
+        "sinks": MapOf({"pending": ListOf(Row(integer(0), _PATHS))}),
+    },
+}
 
 
 def dump_record(kind: str, version: int, body: dict[str, Any]) -> bytes:
@@ -20,8 +167,10 @@ def dump_record(kind: str, version: int, body: dict[str, Any]) -> bytes:
     return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
 
 
-def load_record(data: bytes | str, kind: str, supported: tuple[int, ...]) -> dict[str, Any]:
-    """Parse a record, checking its kind and that its version is one of ``supported``."""
+def load_record(data: bytes | str, kind: str, supported: tuple[int, ...], *,
+                where: str | None = None) -> dict[str, Any]:
+    """Parse a record, checking its kind, that its version is one of ``supported`` and, for
+    kinds in :data:`RECORDS`, its fields. ``where`` (the file) prefixes a field error."""
     try:
         record = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -35,4 +184,12 @@ def load_record(data: bytes | str, kind: str, supported: tuple[int, ...]) -> dic
             f"{kind} record has format_version {version!r}; this release reads "
             f"{', '.join(map(str, supported))}. Upgrade spark_ckpt to read it."
         )
+    spec = RECORDS.get((kind, version))
+    if spec is not None:
+        try:
+            validate(record, spec)
+        except RecordError as exc:
+            prefix = f"{where}: " if where else ""
+            raise RecordError(f"{prefix}{kind} record {exc}; correct the field or restore "
+                              "the file (nothing was run from it)") from None
     return record

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import logging
 import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from spark_ckpt.errors import InputChangedError, JobDefinitionError
+from spark_ckpt.errors import InputChangedError, JobDefinitionError, SourceError
 from spark_ckpt.storage import Storage, stat_any
 
 if TYPE_CHECKING:
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = ["DataFrameSource", "FileSource", "Split", "normalize_path"]
+
+log = logging.getLogger(__name__)
 
 FileFormat = Literal["parquet", "csv", "json", "text", "orc"]
 
@@ -131,10 +134,33 @@ class FileSource:
                 f"{extra or 'none'}; recorded but not read: {missing or 'none'}). New or "
                 "removed input files: run with fresh=True or a new run key to read them."
             )
+        if self.format == "parquet" and self.schema is None and \
+                (self._option("mergeSchema") or "").lower() != "true":
+            files = [(p, size) for split in splits for p, size in split]
+            check_parquet_schemas(f"source vertex {vertex_id}", Storage(self.path), files,
+                                  df.schema,
+                                  "inferred by Spark from one file")
         return df.schema
 
     def read(self, spark: SparkSession, schema: StructType, files: list[str]) -> DataFrame:
-        """The rows of ``files`` exactly as the whole source's read gives them."""
+        """The rows of ``files`` exactly as the whole source's read gives them. A file listed
+        by this run but gone now fails clearly (with ``ignoreMissingFiles``, Spark's answer:
+        it is skipped), where Spark's own read of explicit paths would fail on any of them."""
+        missing = [f for f, size in zip(files, stat_any(files), strict=True) if size is None]
+        if missing:
+            if not ignore_missing_files(spark, self.options):
+                raise InputChangedError(
+                    f"file source {self.path}: input file {missing[0]} was listed by this run "
+                    f"but is missing now ({len(missing)} missing file(s)); nothing was read "
+                    "from the source's splits that hold them. Restore the file, or set "
+                    "spark.sql.files.ignoreMissingFiles=true to skip missing files as Spark does"
+                )
+            log.warning("File source %s: skipping %d missing input file(s) (e.g. %s): "
+                        "spark.sql.files.ignoreMissingFiles=true", self.path, len(missing),
+                        missing[0])
+            files = [f for f in files if f not in set(missing)]
+            if not files:
+                return spark.createDataFrame([], schema)
         reader = spark.read.format(self.format).options(**self.options).schema(schema)
         if self.is_directory() and self._option("basePath") is None:
             reader = reader.option("basePath", self.path)  # keep partition columns
@@ -169,6 +195,77 @@ class DataFrameSource:
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "dataframe", "label": self.label, "split_by": list(self.split_by)}
+
+
+def ignore_missing_files(spark: SparkSession, options: dict[str, str]) -> bool:
+    """Spark's rule: the ``ignoreMissingFiles`` option, else spark.sql.files.ignoreMissingFiles."""
+    for key, value in options.items():
+        if key.lower() == "ignoremissingfiles":
+            return str(value).lower() == "true"
+    return str(spark.conf.get("spark.sql.files.ignoreMissingFiles", "false")).lower() == "true"
+
+
+# Conversions Spark's Parquet reader makes without loss (type widening); any other difference
+# between a file's column and the schema fails when Spark reads the file.
+_WIDER = {("byte", "short"), ("byte", "integer"), ("byte", "long"), ("short", "integer"),
+          ("short", "long"), ("integer", "long"), ("float", "double"), ("byte", "double"),
+          ("short", "double"), ("integer", "double"), ("date", "timestamp_ntz")}
+
+
+def parquet_drift(found: StructType, expected: StructType, *, lenient: bool) -> str | None:
+    """How a Parquet file's schema differs from ``expected`` in a way that matters, or None.
+    ``lenient`` (a declared schema, or mergeSchema): columns added to the file are ignored and
+    nullable columns missing from it read as null, as Spark reads them; otherwise either is
+    drift. A changed type is drift unless Spark widens it losslessly."""
+    from pyspark.sql.types import DecimalType
+
+    have = {f.name: f for f in found.fields}
+    for field in expected.fields:
+        got = have.get(field.name)
+        if got is None:
+            if not lenient or not field.nullable:
+                return f"column {field.name} is missing (renamed or removed?)"
+            continue
+        a, b = got.dataType, field.dataType
+        if a == b or (a.typeName(), b.typeName()) in _WIDER:
+            continue
+        if isinstance(a, DecimalType) and isinstance(b, DecimalType) and b.scale >= a.scale \
+                and b.precision - b.scale >= a.precision - a.scale:
+            continue
+        return f"column {field.name} is {a.simpleString()}, expected {b.simpleString()}"
+    if not lenient:
+        added = [n for n in have if n not in expected.names]
+        if added:
+            return f"column(s) {added} added"
+    return None
+
+
+def check_parquet_schemas(what: str, store: Storage, files: list[tuple[str, int]],
+                          expected: StructType, origin: str, *, lenient: bool = False) -> None:
+    """Read each file's footer; a file whose schema drifted from ``expected`` is refused with a
+    SourceError naming it, the expected schema and the found one. Empty (0-byte) files are
+    skipped, as Spark skips them."""
+    import pyarrow.parquet as pq
+
+    from spark_ckpt.arrowtypes import to_spark
+
+    for path, size in files:
+        if size == 0:
+            continue
+        try:
+            found = to_spark(pq.read_schema(store.fs_path(path), filesystem=store.fs))
+        except Exception as exc:
+            raise SourceError(f"{what}: expected a Parquet file, cannot read {path}: {exc}") \
+                from exc
+        drift = parquet_drift(found, expected, lenient=lenient)
+        if drift:
+            raise SourceError(
+                f"{what}: {path} does not match the schema ({drift}): expected "
+                f"{expected.simpleString()} ({origin}), found {found.simpleString()}. Nothing "
+                "was read from it: move the file out (or fix it), or say how to read it: "
+                "schema= (missing columns read as null, extra ones are ignored) or the option "
+                "mergeSchema=true"
+            )
 
 
 def decode_splits(data: Any) -> list[Split]:

@@ -34,6 +34,10 @@ class AllocationStore:
                 self._memory[record.batch_id] = record
         return records
 
+    def path(self, batch_id: int) -> str:
+        """The file that records ``batch_id``'s allocation (for messages)."""
+        return self._log.storage.spark_path(self._log.path(batch_id))
+
     def record(self, allocation: BatchAllocation) -> bool:
         """Record ``allocation`` durably; False if its batch was already recorded (by another
         driver: nothing is changed)."""

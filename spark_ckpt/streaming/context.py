@@ -42,6 +42,7 @@ from spark_ckpt.errors import (
     JobDefinitionError,
     JobFencedError,
     PipelineFailedError,
+    RecordError,
 )
 from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.names import check_name
@@ -222,7 +223,7 @@ class StreamingContext:
         sources = {s.name: s.describe() for s in self._sources}
         if self.storage.exists(path):
             record = load_record(self.storage.read_bytes(path), "pipeline-metadata",
-                                 (METADATA_VERSION,))
+                                 (METADATA_VERSION,), where=self.storage.spark_path(path))
             if record["name"] != self.name:
                 raise JobDefinitionError(
                     f"checkpoint directory {self.storage.uri} belongs to pipeline "
@@ -344,7 +345,8 @@ class StreamingContext:
         if self.checkpointing:
             pending = self._setup_checkpointing(records, restore_checkpoint)
         else:
-            committed = set(self.commits.batch_ids())
+            # each kept commit record is loaded (and so checked): a hand-edited one stops here
+            committed = {b for b in self.commits.batch_ids() if self.commits.get(b)}
             pending = [a for a in records if a.batch_id not in committed]
         batches = self._batches = BatchQueue(self.settings.stream_max_batches_in_flight)
         self.scheduler = JobScheduler(
@@ -485,8 +487,8 @@ class StreamingContext:
                         f"e.g. {missing[0]}"
                     )
             except CheckpointError as exc:
-                if cid == restore_id:
-                    raise
+                if cid == restore_id or isinstance(exc.__cause__, RecordError):
+                    raise  # a hand-edited record is refused, not silently stepped over
                 log.warning("Pipeline %s: checkpoint %d cannot be restored (%s); falling back "
                             "to the previous one", self.name, cid, exc)
                 self._skipped_checkpoints.append(cid)

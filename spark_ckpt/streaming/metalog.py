@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from spark_ckpt.errors import RecordError
 from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.storage import Storage, join
 
@@ -31,24 +32,33 @@ class MetadataLog:
         self.kind = kind
         storage.makedirs(directory)
 
-    def _path(self, batch_id: int) -> str:
+    def path(self, batch_id: int) -> str:
         return join(self.directory, f"{batch_id:012d}.json")
 
     def add(self, batch_id: int, body: dict[str, Any]) -> bool:
         """Record ``batch_id``; False if a record for it already exists (left untouched)."""
         data = dump_record(self.kind, VERSION, {"batch_id": batch_id, **body})
-        return self.storage.create_exclusive(self._path(batch_id), data)
+        return self.storage.create_exclusive(self.path(batch_id), data)
 
     def put(self, batch_id: int, body: dict[str, Any]) -> None:
         """Record ``batch_id``, replacing an earlier record (driver state only)."""
         data = dump_record(self.kind, VERSION, {"batch_id": batch_id, **body})
-        self.storage.write_atomic(self._path(batch_id), data)
+        self.storage.write_atomic(self.path(batch_id), data)
 
     def get(self, batch_id: int) -> dict[str, Any] | None:
-        path = self._path(batch_id)
+        path = self.path(batch_id)
         if not self.storage.exists(path):
             return None
-        return load_record(self.storage.read_bytes(path), self.kind, (VERSION,))
+        record = load_record(self.storage.read_bytes(path), self.kind, (VERSION,),
+                             where=self.storage.spark_path(path))
+        found = record.get("batch_id")
+        if found != batch_id:
+            raise RecordError(
+                f"{self.storage.spark_path(path)}: {self.kind} record field batch_id: expected "
+                f"{batch_id} (the file's name), found {found!r}; correct the field or restore "
+                "the file (nothing was run from it)"
+            )
+        return record
 
     def batch_ids(self) -> list[int]:
         ids = []
@@ -64,6 +74,6 @@ class MetadataLog:
         for batch_id in self.batch_ids():
             if batch_id >= below:
                 break
-            self.storage.fs.delete_file(self._path(batch_id))
+            self.storage.fs.delete_file(self.path(batch_id))
             gone += 1
         return gone

@@ -19,7 +19,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.errors import JobDefinitionError, SourceError
+from spark_ckpt.errors import JobDefinitionError, RecordError, SourceError
+from spark_ckpt.formats import PATH, ListOf, Row, integer
 from spark_ckpt.storage import join
 from spark_ckpt.streaming.sources import Source
 
@@ -52,13 +53,29 @@ class BlockStore:
                 out.append((int(name[:12]), info.path))
         return sorted(out)
 
-    def blocks(self) -> list[tuple[int, str, int]]:
-        """Every complete block as ``(seq, path, rows)``, in order (reads each footer)."""
+    def path(self, seq: int) -> str:
+        """Where block ``seq`` is, as recorded in allocations."""
+        return self.storage.spark_path(join(self.directory, f"{seq:012d}.parquet"))
+
+    def blocks(self, schema: Any = None) -> list[tuple[int, str, int]]:
+        """Every complete block as ``(seq, path, rows)``, in order (reads each footer); with
+        ``schema`` (Arrow), a block whose columns differ is refused (a hand edit)."""
         import pyarrow.parquet as pq
 
-        return [(seq, self.storage.spark_path(path),
-                 pq.read_metadata(path, filesystem=self.storage.fs).num_rows)
-                for seq, path in self._files()]
+        out = []
+        for seq, path in self._files():
+            meta = pq.read_metadata(path, filesystem=self.storage.fs)
+            found = meta.schema.to_arrow_schema()
+            if schema is not None and [(f.name, f.type) for f in found] != \
+                    [(f.name, f.type) for f in schema]:
+                raise RecordError(
+                    f"{self.storage.spark_path(path)}: receiver block columns: expected "
+                    f"{[f'{f.name} {f.type}' for f in schema]}, found "
+                    f"{[f'{f.name} {f.type}' for f in found]}; restore the file (nothing was "
+                    "run from it)"
+                )
+            out.append((seq, self.storage.spark_path(path), meta.num_rows))
+        return out
 
     def append(self, table: Any) -> tuple[int, str, int]:
         """Write ``table`` as the next block; return ``(seq, path, rows)`` once it is durable.
@@ -90,6 +107,7 @@ class ReceiverSource(Source):
     """A source whose batches are the blocks its receiver wrote ahead."""
 
     kind = "receiver"
+    PIECE = {"blocks": ListOf(Row(integer(0), PATH, integer(0))), "rows": integer(0)}
 
     def __init__(self, name: str, schema: StructType | str) -> None:
         from pyspark.sql.types import StructType
@@ -113,15 +131,26 @@ class ReceiverSource(Source):
         super().bind(pipeline)
         self.store = BlockStore(pipeline.storage, join(pipeline.root, "receivedData", self.name))
 
+    def _check_places(self, piece: dict[str, Any], field: str) -> None:
+        assert self.store is not None
+        for i, (seq, path, _rows) in enumerate(piece["blocks"]):
+            expected = self.store.path(seq)
+            if path != expected:
+                raise RecordError(f"field {field}.blocks[{i}][1]: expected block {seq} at "
+                                  f"{expected}, found {path!r}")
+
     def restore(self, pieces: list[tuple[int, dict[str, Any]]]) -> None:
+        from spark_ckpt.arrowtypes import to_arrow
+
         assert self.store is not None
         taken = {b[0] for _batch, piece in pieces for b in piece["blocks"]}
         with self._lock:
             self.allocated_through = max(taken, default=self.allocated_through)
             # every block no recorded batch took and not below a purged one (purged batches'
             # blocks are deleted with them, through the highest seq they took)
-            self._pending = [b for b in self.store.blocks()
-                             if b[0] not in taken and b[0] > self._purged_through(taken)]
+            blocks = self.store.blocks(to_arrow(self._schema))
+            purged = self._purged_through(taken)
+            self._pending = [b for b in blocks if b[0] not in taken and b[0] > purged]
         if self._pending:
             log.info("Source %s: %d block(s) received before the restart await a batch",
                      self.name, len(self._pending))
@@ -236,6 +265,7 @@ class SocketSource(ReceiverSource):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self.cut_lines = 0  # lines longer than receiverMaxLineBytes, emitted in pieces
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "host": self.host, "port": self.port}
@@ -279,6 +309,7 @@ class SocketSource(ReceiverSource):
         max_block = settings.stream_receiver_max_block_bytes
         lines: list[str] = []
         held = 0
+        warned = 0
         last = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -294,16 +325,20 @@ class SocketSource(ReceiverSource):
                     for line in splitter.feed(chunk):
                         lines.append(line)
                         held += len(line)
+                    if splitter.cut_lines > warned:  # said when it happens, not at the end
+                        warned = splitter.cut_lines
+                        log.warning("Receiver %s: a line longer than spark.ckpt.stream."
+                                    "receiverMaxLineBytes=%d is emitted in pieces of at most "
+                                    "that many bytes (%d line(s) so far); raise the option to "
+                                    "receive such lines whole", self.name, splitter.limit,
+                                    warned)
                 if held >= max_block or time.monotonic() - last >= interval:
                     self._flush(lines)
                     held = 0
                     last = time.monotonic()
             self._flush(lines)
         finally:
-            if splitter.cut_lines:
-                log.warning("Receiver %s: %d line(s) longer than spark.ckpt.stream."
-                            "receiverMaxLineBytes=%d were emitted in pieces", self.name,
-                            splitter.cut_lines, splitter.limit)
+            self.cut_lines += splitter.cut_lines
 
 
 class LineSplitter:

@@ -20,7 +20,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.errors import JobDefinitionError, SourceError
+from spark_ckpt.errors import JobDefinitionError, RecordError, SourceError
+from spark_ckpt.formats import PATH, ListOf, MapOf, Opt, Row, integer, validate
 from spark_ckpt.storage import Storage, join
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ __all__ = ["DeltaStreamSource", "FileStreamSource", "GeneratorSource", "Source"]
 log = logging.getLogger(__name__)
 
 CORRUPT_COLUMN = "_corrupt_record"
+JSON_MAX_STRING_LEN = 20_000_000  # Spark's default maxStringLen (Jackson's limit)
 _KEEP = 1 << 62  # the mtime of a seen file recorded before mtimes were: never forgotten
 
 
@@ -41,6 +43,7 @@ class Source:
     """Base class of streaming sources. ``name`` is unique within a pipeline."""
 
     kind = "source"
+    PIECE: Any = None  # the spec of this source's recorded pieces (see spark_ckpt.formats)
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -54,6 +57,21 @@ class Source:
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind}
+
+    def check_piece(self, piece: Any, where: str) -> None:
+        """Refuse a recorded piece that is not this source's (a hand edit, a bug): RecordError
+        naming ``where`` (the record's file), the field, what was expected and what was found."""
+        field = f"pieces.{self.name}"
+        try:
+            if self.PIECE is not None:
+                validate(piece, self.PIECE, field)
+            self._check_places(piece, field)
+        except RecordError as exc:
+            raise RecordError(f"{where}: allocation record {exc}; correct the field or restore "
+                              "the file (nothing was run from it)") from None
+
+    def _check_places(self, piece: dict[str, Any], field: str) -> None:
+        """Where the piece's files must be (beyond the spec); RecordError(field...) if not."""
 
     def restore(self, pieces: list[tuple[int, dict[str, Any]]]) -> None:
         """Rebuild the position from ``(batch id, piece)`` records, oldest first."""
@@ -108,6 +126,8 @@ class FileStreamSource(Source):
 
     kind = "files"
     FORMATS = ("parquet", "json", "csv")
+    PIECE = {"files": ListOf(Row(PATH, integer(0), integer(0))), "bytes": integer(0),
+             "rows": Opt(integer(0))}
 
     def __init__(self, name: str, path: str, fmt: str, schema: StructType | str | None = None,
                  *, max_files_per_batch: int | None = None,
@@ -172,7 +192,7 @@ class FileStreamSource(Source):
 
         from spark_ckpt.arrowtypes import to_spark
 
-        files = self._listing()
+        files = [f for f in self._listing() if f[1] > 0]  # empty files have no schema
         if not files:
             raise SourceError(
                 f"file source {self.name}: cannot infer the schema of {self.path}: no Parquet "
@@ -204,6 +224,13 @@ class FileStreamSource(Source):
         files.sort(key=lambda f: (f[2], f[0]))
         return files
 
+    def _check_places(self, piece: dict[str, Any], field: str) -> None:
+        directory = self.store.spark_path(self.store.root).rstrip("/")
+        for i, (path, _size, _mtime) in enumerate(piece["files"]):
+            if path.rsplit("/", 1)[0] != directory:
+                raise RecordError(f"field {field}.files[{i}][0]: expected a file directly in "
+                                  f"{directory}, found {path!r}")
+
     def restore(self, pieces: list[tuple[int, dict[str, Any]]]) -> None:
         self.seen = dict(self._snapshot())
         for _batch, piece in pieces:
@@ -231,10 +258,35 @@ class FileStreamSource(Source):
         if not snaps:
             return []
         table = pq.read_table(snaps[-1], filesystem=store.fs)
+        self._check_snapshot(store.spark_path(snaps[-1]), table)
         paths = table.column("path").to_pylist()
         if "mtime_ns" in table.column_names:
             return list(zip(paths, table.column("mtime_ns").to_pylist(), strict=True))
         return [(p, _KEEP) for p in paths]
+
+    def _check_snapshot(self, where: str, table: Any) -> None:
+        """A seen-files snapshot is ``path`` (string) and ``mtime_ns`` (int64), no nulls, every
+        path a file of this source's directory; anything else is refused (a hand edit)."""
+        import pyarrow as pa
+
+        def refuse(field: str, expected: str, found: Any) -> None:
+            raise RecordError(f"{where}: seen-files snapshot column {field}: expected {expected}, "
+                              f"found {found}; correct or restore the file (nothing was run "
+                              "from it)")
+
+        for column, kind in (("path", pa.string()), ("mtime_ns", pa.int64())):
+            if column not in table.column_names:
+                if column == "path":
+                    refuse(column, "a column", "none")
+                continue
+            if table.schema.field(column).type != kind:
+                refuse(column, f"type {kind}", f"type {table.schema.field(column).type}")
+            if table.column(column).null_count:
+                refuse(column, "no nulls", f"{table.column(column).null_count} null(s)")
+        directory = self.store.spark_path(self.store.root).rstrip("/")
+        for path in table.column("path").to_pylist():
+            if ".." in path.split("/") or path.rsplit("/", 1)[0] != directory:
+                refuse("path", f"files directly in {directory}", repr(path))
 
     def purge(self, pieces_below: list[tuple[int, dict[str, Any]]], below: int) -> None:
         """Fold the files of the records about to go into a seen-files snapshot, keeping only
@@ -288,25 +340,42 @@ class FileStreamSource(Source):
         return {"files": chosen, "bytes": total, "rows": rows if chosen else 0}
 
     def _check_parquet(self, files: list[list[Any]]) -> int:
-        """Read the footers: a file that is not Parquet, or lacks a column, stops here."""
+        """Read the footers: a file that is not Parquet, or whose schema drifted, stops here,
+        before anything is allocated from it. With a declared schema or ``mergeSchema``,
+        Spark's answer: columns added are ignored, nullable columns missing read as null;
+        otherwise (the schema recorded from the first file) any added, missing or retyped
+        column is drift. Empty (0-byte) files hold no rows, as Spark reads them."""
         import pyarrow.parquet as pq
 
-        expected = {f.name: f for f in self.schema().fields}
+        from spark_ckpt.arrowtypes import to_spark
+        from spark_ckpt.batch.sources import parquet_drift
+
+        expected = self.schema()
+        lenient = self._declared is not None or \
+            str(self.options.get("mergeSchema", "")).lower() == "true"
         rows = 0
-        for path, _size, _mtime in files:
+        for path, size, _mtime in files:
+            if size == 0:
+                continue
             try:
                 meta = pq.read_metadata(self.store.fs_path(path), filesystem=self.store.fs)
+                found = to_spark(meta.schema.to_arrow_schema())
             except Exception as exc:
                 raise SourceError(
                     f"file source {self.name}: expected a Parquet file, found unreadable {path} "
                     f"({exc}); move it out of {self.path} (nothing was allocated from it)"
                 ) from exc
-            names = set(meta.schema.names)
-            missing = [n for n, f in expected.items() if n not in names and not f.nullable]
-            if missing:
+            drift = parquet_drift(found, expected, lenient=lenient)
+            if drift:
+                origin = "declared" if self._declared is not None else \
+                    "recorded from the source's first file"
                 raise SourceError(
-                    f"file source {self.name}: {path} lacks required columns {missing}; "
-                    f"expected columns {sorted(expected)}, found {sorted(names)}"
+                    f"file source {self.name}: {path} does not match the schema ({drift}): "
+                    f"expected {expected.simpleString()} ({origin}), found "
+                    f"{found.simpleString()}. Nothing was allocated from it: move it out of "
+                    f"{self.path} (or fix it) and restart; to read such files, declare the "
+                    "schema (missing columns read as null, extra ones are ignored) or set the "
+                    "option mergeSchema=true"
                 )
             rows += meta.num_rows
         return rows
@@ -323,13 +392,35 @@ class FileStreamSource(Source):
     # -- reading -------------------------------------------------------------------------
     def read(self, run: BatchRun, piece: dict[str, Any]) -> DataFrame:
         spark = run.spark
-        files = [f[0] for f in piece["files"]]
+        files = self._present([f[0] for f in piece["files"]], run)
         if not files:
             return self.empty(spark)
         schema = self.schema()
         if self.fmt == "parquet":
             return spark.read.options(**self.options).schema(schema).parquet(*files)
         return self._read_text(run, files, schema)
+
+    def _present(self, files: list[str], run: BatchRun) -> list[str]:
+        """The batch's files; one deleted since the batch was allocated fails the batch, naming
+        it (with ignoreMissingFiles, Structured Streaming's answer: it is skipped)."""
+        from spark_ckpt.batch.sources import ignore_missing_files
+        from spark_ckpt.storage import stat_any
+
+        missing = [f for f, size in zip(files, stat_any(files), strict=True) if size is None]
+        if not missing:
+            return files
+        if not ignore_missing_files(run.spark, self.options):
+            raise SourceError(
+                f"file source {self.name}: batch {run.batch_id} was allocated file "
+                f"{missing[0]}, found it missing ({len(missing)} missing file(s)); the batch "
+                "did not run. Put the file back and restart, or set "
+                "spark.sql.files.ignoreMissingFiles=true to run the batch without it, as "
+                "Spark's file source does"
+            )
+        log.warning("File source %s: batch %d skips %d missing file(s) (e.g. %s): "
+                    "spark.sql.files.ignoreMissingFiles=true", self.name, run.batch_id,
+                    len(missing), missing[0])
+        return [f for f in files if f not in set(missing)]
 
     def _read_text(self, run: BatchRun, files: list[str], schema: StructType) -> DataFrame:
         from pyspark import StorageLevel
@@ -351,10 +442,19 @@ class FileStreamSource(Source):
         if run.batch_id == run.stats.batch_id:
             run.stats.input_rows[self.name] = rows
         if bad:
+            reason = F.lit(f"malformed {self.fmt} record (does not match the schema "
+                           f"{schema.simpleString()})")
+            if self.fmt == "json":  # Spark's JSON reader refuses longer strings as malformed
+                limit = int(next((v for k, v in self.options.items()
+                                  if k.lower() == "maxstringlen"), JSON_MAX_STRING_LEN))
+                reason = F.when(F.length(CORRUPT_COLUMN) > limit, F.lit(
+                    f"json record longer than the JSON reader's maxStringLen={limit} "
+                    "characters: a string in it may exceed that limit (Spark reads such a "
+                    "record as malformed); set the source option maxStringLen to read it, "
+                    f"or it does not match the schema {schema.simpleString()}")).otherwise(reason)
             run.dead_letter(self.name, parsed.where(F.col(CORRUPT_COLUMN).isNotNull()).select(
                 F.col("_ckpt_file").alias("file"), F.col(CORRUPT_COLUMN).alias("record"),
-                F.lit(f"malformed {self.fmt} record (does not match the schema "
-                      f"{schema.simpleString()})").alias("reason"),
+                reason.alias("reason"),
             ), bad)
         return parsed.where(F.col(CORRUPT_COLUMN).isNull()).drop(CORRUPT_COLUMN, "_ckpt_file")
 
@@ -370,6 +470,9 @@ class DeltaStreamSource(Source):
     """
 
     kind = "delta"
+    PIECE = {"from_version": integer(-1), "to_version": integer(-1),
+             "files": ListOf(Row(PATH, integer(0), Opt(integer(0)), MapOf(Opt(PATH)))),
+             "rows": Opt(integer(0))}
 
     def __init__(self, name: str, path: str, *, starting_version: int = 0,
                  max_versions_per_batch: int | None = None,
@@ -492,6 +595,7 @@ class GeneratorSource(Source):
 
     kind = "generator"
     SCHEMA = "id BIGINT, key BIGINT, value DOUBLE, event_time TIMESTAMP"
+    PIECE = {"start": integer(0), "end": integer(0), "rows": integer(0)}
 
     def __init__(self, name: str, *, rows_per_batch: int | None = None,
                  rows_per_second: float | None = None, max_rows_per_batch: int | None = None,
@@ -520,6 +624,11 @@ class GeneratorSource(Source):
         from pyspark.sql.types import StructType
 
         return StructType.fromDDL(self.SCHEMA)
+
+    def _check_places(self, piece: dict[str, Any], field: str) -> None:
+        if piece["end"] < piece["start"]:
+            raise RecordError(f"field {field}.end: expected at least start={piece['start']}, "
+                              f"found {piece['end']}")
 
     def restore(self, pieces: list[tuple[int, dict[str, Any]]]) -> None:
         for _batch, piece in pieces:

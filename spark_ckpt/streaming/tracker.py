@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from spark_ckpt.errors import JobFencedError
+from spark_ckpt.errors import JobFencedError, RecordError
 from spark_ckpt.streaming.batch import BatchAllocation
 
 if TYPE_CHECKING:
@@ -40,6 +40,16 @@ class ReceiverTracker:
     def restore(self) -> list[BatchAllocation]:
         """Rebuild source positions; return every recorded allocation, oldest first."""
         records = self.allocations.restore()
+        for allocation in records:  # refuse a hand-edited record before anything runs
+            where = self.allocations.path(allocation.batch_id)
+            for name, source in self.sources.items():
+                if name not in allocation.pieces:
+                    raise RecordError(
+                        f"{where}: allocation record field pieces.{name}: expected the piece of "
+                        f"source {name}, found the field missing; correct the field or restore "
+                        "the file (nothing was run from it)"
+                    )
+                source.check_piece(allocation.pieces[name], where)
         for name, source in self.sources.items():
             source.restore([(a.batch_id, a.pieces[name]) for a in records if name in a.pieces])
         return records

@@ -10,3 +10,106 @@ class FailsOnKeySeven(KeyedProcessor):
         if key[0] == 7:
             raise ValueError("the price of key seven cannot be negative")
         yield (key[0], len(rows))
+
+
+# -- gates for tests/test_cluster_faults.py ------------------------------------------------------
+# A gate stops one task of a real cluster at an exact moment so that the test can SIGKILL its
+# Python worker or its executor JVM: the first task attempt to claim a gate writes
+# ``<name>.reached`` (its pids and where it runs) and blocks until it is killed. Any later task
+# of the same Spark stage and partition (the retry) leaves ``<name>.rerun-*`` saying where it ran.
+
+GATE_TIMEOUT_S = 240.0  # a gate nobody kills fails its task rather than hang the test
+_rerun_seen: set[tuple[str, int]] = set()
+
+
+def _parent_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode(errors="replace")
+
+
+def executor_jvm_pid() -> int | None:
+    """The executor JVM this Python worker belongs to: worker -> pyspark daemon -> JVM."""
+    import os
+
+    pid = os.getpid()
+    for _ in range(6):
+        pid = _parent_pid(pid)
+        if pid <= 1:
+            return None
+        if "CoarseGrainedExecutorBackend" in _cmdline(pid):
+            return pid
+    return None
+
+
+def gate(gate_dir: str, name: str) -> None:
+    """Block the first attempt that reaches gate ``name``; record reruns of its task."""
+    import json
+    import os
+    import time
+
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    seen = (name, tc.taskAttemptId())
+    if seen in _rerun_seen:  # called per row: once per task attempt is enough
+        return
+    _rerun_seen.add(seen)
+    where = {"stage": tc.stageId(), "partition": tc.partitionId(),
+             "attempt": tc.attemptNumber(), "task": tc.taskAttemptId(),
+             "worker": os.getpid(), "daemon": os.getppid(), "executor": executor_jvm_pid()}
+    reached = os.path.join(gate_dir, f"{name}.reached")
+    if tc.attemptNumber() == 0:  # the claim file leaves out a resubmitted stage's attempt 0
+        try:
+            os.close(os.open(os.path.join(gate_dir, f"{name}.claimed"),
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            pass
+        else:
+            tmp = f"{reached}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(where, f)
+            os.replace(tmp, reached)
+            deadline = time.monotonic() + GATE_TIMEOUT_S
+            while time.monotonic() < deadline:
+                if os.getppid() != where["daemon"]:  # orphaned: the executor is gone
+                    os._exit(3)
+                time.sleep(0.05)
+            raise RuntimeError(f"gate {name}: reached but not killed in {GATE_TIMEOUT_S} s")
+    if not os.path.exists(reached):
+        return
+    with open(reached) as f:
+        gated = json.load(f)
+    if (gated["stage"], gated["partition"]) == (tc.stageId(), tc.partitionId()):
+        with open(os.path.join(gate_dir, f"{name}.rerun-{tc.taskAttemptId()}"), "w") as f:
+            json.dump(where, f)
+
+
+class GatedSequencer(KeyedProcessor):
+    """jobs/stateful_counts.py's Sequencer (``(key, id, seq, prev_id)`` per row, numbered per
+    key in id order), whose first attempt blocks at gate ``g<i>`` for key ``key`` once that key
+    has seen ``after[i]`` rows (so the state the retry needs is restored, not empty)."""
+
+    def __init__(self, gate_dir: str, key: int, after: list[int]) -> None:
+        self.gate_dir = gate_dir
+        self.key = key
+        self.after = list(after)
+
+    def process(self, key, rows, ctx):  # noqa: ANN001, ANN201
+        seen = ctx.value("seen")
+        last = ctx.value("last_id")
+        n, prev = seen.get() or 0, last.get()
+        if key[0] == self.key:
+            for i, threshold in enumerate(self.after):
+                if n >= threshold:
+                    gate(self.gate_dir, f"g{i}")
+        for i in sorted(rows["id"].tolist()):
+            n += 1
+            yield (key[0], i, n, prev)
+            prev = i
+        seen.update(n)
+        last.update(prev)

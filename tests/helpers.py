@@ -20,6 +20,11 @@ AGG_PARALLELISM = 2
 # Partitions the example job runs: enriched, settled (4 each), daily (2); sources are read in
 # place by their consumers.
 TOTAL_PARTITIONS = 2 * PARALLELISM + AGG_PARALLELISM
+# The long versions of the fault tests (many more SIGKILLs at random wall-clock moments, each
+# kill point in its own test): SPARK_CKPT_LONG_FAULTS=1 python -m pytest -m slow. CI runs the
+# short, deterministic versions, which hit every kill point at least once.
+LONG_FAULTS = os.environ.get("SPARK_CKPT_LONG_FAULTS", "") not in ("", "0")
+LONG_ONLY = "a long fault run: set SPARK_CKPT_LONG_FAULTS=1"
 
 
 def job_command(input_dir: str, output: str, work_dir: str, job_id: str = "orders") -> list[str]:

@@ -4,6 +4,11 @@ A source of unique increasing ids per key, keyed state (a sequencer and running 
 Delta sinks committed in two phases: whatever the kills, every id shows once, each key's
 sequence counts 1, 2, 3... with every row linked to the id before it, and the final state
 equals an uninterrupted run's.
+
+CI runs one chain of nine drivers, each killed at a planned point (every fault point of the
+checkpoint and batch protocols, and two seeded moments in replay and in steady work).
+SPARK_CKPT_LONG_FAULTS=1 adds the long run (20+ kills at random wall-clock moments) and one
+test per kill point.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import time
 
 import pandas as pd
 import pytest
-from helpers import ROOT, child_env, kill_group
+from helpers import LONG_FAULTS, LONG_ONLY, ROOT, child_env, kill_group
 
 from spark_ckpt import read_state
 
@@ -61,15 +66,109 @@ def assert_exactly_once(spark, tmp_path, total: int) -> None:
     assert len(seq) == KEYS and all(f'"seen":{TOTAL // KEYS}' in s for s in seq.state)
 
 
+def spread_defaults(tmp_path):
+    """Defaults under which each batch runs one task per key-group range (not the one-task
+    path of small batches); the quiet log4j2 configuration, as beside spark-defaults.conf."""
+    spread = tmp_path / "spread-defaults.conf"
+    spread.write_text((ROOT / "spark-defaults.conf").read_text() +
+                      "\nspark.ckpt.state.smallBatchBytes 0\n"
+                      "spark.driver.extraJavaOptions "
+                      f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}\n")
+    return spread
+
+
+def assert_both_task_paths_ran(tmp_path) -> None:
+    """The aggregation ran both ways: one task for a small batch, one per key-group range."""
+    progress = [json.loads(line) for line in
+                (tmp_path / "ckpt" / "progress" / "progress.jsonl").read_text().splitlines()]
+    paths = {p["state"]["totals"].get("single_task") for p in progress
+             if p["state"].get("totals", {}).get("tasks_run")}
+    assert paths == {True, False}, paths
+
+
+# One driver per entry, each SIGKILLed before it finishes: by a fault point at its n-th pass
+# (the driver kills its own process group there), or by the test a seeded moment after the
+# driver logged a line ("after:<text>"). Every fault point the stateful pipeline passes is
+# here; the order makes restores from a checkpoint left pending, half committed and
+# half written, and two restores in a row from the same checkpoint.
+SCHEDULE = (
+    "checkpoint.barrier:1",  # a fresh pipeline, mid-checkpoint: barrier placed, no pre-commit
+    "checkpoint.completed:1",  # metadata durable, no sink committed: the restore commits both
+    "checkpoint.sink.committed:1",  # mid-commit: one sink committed its transaction, one not
+    "stream.batch.staged:1",  # the first batch this driver runs (a replay, if any) staged
+    "checkpoint.metadata:1",  # every sink pre-committed, the metadata about to be written
+    "after:restored checkpoint",  # replaying the batches after the restored barrier
+    "stream.batch.allocated:2",  # a new batch's allocation durable, the batch not submitted
+    "after:PROGRESS",  # steady work, at a seeded moment: mid-batch, mid-write, mid-checkpoint
+    "stream.batch.committed:2",  # a batch's commit record durable, its progress not reported
+)
+
+
+def drive(tmp_path, total: int, env: dict[str, str], kill: str | None,
+          rng: random.Random) -> str:
+    """Run one driver; with ``kill``, assert it died by SIGKILL where planned, before its
+    RESULT line. Returns what it printed (stdout and stderr)."""
+    if kill is not None and not kill.startswith("after:"):
+        env = {**env, "SPARK_CKPT_FAULT": kill}
+    proc = subprocess.Popen(command(tmp_path, total), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            cwd=ROOT)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        if kill is not None and kill.startswith("after:"):
+            marker = kill.removeprefix("after:")
+            for line in proc.stdout:
+                lines.append(line)
+                if marker in line:
+                    break
+            else:
+                pytest.fail(f"the driver ended without logging {marker!r}: "
+                            + "".join(lines)[-3000:])
+            deadline = time.monotonic() + rng.uniform(0.0, 1.5)
+            while (wait := deadline - time.monotonic()) > 0:
+                if select.select([proc.stdout], [], [], wait)[0]:
+                    line = proc.stdout.readline()
+                    lines.append(line)
+                    assert line and not line.startswith("RESULT"), \
+                        "the driver finished before the kill: " + "".join(lines)[-3000:]
+            kill_group(proc)
+        lines.extend(proc.stdout)
+        proc.wait(timeout=600)
+    finally:
+        kill_group(proc)
+    out = "".join(lines)
+    if kill is None:
+        assert proc.returncode == 0, out[-5000:]
+    else:
+        assert proc.returncode == -9, (kill, proc.returncode, out[-5000:])
+        assert "RESULT" not in out, f"{kill}: the driver finished before the kill"
+    return out
+
+
+@pytest.mark.timeout(1200)
+def test_exactly_once_across_sigkills_at_every_fault_point(spark, tmp_path):
+    rng = random.Random(20261121)
+    spread = spread_defaults(tmp_path)
+    for attempt, kill in enumerate((*SCHEDULE, None)):
+        # every other driver runs with one task per key-group range: both task paths, and a
+        # switch between them at every restart
+        env = child_env(**({"SPARK_CKPT_DEFAULTS": str(spread)} if attempt % 2 else {}))
+        out = drive(tmp_path, LONG, env, kill, rng)
+        if attempt >= 2:  # a checkpoint completed (attempt 1's): every restart restores one
+            assert "restored checkpoint" in out, (attempt, out[-3000:])
+    assert_exactly_once(spark, tmp_path, LONG)
+    assert_both_task_paths_ran(tmp_path)
+
+
+@pytest.mark.skipif(not LONG_FAULTS, reason=LONG_ONLY)
 @pytest.mark.timeout(1800)
 def test_exactly_once_across_twenty_sigkills_at_random_moments(spark, tmp_path):
     rng = random.Random(20261121)
     kills = 0
     # every other driver runs each batch with one task per key-group range (not the one-task
     # path of small batches): both paths, and a switch between them at every restart
-    spread = tmp_path / "spread-defaults.conf"
-    spread.write_text((ROOT / "spark-defaults.conf").read_text() +
-                      "\nspark.ckpt.state.smallBatchBytes 0\n")
+    spread = spread_defaults(tmp_path)
     for attempt in range(24):
         env = child_env(**({"SPARK_CKPT_DEFAULTS": str(spread)} if attempt % 2 else {}))
         proc = subprocess.Popen(command(tmp_path, LONG), env=env, stdout=subprocess.PIPE,
@@ -107,14 +206,10 @@ def test_exactly_once_across_twenty_sigkills_at_random_moments(spark, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert kills >= 20, f"only {kills} kills landed before the job finished"
     assert_exactly_once(spark, tmp_path, LONG)
-    # both task paths of the aggregation ran (one task for a small batch, one per range)
-    progress = [json.loads(line) for line in
-                (tmp_path / "ckpt" / "progress" / "progress.jsonl").read_text().splitlines()]
-    paths = {p["state"]["totals"].get("single_task") for p in progress
-             if p["state"].get("totals", {}).get("tasks_run")}
-    assert paths == {True, False}, paths
+    assert_both_task_paths_ran(tmp_path)
 
 
+@pytest.mark.skipif(not LONG_FAULTS, reason=LONG_ONLY)  # the chain above kills at each point
 @pytest.mark.parametrize("fault", [
     "checkpoint.completed:3",  # metadata durable: every sink pre-committed, none committed
     "checkpoint.sink.committed:5",  # one sink committed checkpoint 3, the other not

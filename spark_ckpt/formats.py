@@ -151,12 +151,12 @@ RECORDS: dict[tuple[str, int], Any] = {
         "checkpoint_id": integer(0), "pipeline?": STR, "pipeline_id?": STR,
         "barrier_batch": integer(-1, 10**12 - 1), "trigger_ms?": MILLIS,
         "completed_ms?": MILLIS,
-        "sources": MapOf({"batch": BATCH_ID, "piece": _PATHS}),
-        "operators": MapOf({"handles": MapOf({
-            "files": ListOf({"path": PATH, "bytes?": integer(0), "rows?": integer(0),
-                             "batch?": BATCH_ID, "kind?": STR, "range?": STR}),
-            "rows?": integer(0), "range?": STR, "token": Opt(STR)})}),
-        "sinks": MapOf({"pending": ListOf(Row(integer(0), _PATHS))}),
+        "sources?": MapOf({"batch": BATCH_ID, "piece": _PATHS}),
+        "operators?": MapOf({"handles": MapOf({  # StateHandle, StateFile (state/chain.py)
+            "files?": ListOf({"path": PATH, "kind": STR, "batch": BATCH_ID,
+                              "rows": integer(0), "bytes": integer(0), "range": STR}),
+            "rows?": integer(0), "range": STR, "token?": Opt(STR)})}),
+        "sinks?": MapOf({"pending": ListOf(Row(integer(0), _PATHS))}),
     },
 }
 

@@ -136,10 +136,15 @@ class FileSource:
             )
         if self.format == "parquet" and self.schema is None and \
                 (self._option("mergeSchema") or "").lower() != "true":
+            from pyspark.sql.types import StructType
+
             files = [(p, size) for split in splits for p, size in split]
+            root = normalize_path(Storage(self.path).spark_path(Storage(self.path).root))
+            partitions = {seg.split("=", 1)[0] for p, _ in files  # partition directories
+                          for seg in normalize_path(p)[len(root):].split("/")[:-1] if "=" in seg}
+            data = StructType([f for f in df.schema.fields if f.name not in partitions])
             check_parquet_schemas(f"source vertex {vertex_id}", Storage(self.path), files,
-                                  df.schema,
-                                  "inferred by Spark from one file")
+                                  data, "inferred by Spark from one file")
         return df.schema
 
     def read(self, spark: SparkSession, schema: StructType, files: list[str]) -> DataFrame:

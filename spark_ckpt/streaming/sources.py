@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.errors import JobDefinitionError, RecordError, SourceError
-from spark_ckpt.formats import PATH, ListOf, MapOf, Opt, Row, integer, validate
+from spark_ckpt.formats import ANY, PATH, ListOf, MapOf, Opt, Row, integer, validate
 from spark_ckpt.storage import Storage, join
 
 if TYPE_CHECKING:
@@ -471,7 +471,7 @@ class DeltaStreamSource(Source):
 
     kind = "delta"
     PIECE = {"from_version": integer(-1), "to_version": integer(-1),
-             "files": ListOf(Row(PATH, integer(0), Opt(integer(0)), MapOf(Opt(PATH)))),
+             "files": ListOf(Row(PATH, integer(0), Opt(integer(0)), MapOf(ANY))),
              "rows": Opt(integer(0))}
 
     def __init__(self, name: str, path: str, *, starting_version: int = 0,

@@ -224,14 +224,18 @@ class JobScheduler:
             durations["planning"] = _ms(planning)
             fault_point("stream.batch.staged")
             t0 = time.perf_counter()
-            ctx.check_fenced()
             for output in ctx.graph.outputs:
                 name = output.output_name
                 if name in staged:
+                    # before each commit, not once per batch: a driver that stalled after its
+                    # first output's commit must not commit the next once a newer one owns
+                    # the checkpoint (that one may have purged this batch's commit marker)
+                    ctx.check_fenced()
                     outputs[name] = output.sink.commit(b, staged[name]) or {}  # type: ignore[union-attr]
                     fault_point("stream.output.committed")
             record = {"outputs": {k: _jsonable(v) for k, v in outputs.items()},
                       "finished_ms": int(time.time() * 1000)}
+            ctx.check_fenced()  # and before the commit record (replaced in checkpoint mode)
             if ctx.coordinator is not None:  # replays after a restore record the batch again
                 ctx.commits.put(b, record)
             else:

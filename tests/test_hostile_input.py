@@ -124,14 +124,14 @@ def spark_fails(fn) -> bool:
 
 def file_pipeline(spark, tmp_path, landing, *, schema=None, options=None, fmt="parquet",
                   name="drift"):
-    ctx = StreamingContext(spark, 0.1, str(tmp_path / "ckpt"), name, settings=QUIET)
+    ctx = StreamingContext(spark, 0.1, str(tmp_path / f"ckpt-{name}"), name, settings=QUIET)
     ctx.file_stream("f", str(landing), fmt, schema=schema, options=options).write_parquet(
-        str(tmp_path / "out"), name="o")
+        str(tmp_path / f"out-{name}"), name="o")
     return ctx
 
 
-def out_rows(spark, tmp_path) -> list[tuple]:
-    out = tmp_path / "out"
+def out_rows(spark, tmp_path, name="drift") -> list[tuple]:
+    out = tmp_path / f"out-{name}"
     if not any(out.glob("*.parquet")):
         return []
     return rows(spark.read.parquet(str(out)).select("id", "v"))
@@ -160,7 +160,7 @@ def test_streaming_parquet_drift_stops_before_allocation_and_a_restart_loses_not
         assert str(bad) in text and "expected struct<id:bigint,v:string>" in text, text
         assert "found struct<" in text and {"added": "added", "retyped": "column id is string",
                                             "renamed": "column v is missing"}[case] in text
-        allocations = sorted(p.name for p in (tmp_path / "ckpt" / "allocations").iterdir())
+        allocations = sorted(p.name for p in (tmp_path / "ckpt-drift" / "allocations").iterdir())
         assert allocations == ["000000000000.json"], "a batch was allocated from a bad file"
         bad.unlink()  # the user moves it out
     put(landing / "c.parquet", GOOD, 3_000)
@@ -180,7 +180,12 @@ def test_streaming_declared_schema_reads_drift_as_spark_does(spark, tmp_path):
     put(landing / "d.parquet", pa.table({"id": pa.array([6], pa.int32()), "v": ["f"]}), 4_000)
     schema = "id BIGINT, v STRING"
     file_pipeline(spark, tmp_path, landing, schema=schema).process_available(timeout=120)
-    assert out_rows(spark, tmp_path) == rows(spark.read.schema(schema).parquet(str(landing)))
+    want = rows(spark.read.schema(schema).parquet(str(landing)))
+    assert out_rows(spark, tmp_path) == want and (3, None) in want
+    # mergeSchema=true without a schema: the first file's schema, read the same way
+    file_pipeline(spark, tmp_path, landing, options={"mergeSchema": "true"},
+                  name="merge").process_available(timeout=120)
+    assert out_rows(spark, tmp_path, "merge") == want
     bad = put(landing / "e.parquet", DRIFT["retyped"], 5_000)
     assert spark_fails(lambda: spark.read.schema(schema).parquet(str(bad)).collect())
     with pytest.raises(PipelineFailedError, match="column id is string, expected bigint"):
@@ -209,14 +214,24 @@ def test_batch_parquet_drift_is_refused_unless_the_options_say_how(spark, tmp_pa
     with pytest.raises(SourceError) as info:
         job("strict").run()
     text = str(info.value)
-    assert str(bad) in text and "column v is missing" in text, text
-    assert "expected struct<id:bigint,v:string>" in text and "found struct<id:bigint,w:string>" \
-        in text
+    named = [(f, x, y) for f, x, y in ((bad, "v", "w"), (landing / "a.parquet", "w", "v"))
+             if str(f) in text]  # Spark inferred the schema from a.parquet or from b.parquet
+    assert named, text
+    _, x, y = named[0]
+    assert f"column {x} is missing" in text and f"expected struct<id:bigint,{x}:string>" in \
+        text and f"found struct<id:bigint,{y}:string>" in text, text
     assert not list((tmp_path / "strict").glob("*.parquet")), "the sink committed"
     job("merged", {"mergeSchema": "true"}).run()
     assert rows(spark.read.parquet(str(tmp_path / "merged"))) == rows(
         spark.read.option("mergeSchema", "true").parquet(str(landing)))
     bad.unlink()
+    for case in ("added", "retyped"):  # Spark infers from either file: either may be named
+        other = put(landing / f"c-{case}.parquet", DRIFT[case], 3_000)
+        with pytest.raises(SourceError, match=r"does not match the schema .* expected "
+                           r"struct<.*found struct<") as info:
+            job(f"strict-{case}").run()
+        assert str(other) in str(info.value) or str(landing / "a.parquet") in str(info.value)
+        other.unlink()
     job("strict").run()
     assert rows(spark.read.parquet(str(tmp_path / "strict"))) == [(1, "a"), (2, "b")]
 

@@ -91,25 +91,36 @@ def gate(gate_dir: str, name: str) -> None:
 
 class GatedSequencer(KeyedProcessor):
     """jobs/stateful_counts.py's Sequencer (``(key, id, seq, prev_id)`` per row, numbered per
-    key in id order), whose first attempt blocks at gate ``g<i>`` for key ``key`` once that key
-    has seen ``after[i]`` rows (so the state the retry needs is restored, not empty)."""
+    key in id order) with gates for key ``key``. ``gates`` maps a gate name to where it is,
+    ``"process"`` or ``"on_timer"``, and the rows the key must have seen first (so the state a
+    retry needs is restored, not empty). The key registers a processing-time timer every batch,
+    due in that batch: ``on_timer`` runs after the batch's changes were written to the state,
+    before the task fixes its new version."""
 
-    def __init__(self, gate_dir: str, key: int, after: list[int]) -> None:
+    def __init__(self, gate_dir: str, key: int, gates: dict[str, tuple[str, int]]) -> None:
         self.gate_dir = gate_dir
         self.key = key
-        self.after = list(after)
+        self.gates = dict(gates)
+
+    def _gates(self, where: str, seen: int) -> None:
+        for name, (callback, after) in self.gates.items():
+            if callback == where and seen >= after:
+                gate(self.gate_dir, name)
 
     def process(self, key, rows, ctx):  # noqa: ANN001, ANN201
         seen = ctx.value("seen")
         last = ctx.value("last_id")
         n, prev = seen.get() or 0, last.get()
         if key[0] == self.key:
-            for i, threshold in enumerate(self.after):
-                if n >= threshold:
-                    gate(self.gate_dir, f"g{i}")
+            self._gates("process", n)
+            ctx.timers.register_processing_time(ctx.processing_time_ms)
         for i in sorted(rows["id"].tolist()):
             n += 1
             yield (key[0], i, n, prev)
             prev = i
         seen.update(n)
         last.update(prev)
+
+    def on_timer(self, key, timer_ms, ctx):  # noqa: ANN001, ANN201
+        self._gates("on_timer", ctx.value("seen").get() or 0)
+        return None

@@ -32,6 +32,11 @@ pytestmark = pytest.mark.slow
 PARALLELISM = 4  # enriched and settled
 AGG_PARALLELISM = 2  # daily
 GATED_PARTITION = 1
+# The gated task stops after this many rows (of about 1,000). Its UDF's output goes back in
+# Arrow batches of 100 rows through a 1 KiB buffer (spark.buffer.size, the Python worker's
+# socket buffer), so the rows before the gate reach the task's Parquet writer, whose file is
+# then open in the write's _temporary directory.
+GATE_AFTER_ROWS = 600
 PART = re.compile(r"part-(\d{5})-")
 
 SESSION = """
@@ -40,6 +45,8 @@ from pyspark.sql import SparkSession
 spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
          .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.shuffle.partitions", "4")
+         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+         .config("spark.buffer.size", "1024")
          .config("spark.driver.extraJavaOptions", "-Dlog4j2.configurationFile=file:LOG4J")
          .config("spark.sql.session.timeZone", "UTC").getOrCreate())
 spark.sparkContext.setLogLevel("ERROR")
@@ -58,12 +65,17 @@ chosen = int(chosen)
 
 def build(job_id):
     \"\"\"orders_report's job, whose settled vertex stops its partition ``chosen`` at the gate
-    named after the job (a Python UDF computing the identity).\"\"\"
+    named after the job (a Python UDF computing the identity) half-way through its rows: the
+    task's Parquet file is open by then, in the write's _temporary directory.\"\"\"
+    rows = {}
 
     @F.udf("int")
     def gated(quantity):
-        if TaskContext.get().partitionId() == chosen:
-            processors_for_tests.gate(gate_dir, job_id)
+        tc = TaskContext.get()
+        if tc.partitionId() == chosen:
+            rows[tc.taskAttemptId()] = rows.get(tc.taskAttemptId(), 0) + 1
+            if rows[tc.taskAttemptId()] > GATE_AFTER_ROWS:
+                processors_for_tests.gate(gate_dir, job_id)
         return quantity
 
     def settle(enriched, payments):
@@ -89,7 +101,8 @@ for job_id in ("executor", "worker"):  # the test kills that process of the gate
     print("RESULT " + json.dumps({"job": job_id, "status": result.status,
                                   "attempt": result.attempt, "ran": result.ran,
                                   "master": spark.sparkContext.master}), flush=True)
-""".replace("=P)", f"={PARALLELISM})").replace("=A)", f"={AGG_PARALLELISM})")
+""".replace("=P)", f"={PARALLELISM})").replace("=A)", f"={AGG_PARALLELISM})") \
+    .replace("GATE_AFTER_ROWS", str(GATE_AFTER_ROWS))
 
 
 @pytest.fixture(scope="module")
@@ -201,10 +214,15 @@ def batch_runs(tmp_path_factory, small_orders) -> dict[str, dict]:
             assert where["executor"] is not None, where
             assert "CoarseGrainedExecutorBackend" in _cmdline(where["executor"])
             assert where["attempt"] == 0 and where["partition"] == GATED_PARTITION
+            # the task being killed has its file open: a staged file in flight
+            assert wait_for(lambda: _in_flight(output / target / "settled"), timeout=60), \
+                "the gated task has no file open in the write's _temporary"
+            in_flight = _in_flight(output / target / "settled")
             _kill(where[target])
             if target == "worker":  # only the worker died: its executor carries on
                 assert not _gone(where["executor"])
-            runs[target] = {"where": where, "output": output / target, "work": work / target}
+            runs[target] = {"where": where, "output": output / target, "work": work / target,
+                            "in_flight": in_flight}
         out = _finish(proc)
     finally:
         _stop(proc)
@@ -215,6 +233,12 @@ def batch_runs(tmp_path_factory, small_orders) -> dict[str, dict]:
     for target, run in runs.items():
         run["reruns"] = _reruns(gate_dir, target)
     return runs
+
+
+def _in_flight(directory: Path) -> list[Path]:
+    """Files of the gated partition that Spark's writer has open, not yet committed."""
+    return [p for p in directory.rglob(f"part-{GATED_PARTITION:05d}-*.parquet")
+            if "_temporary" in p.parts]
 
 
 def _finished_events(work: Path) -> pd.DataFrame:
@@ -264,6 +288,8 @@ def _check_batch(run: dict, plain: dict[str, pd.DataFrame], spark) -> None:  # n
     assert sorted(daily_table) == sorted(recorded["daily-delta"]), daily_table
     assert sorted(_data_files(output / "daily")) == sorted(daily_table), \
         "files staged in the Delta table directory that its log does not name"
+    assert not [p for p in output.rglob("*") if "_temporary" in p.parts], \
+        "the killed attempt's staged files were left behind"
     for files in (settled_files, daily_table):
         indexes = [PART.search(f).group(1) for f in files]
         assert len(indexes) == len(set(indexes)), f"two files for one partition: {files}"
@@ -303,8 +329,10 @@ def test_python_worker_killed_mid_task_batch_retried_once_each(spark, batch_runs
 # -- streaming keyed state -----------------------------------------------------------------------
 ROWS_PER_BATCH, TOTAL_ROWS, KEYS = 200, 1_600, 10
 GATED_KEY = 3
-GATES = {"g0": ("executor", 2 * ROWS_PER_BATCH // KEYS),  # blocks in batch 2
-         "g1": ("worker", 5 * ROWS_PER_BATCH // KEYS)}  # blocks in batch 5
+PER_BATCH = ROWS_PER_BATCH // KEYS  # rows of one key in a batch
+# gate -> (what the test kills, where the task stops, rows the key has seen by then)
+GATES = {"g0": ("executor", "process", 2 * PER_BATCH),  # batch 2, before any state is written
+         "g1": ("worker", "on_timer", 5 * PER_BATCH)}  # batch 4, its changes in RocksDB already
 EVENTS_SCHEMA = "key BIGINT, id BIGINT, seq BIGINT, prev_id BIGINT"
 
 STREAM_CHILD = SESSION + f"""
@@ -312,15 +340,18 @@ from processors_for_tests import GatedSequencer
 from spark_ckpt import Settings, StreamingContext
 from spark_ckpt.state import count, sum_
 
-ckpt, out, gate_dir = sys.argv[1:4]
+ckpt, out, gate_dir, local_dir = sys.argv[1:5]
+# RocksDB state in one local directory for both executors, as one host's executors would
+# share a disk: a retried task finds the copy its killed attempt was updating.
 ctx = StreamingContext(spark, 0.1, ckpt, "faults", settings=Settings(
-    progress="never", checkpoint_interval_ms=1, state_parallelism=2,
-    state_small_batch_bytes=0))  # one task per key-group range
+    progress="never", checkpoint_interval_ms=1, state_parallelism=2, state_backend="rocksdb",
+    state_local_dir=local_dir, state_small_batch_bytes=0))  # one task per key-group range
 gen = ctx.generator_stream("gen", rows_per_batch={ROWS_PER_BATCH}, total_rows={TOTAL_ROWS},
                            keys={KEYS}, partitions=2)
 keyed = gen.key_by("key")
-keyed.process(GatedSequencer(gate_dir, {GATED_KEY}, {[a for _k, a in GATES.values()]}),
-              "{EVENTS_SCHEMA}", name="sequencer").write_delta(f"{{out}}/events", name="events")
+gates = {({g: (w, a) for g, (_k, w, a) in GATES.items()})!r}
+keyed.process(GatedSequencer(gate_dir, {GATED_KEY}, gates), "{EVENTS_SCHEMA}", name="sequencer") \\
+    .write_delta(f"{{out}}/events", name="events")
 keyed.agg(name="totals", n=count(), total=sum_("value")) \\
     .write_delta(f"{{out}}/totals", name="totals", merge_keys=["key"])
 progress = ctx.process_available(timeout=900)
@@ -373,10 +404,11 @@ def test_executor_and_worker_killed_mid_stateful_task_exactly_once(spark, tmp_pa
     gate_dir = tmp_path / "gate"
     gate_dir.mkdir()
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
-    proc = _start(STREAM_CHILD, tmp_path, str(ckpt), str(out), str(gate_dir))
+    proc = _start(STREAM_CHILD, tmp_path, str(ckpt), str(out), str(gate_dir),
+                  str(tmp_path / "local"))
     killed = {}
     try:
-        for gate, (target, _after) in GATES.items():
+        for gate, (target, _where, _after) in GATES.items():
             where = _reached(proc, gate_dir / f"{gate}.reached")
             assert where["executor"] is not None, where
             assert "CoarseGrainedExecutorBackend" in _cmdline(where["executor"])
@@ -390,7 +422,7 @@ def test_executor_and_worker_killed_mid_stateful_task_exactly_once(spark, tmp_pa
     assert result["master"].startswith("local-cluster"), result
     # Spark retried the tasks: no batch was recovered by a restarted driver
     assert result == {**result, "batches": TOTAL_ROWS // ROWS_PER_BATCH, "recovered": 0}
-    for gate, (target, _after) in GATES.items():
+    for gate, (target, _where, _after) in GATES.items():
         reruns = _reruns(gate_dir, gate)
         assert reruns, f"the task stopped at {gate} was never retried"
         assert all(r[target] != killed[gate][target] for r in reruns), (gate, reruns)

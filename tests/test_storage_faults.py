@@ -9,8 +9,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
+
+from pathlib import Path
 
 import orders_data
 import pandas as pd
@@ -178,30 +181,81 @@ def _chain(exc: BaseException | None):
 
 # Torn writes: the record is published half written and the driver dies (a store without
 # atomic publish, crashing mid-write). A restart must not take half a record for a whole one.
-TORN = {
-    "allocation": {"op": "create", "path": "*/ckpt/allocations/*", "nth": "3"},
-    "commit-record": {"op": "create", "path": "*/ckpt/commits/*", "nth": "2"},
-    "parquet-marker": {"op": "create", "path": "*/by_region/_spark_ckpt_commits/*", "nth": "2"},
-}
+def stream_command(stream_input, tmp_path) -> list[str]:
+    return [sys.executable, str(ROOT / "jobs" / "stream_orders.py"),
+            "--landing", str(stream_input / "landing"),
+            "--customers", str(stream_input / "static" / "customers"),
+            "--output", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "ckpt"),
+            "--interval", "0.05", "--max-files-per-batch", "1", "--available-now"]
+
+
+def run_stream(stream_input, tmp_path, fault_rules: str | None = None):
+    env = child_env(**({faultfs.ENV: fault_rules} if fault_rules else {}))
+    return subprocess.run(stream_command(stream_input, tmp_path), env=env, capture_output=True,
+                          text=True, timeout=300, start_new_session=True, cwd=ROOT)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("record", list(TORN), ids=list(TORN))
-def test_a_torn_record_from_a_crash_mid_write_is_not_taken_for_a_whole_one(
-        spark, stream_input, expected, tmp_path, record):
-    cmd = [sys.executable, str(ROOT / "jobs" / "stream_orders.py"),
-           "--landing", str(stream_input / "landing"),
-           "--customers", str(stream_input / "static" / "customers"),
-           "--output", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "ckpt"),
-           "--interval", "0.05", "--max-files-per-batch", "1", "--available-now"]
-    torn = subprocess.run(cmd, env=child_env(**{faultfs.ENV: rules(
-        {"action": "torn", **TORN[record]})}), capture_output=True, text=True, timeout=300,
-        start_new_session=True, cwd=ROOT)
+def test_a_driver_killed_mid_write_of_an_allocation_restarts_exactly_once(
+        spark, stream_input, expected, tmp_path):
+    """The real thing: a driver process publishes half an allocation record and dies."""
+    torn = run_stream(stream_input, tmp_path, rules(
+        {"op": "create", "path": "*/ckpt/allocations/*", "nth": "3", "action": "torn"}))
     assert torn.returncode == -9, torn.stdout[-2000:] + torn.stderr[-3000:]
-    again = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300,
-                           start_new_session=True, cwd=ROOT)
+    again = run_stream(stream_input, tmp_path)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert "was torn by a crash mid-write" in again.stdout + again.stderr
+    assert len(list((tmp_path / "ckpt" / "allocations" / "torn").glob("*.json"))) == 1
     assert_stream_output(spark, expected, tmp_path)
+
+
+def tear_at(monkeypatch, spark, stream_input, tmp_path, pattern: str, nth: int) -> Path:
+    """What a crash mid-write leaves, in this process: the ``nth`` create matching
+    ``pattern`` fails (the pipeline stops there), then half its record is put in its place."""
+    monkeypatch.setenv(faultfs.ENV, rules(
+        {"op": "create", "path": pattern, "nth": str(nth), "action": "fail"}))
+    with pytest.raises(Exception) as stopped:  # noqa: B017
+        pipeline(spark, stream_input, tmp_path).process_available(timeout=300)
+    monkeypatch.delenv(faultfs.ENV)
+    path = Path(re.search(r"injected I/O error \(\S+: create (\S+)\)",
+                          "".join(str(e) for e in _chain(stopped.value))).group(1))
+    assert not path.exists()
+    path.write_bytes(b'{"batch_id":1,"format_version":1,"ki')
+    return path
+
+
+def test_a_torn_newest_commit_record_is_set_aside_and_the_batch_reruns_exactly_once(
+        spark, stream_input, expected, tmp_path, monkeypatch, caplog):
+    torn = tear_at(monkeypatch, spark, stream_input, tmp_path, "*/ckpt/commits/*", 2)
+    pipeline(spark, stream_input, tmp_path).process_available(timeout=300)
+    assert "was torn by a crash mid-write" in caplog.text
+    assert torn.exists() and torn.read_bytes().startswith(b'{"')  # recorded again, whole
+    assert_stream_output(spark, expected, tmp_path)
+
+
+def test_a_torn_parquet_commit_marker_stops_clearly_and_commits_nothing_twice(
+        spark, stream_input, tmp_path, monkeypatch):
+    torn = tear_at(monkeypatch, spark, stream_input, tmp_path,
+                   "*/by_region/_spark_ckpt_commits/*", 2)
+    before = spark.read.parquet(str(tmp_path / "out" / "by_region")).count()
+    with pytest.raises(Exception, match=rf"commit marker \S*{torn.name}: expected a JSON "
+                       "parquet-sink-commit record, found unparseable data; its files may or "
+                       "may not have been moved"):
+        pipeline(spark, stream_input, tmp_path).process_available(timeout=300)
+    assert spark.read.parquet(str(tmp_path / "out" / "by_region")).count() == before
+
+
+def test_a_torn_allocation_of_a_batch_that_ran_stops_the_restart_and_names_the_file(
+        spark, stream_input, tmp_path):
+    pipeline(spark, stream_input, tmp_path).process_available(timeout=300)
+    newest = sorted((tmp_path / "ckpt" / "allocations").glob("*.json"))[-1]
+    newest.write_bytes(newest.read_bytes()[:40])  # torn after its batch committed
+    version = DeltaTable(str(tmp_path / "out" / "enriched")).version()
+    with pytest.raises(Exception, match=f"{newest.name}: expected a whole allocation record, "
+                       "found 40 bytes that do not parse"):
+        pipeline(spark, stream_input, tmp_path).process_available(timeout=300)
+    assert newest.exists() and DeltaTable(str(tmp_path / "out" / "enriched")).version() \
+        == version
 
 
 # Keyed state with barrier checkpoints and two-phase Delta sinks.

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from spark_ckpt.errors import CommitError, JobDefinitionError
+from spark_ckpt.errors import CommitError, FormatVersionError, JobDefinitionError, RecordError
 from spark_ckpt.execution.graph import SinkSpec
 from spark_ckpt.execution.result_partition import OutputFile
 from spark_ckpt.faults import fault_point
@@ -355,7 +355,20 @@ class ParquetSink(Sink):
         path = self._marker(version)
         if not self.store.exists(path):
             return None
-        return load_record(self.store.read_bytes(path), "parquet-sink-commit", (1,))
+        try:
+            return load_record(self.store.read_bytes(path), "parquet-sink-commit", (1,),
+                               where=self.store.spark_path(path))
+        except RecordError:
+            raise
+        except FormatVersionError as exc:
+            # A torn marker (a crash mid-write on a store without atomic publish) could be a
+            # "committing" one (nothing moved) or a "committed" one (every file moved): no
+            # guess is safe, so the commit stops here and names the file.
+            raise RecordError(
+                f"Parquet sink {self.spec.name}: commit marker {self.store.spark_path(path)}: "
+                f"{exc}; its files may or may not have been moved, so it is neither redone "
+                "nor skipped: compare its staged and committed files and restore the marker"
+            ) from exc
 
     def is_committed(self, version: int) -> bool:
         marker = self._read_marker(version)

@@ -333,11 +333,13 @@ class StreamingContext:
         self.storage.makedirs(self.root)
         self._metadata()
         self._run = self._claim_run()
-        self._allocation_store = AllocationStore(
-            MetadataLog(self.storage, join(self.root, "allocations"), "allocation"))
+        self._allocations = MetadataLog(self.storage, join(self.root, "allocations"),
+                                        "allocation")
+        self._allocation_store = AllocationStore(self._allocations)
         self.commits = MetadataLog(self.storage, join(self.root, "commits"), "batch-commit")
         self.driver_state = MetadataLog(self.storage, join(self.root, "driver"), "driver-state")
         self.progress_log = ProgressLog(self.storage, self.root)
+        self._set_aside_torn_records()
         self.tracker = ReceiverTracker(self.name, self._sources, self._allocation_store,
                                        self.clock)
         records = self.tracker.restore()
@@ -515,6 +517,15 @@ class StreamingContext:
         if doomed:
             log.info("Pipeline %s: deleted %d state file(s) no retained checkpoint references",
                      self.name, len(doomed))
+
+    def _set_aside_torn_records(self) -> None:
+        """A crash mid-write on a store without atomic publish can leave the newest allocation
+        or commit record torn. A torn allocation of a batch that was never submitted (no
+        driver state, no commit) and a torn commit record (its batch reruns; the sinks
+        recognize what they already show) are set aside; anything else stops the start."""
+        ran = set(self.commits.batch_ids()) | set(self.driver_state.batch_ids())
+        self._allocations.set_aside_torn_tail(lambda b: b not in ran)
+        self.commits.set_aside_torn_tail(lambda _b: True)
 
     def _discard_unretained(self, storage: CheckpointStorage,
                             retained: list[CompletedCheckpoint]) -> None:

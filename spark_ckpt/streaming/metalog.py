@@ -11,10 +11,13 @@ directory fails at its first allocation instead of writing the same batch twice.
 
 from __future__ import annotations
 
+import json
 import logging
+import uuid
+from collections.abc import Callable
 from typing import Any
 
-from spark_ckpt.errors import RecordError
+from spark_ckpt.errors import FormatVersionError, RecordError
 from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.storage import Storage, join
 
@@ -49,8 +52,13 @@ class MetadataLog:
         path = self.path(batch_id)
         if not self.storage.exists(path):
             return None
-        record = load_record(self.storage.read_bytes(path), self.kind, (VERSION,),
-                             where=self.storage.spark_path(path))
+        try:
+            record = load_record(self.storage.read_bytes(path), self.kind, (VERSION,),
+                                 where=self.storage.spark_path(path))
+        except RecordError:
+            raise
+        except FormatVersionError as exc:  # name the file
+            raise RecordError(f"{self.storage.spark_path(path)}: {exc}") from exc
         found = record.get("batch_id")
         if found != batch_id:
             raise RecordError(
@@ -59,6 +67,37 @@ class MetadataLog:
                 "the file (nothing was run from it)"
             )
         return record
+
+    def set_aside_torn_tail(self, may_drop: Callable[[int], bool]) -> int | None:
+        """Move the newest record aside (to ``torn/``) if it is torn, that is its bytes do not
+        parse (a crash mid-write on a store that publishes bytes as they come; local renames
+        and object-store PUTs never tear), and ``may_drop(batch_id)`` says nothing came of it;
+        return its batch id. Raise :class:`RecordError` for a torn record something came of.
+        Only the driver that owns the checkpoint directory calls this."""
+        ids = self.batch_ids()
+        if not ids:
+            return None
+        newest, path = ids[-1], self.path(ids[-1])
+        raw = self.storage.read_bytes(path)
+        try:
+            json.loads(raw)
+            return None
+        except (ValueError, UnicodeDecodeError):
+            pass
+        where = self.storage.spark_path(path)
+        if not may_drop(newest):
+            raise RecordError(
+                f"{where}: expected a whole {self.kind} record, found {len(raw)} bytes that do "
+                f"not parse (torn), and batch {newest} has run past it, so it cannot be "
+                "dropped; restore the file from a copy (nothing was run from it)"
+            )
+        aside = join(self.directory, "torn", f"{newest:012d}.{uuid.uuid4().hex[:8]}.json")
+        self.storage.move(path, aside)
+        log.warning("%s: the newest %s record (batch %d) was torn by a crash mid-write "
+                    "(%d bytes that do not parse); nothing came of it, so it was moved to %s "
+                    "and the batch is recorded again", where, self.kind, newest, len(raw),
+                    self.storage.spark_path(aside))
+        return newest
 
     def batch_ids(self) -> list[int]:
         ids = []

@@ -574,8 +574,24 @@ class StreamingContext:
         return {f for op in self.graph.stateful for f in op.live_files}
 
     def _checkpoint_failed(self, exc: BaseException) -> None:
+        exc = self._fenced_instead(exc)
         log.error("%s", exc)
         self._finish(exc)
+
+    def _fenced_instead(self, exc: BaseException) -> BaseException:
+        """A failure of a driver a newer one has fenced is reported as the fencing (its
+        cause attached): the newer driver's start-up removes this one's uncommitted state and
+        staged files, so a task of this one fails on a missing file before its next check."""
+        if isinstance(exc, JobFencedError):
+            return exc
+        try:
+            self.check_fenced()
+        except JobFencedError as fenced:
+            fenced.__cause__ = exc
+            return fenced
+        except Exception:  # noqa: BLE001 - the fence cannot be read: report the failure itself
+            return exc
+        return exc
 
     def _checkpoint_stats(self, stats: dict[str, Any]) -> None:
         self._checkpoint_history.append(stats)
@@ -641,6 +657,7 @@ class StreamingContext:
         if self._lifecycle.stopping_now:  # cancelled by stop(graceful=False)
             self._finish(None)
             return
+        exc = self._fenced_instead(exc)
         if isinstance(exc, JobFencedError):
             error: BaseException = exc
         elif drain:  # the generator: batch_id was not (wholly) allocated

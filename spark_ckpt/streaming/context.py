@@ -410,6 +410,9 @@ class StreamingContext:
         operators = chosen.metadata.get("operators", {}) if chosen else {}
         for op in self.graph.stateful:
             op.configure(operators.get(op.operator))
+        # a driver that lost the race to claim stops before it commits pending transactions
+        # or deletes staged and state files: those may already be the newer owner's
+        self.check_fenced()
         if s.checkpoint_mode == "exactly_once":
             sinks = chosen.metadata.get("sinks", {}) if chosen else {}
             for output in self.graph.outputs:
@@ -444,6 +447,7 @@ class StreamingContext:
                         "checkpoint(s) %s could not be read and may only be unreachable for "
                         "now", self.name, self._skipped_checkpoints)
         else:
+            self.check_fenced()
             self._cleanup_state(retained)
             self._discard_unretained(storage, retained)
         self.coordinator = CheckpointCoordinator(

@@ -1,4 +1,9 @@
-"""Streaming drivers killed with SIGKILL, restarted: outputs equal an uninterrupted run's."""
+"""Streaming drivers killed with SIGKILL, restarted: outputs equal an uninterrupted run's.
+
+CI runs one chain of drivers killed at each point of a batch's protocol in turn (in a fresh
+batch, in the rerun of a recovered one, and after it); SPARK_CKPT_LONG_FAULTS=1 adds one test
+per kill point and a chain of seeded random kill points.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import pytest
 import stream_orders
 from chispa import assert_df_equality
 from deltalake import DeltaTable
-from helpers import ROOT, child_env, kill_group
+from helpers import LONG_FAULTS, LONG_ONLY, ROOT, child_env, kill_group
 
 from spark_ckpt import Settings
 
@@ -44,7 +49,7 @@ def expected(spark, stream_input, tmp_path_factory):
         spark, str(stream_input / "landing"), str(stream_input / "static" / "customers"),
         str(out / "out"), str(out / "ckpt"), interval=0.1, max_files_per_batch=1,
         settings=Settings(progress="never"))
-    progress = ctx.process_available(timeout=300)
+    progress = ctx.process_available(timeout=600)  # generous: a shared, busy machine
     assert len(progress) == FILES
     return out
 
@@ -88,14 +93,66 @@ def committed(tmp_path) -> int:
     return len(list(directory.glob("*.json"))) if directory.exists() else 0
 
 
-def allocated_not_committed(tmp_path) -> int:
+def pending_batches(tmp_path) -> list[int]:
     """Batches a restart must rerun: allocation records without a commit record."""
-    def names(log):
+    def ids(log):
         directory = tmp_path / "ckpt" / log
-        return {p.name for p in directory.glob("*.json")} if directory.exists() else set()
-    return len(names("allocations") - names("commits"))
+        return {int(p.stem) for p in directory.glob("*.json")} if directory.exists() else set()
+    return sorted(ids("allocations") - ids("commits"))
 
 
+def allocated_not_committed(tmp_path) -> int:
+    return len(pending_batches(tmp_path))
+
+
+def rerun_at_start(output: str) -> list[int]:
+    """The batches a driver said it reruns at start (its log line), in order."""
+    found = re.search(r"(\d+) allocated batch\(es\) to rerun(?: \(\[([\d, ]*)\]\))?", output)
+    assert found is not None, output[-3000:]
+    ids = [int(b) for b in found.group(2).split(",")] if found.group(2) else []
+    assert len(ids) == int(found.group(1))
+    return ids
+
+
+# Each driver is killed at the next point of a batch's protocol. A driver allocates up to two
+# new batches as soon as it starts (reruns hold no slot), so from the second driver on, kills
+# land in reruns of batches an earlier driver allocated, staged or half committed. Outputs
+# commit in order: the Delta table (enriched), then the Parquet directory (by_region).
+CHAIN = (
+    "stream.batch.allocated:2",  # a fresh pipeline: batch 1's allocation durable, not submitted
+    "stream.batch.staged:2",  # batch 1, never submitted before: both outputs staged, none committed
+    "sink.commit.files:1",  # the rerun of batch 1: Delta committed, Parquet commit half done
+    "stream.output.committed:3",  # batch 1 finished, then batch 2: Delta committed, Parquet not
+    "stream.batch.committed:2",  # batch 2 finished, batch 3's commit record durable, no progress
+)
+
+
+def test_killed_at_each_point_of_a_batch_in_turn_then_restarted(spark, stream_input, expected,
+                                                                tmp_path):
+    """Five drivers killed in a row, each at a different point (fresh batches and reruns of
+    recovered ones), then one that finishes: every restart reruns exactly the batches the kill
+    left allocated and not committed, no commit is ever taken back, and the outputs equal an
+    uninterrupted run's, with one Delta commit per batch."""
+    pending: list[int] = []
+    for fault in CHAIN:
+        before = committed(tmp_path)
+        crashed = run(stream_input, tmp_path, fault=fault)
+        assert crashed.returncode == -9, (fault, crashed.stdout[-2000:], crashed.stderr[-3000:])
+        assert rerun_at_start(crashed.stderr) == pending, fault
+        assert before <= committed(tmp_path) < FILES, fault  # a commit is never taken back
+        pending = pending_batches(tmp_path)
+        assert pending or fault.startswith("stream.batch.committed"), fault
+    done = run(stream_input, tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert rerun_at_start(done.stderr) == pending
+    recovered = re.search(r"RESULT .*recovered=(\d+)", done.stdout)
+    assert recovered is not None, done.stdout[-500:]
+    assert int(recovered.group(1)) == len(pending)  # exactly the batches the kill left
+    assert committed(tmp_path) == FILES
+    assert_same_output(spark, expected, tmp_path)
+
+
+@pytest.mark.skipif(not LONG_FAULTS, reason=LONG_ONLY)  # the chain above kills at each point
 @pytest.mark.parametrize("fault", [
     "stream.batch.allocated:3",  # allocation durable, batch never submitted
     "stream.batch.staged:2",  # both outputs staged, none committed
@@ -124,6 +181,7 @@ KILL_POINTS = ("stream.batch.allocated", "stream.batch.staged", "stream.output.c
                "stream.batch.committed", "sink.commit.files")
 
 
+@pytest.mark.skipif(not LONG_FAULTS, reason=LONG_ONLY)
 def test_killed_at_random_moments_over_many_batches(spark, stream_input, expected, tmp_path):
     """Kills at seeded random points of the batch protocol (not at random wall-clock times,
     which would make the number of kills depend on the machine's speed)."""

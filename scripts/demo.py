@@ -1,6 +1,7 @@
 """Demo: a batch job and a streaming pipeline survive a driver crash.
 
     python scripts/demo.py [--orders 400000] [--dir demo-data] [--part batch|stream|both]
+        [--parallelism 16]
 
 Batch:
 
@@ -44,13 +45,17 @@ def spark_submit() -> list[str]:
             f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}"]
 
 
-def submit_command(data: Path, output: Path, work: Path) -> list[str]:
+def submit_command(data: Path, output: Path, work: Path, parallelism: int = 16) -> list[str]:
     return [
         *spark_submit(),
         str(ROOT / "jobs" / "orders_report.py"), "--input", str(data / "input"),
         "--output", str(output), "--work-dir", str(work), "--job-id", "orders-demo",
-        "--parallelism", "16", "--agg-parallelism", "4",
+        "--parallelism", str(parallelism), "--agg-parallelism", str(agg_parallelism(parallelism)),
     ]
+
+
+def agg_parallelism(parallelism: int) -> int:
+    return max(1, parallelism // 4)
 
 
 def environment() -> dict[str, str]:
@@ -79,6 +84,8 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=400_000)
     parser.add_argument("--dir", default=str(ROOT / "demo-data"))
     parser.add_argument("--part", choices=["batch", "stream", "both"], default="both")
+    parser.add_argument("--parallelism", type=int, default=16,
+                        help="partitions of the batch job's vertices (the daily report: a quarter)")
     args = parser.parse_args()
 
     from spark_ckpt.javacheck import check_java
@@ -91,19 +98,21 @@ def main() -> None:
     orders_data.generate(str(data / "input"), orders=args.orders, files=16, customers=20_000)
     print(f"[demo] generated {args.orders:,} orders in 16 files under {data / 'input'}")
     if args.part in ("batch", "both"):
-        batch_demo(data)
+        batch_demo(data, args.parallelism)
     if args.part in ("stream", "both"):
         stream_demo(data)
 
 
-def batch_demo(data: Path) -> None:
-    total = 16 * 2 + 4  # enriched, settled, daily (sources are read in place)
+def batch_demo(data: Path, parallelism: int = 16) -> None:
+    # enriched, settled, daily (sources are read in place)
+    total = parallelism * 2 + agg_parallelism(parallelism)
 
     # 1. A run that dies: SIGKILL once about half of the partitions are durable.
     output, work = data / "output", data / "work"
+    command = submit_command(data, output, work, parallelism)
     print("[demo] run 1: spark-submit jobs/orders_report.py; will SIGKILL the driver part-way")
     started = time.perf_counter()
-    proc = subprocess.Popen(submit_command(data, output, work), env=environment(), cwd=ROOT,
+    proc = subprocess.Popen(command, env=environment(), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     while proc.poll() is None and durable_partitions(work) < total // 2:
@@ -119,7 +128,7 @@ def batch_demo(data: Path) -> None:
     # 2. The same command again: recovery.
     print("[demo] run 2: the same spark-submit command again")
     started = time.perf_counter()
-    second = subprocess.run(submit_command(data, output, work), env=environment(), cwd=ROOT,
+    second = subprocess.run(command, env=environment(), cwd=ROOT,
                             capture_output=True, text=True)
     if second.returncode != 0:
         raise SystemExit(f"[demo] recovery failed:\n{second.stdout}\n{second.stderr[-4000:]}")
@@ -131,8 +140,8 @@ def batch_demo(data: Path) -> None:
     # 3. An uninterrupted run, for comparison.
     print("[demo] run 3: an uninterrupted run of the same job into another directory")
     clean_out, clean_work = data / "output-uninterrupted", data / "work-uninterrupted"
-    third = subprocess.run(submit_command(data, clean_out, clean_work), env=environment(),
-                           cwd=ROOT, capture_output=True, text=True)
+    third = subprocess.run(submit_command(data, clean_out, clean_work, parallelism),
+                           env=environment(), cwd=ROOT, capture_output=True, text=True)
     if third.returncode != 0:
         raise SystemExit(f"[demo] uninterrupted run failed:\n{third.stderr[-4000:]}")
 

@@ -32,7 +32,7 @@ import orders_data
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from helpers import ROOT, child_env, kill_group, wait_for
+from helpers import LONG_FAULTS, LONG_ONLY, ROOT, child_env, kill_group, wait_for
 from stream_orders import ORDER_EVENT_SCHEMA, enrich
 
 from spark_ckpt.delta_reader import read_delta
@@ -261,8 +261,12 @@ def assert_counts_exactly_once(tmp_path: Path) -> None:
     assert sorted(totals.key) == list(range(KEYS)) and set(totals.n) == {TOTAL // KEYS}
 
 
+# CI runs one case of each scenario where it bites hardest; SPARK_CKPT_LONG_FAULTS=1 runs all.
+LONG = pytest.mark.skipif(not LONG_FAULTS, reason=LONG_ONLY)
+
+
 # -- 1. two drivers racing ---------------------------------------------------------------------
-@pytest.mark.parametrize("pipeline", ["orders", "stateful"])
+@pytest.mark.parametrize("pipeline", [pytest.param("orders", marks=LONG), "stateful"])
 def test_two_drivers_started_at_once_exactly_one_commits(spark, orders_input, orders_expected,
                                                           tmp_path, drivers, pipeline):
     """Both run until stopped (not available-now, so neither can finish before the other
@@ -303,7 +307,7 @@ def test_two_drivers_started_at_once_exactly_one_commits(spark, orders_input, or
 
 
 # -- 2. a second driver while the first is mid-batch ---------------------------------------------
-@pytest.mark.parametrize("pipeline", ["orders", "stateful"])
+@pytest.mark.parametrize("pipeline", ["orders", pytest.param("stateful", marks=LONG)])
 def test_second_driver_starting_mid_batch_fences_the_first(spark, orders_input, orders_expected,
                                                            tmp_path, drivers, pipeline):
     """A has staged batch 1's outputs and not committed them when B claims the checkpoint; A
@@ -334,11 +338,11 @@ def test_second_driver_starting_mid_batch_fences_the_first(spark, orders_input, 
 
 # -- 3. a stale driver wakes after a long pause ---------------------------------------------------
 @pytest.mark.parametrize(("pipeline", "point"), [
-    ("orders", "stream.batch.allocated:2"),  # batch 1 recorded, not yet run
-    ("orders", "stream.batch.staged:2"),  # batch 1's outputs staged, none committed
+    pytest.param("orders", "stream.batch.allocated:2", marks=LONG),  # batch 1 recorded, not run
+    pytest.param("orders", "stream.batch.staged:2", marks=LONG),  # staged, none committed
     ("orders", "stream.output.committed:3"),  # batch 1: Delta committed, Parquet not
-    ("stateful", "stream.batch.staged:2"),  # batch 1 staged into the open transaction
-    ("stateful", "checkpoint.barrier:1"),  # a barrier placed, sinks not pre-committed
+    pytest.param("stateful", "stream.batch.staged:2", marks=LONG),  # staged into the open txn
+    pytest.param("stateful", "checkpoint.barrier:1", marks=LONG),  # barrier, no pre-commit
     ("stateful", "checkpoint.completed:1"),  # metadata durable, sinks not committed
 ])
 def test_stale_driver_waking_after_a_long_pause_commits_nothing(

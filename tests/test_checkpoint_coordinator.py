@@ -43,7 +43,7 @@ class Recorder(CheckpointListener):
 
 def task_acks(batch: int, files: list[str], token: str) -> list[TaskAck]:
     """A source's and a two-task operator's acknowledgements after ``batch`` (one file each)."""
-    acks = [TaskAck("source:s", {"batch": batch})]
+    acks = [TaskAck("source:s", {"batch": batch, "piece": None})]
     for pid, f in enumerate(files):
         handle = {"range": f"kg{pid:05d}-{pid + 1:05d}", "token": token,
                   "files": [{"path": f, "kind": "changelog", "batch": batch, "rows": 1,
@@ -332,7 +332,7 @@ def test_a_barrier_goes_at_once_at_the_latest_boundary(boundaries):
     assert h.listener.wait_for(1) == [("complete", 1)]  # nobody acknowledged by hand
     meta = h.storage.read_metadata(1, "pid")
     assert meta["barrier_batch"] == 3
-    assert meta["sources"]["s"] == {"batch": 3}
+    assert meta["sources"]["s"] == {"batch": 3, "piece": None}
     assert meta["sinks"]["out"] == {"pending": [[1, {"batch": 3}]]}
     assert [f["path"] for f in meta["operators"]["agg"]["handles"]["0"]["files"]] == ["/s/a3"]
     assert h.pre_commits == [(1, 3)]
@@ -467,3 +467,34 @@ def test_sink_transactions_pre_commit_only_the_batches_up_to_the_barrier():
     txns.pre_commit(9, 5)
     txns.notify_checkpoint_complete(9)
     assert sink.committed[-1] == (9, [5])
+
+
+def test_a_driver_fenced_while_writing_the_metadata_commits_no_sink(tmp_path):
+    """A driver that stalls between its fence check and the metadata write (a long GC, a
+    frozen VM) and wakes after a newer driver took over must not commit its sinks."""
+    from spark_ckpt.errors import JobFencedError
+
+    newer_driver = threading.Event()
+
+    def fence() -> None:
+        if newer_driver.is_set():
+            raise JobFencedError("a newer driver owns the checkpoint directory")
+
+    h = Harness(tmp_path, fence=fence)
+    write = h.storage.write_metadata
+
+    def stalled_write(cid: int, body: dict) -> int:
+        size = write(cid, body)
+        newer_driver.set()  # the newer driver claimed the directory during the stall
+        return size
+
+    h.storage.write_metadata = stalled_write
+    try:
+        h.clock.advance(1000)
+        cid = h.barrier()
+        h.ack_all(cid, 0, ["/s/a", "/s/b"])
+        h.coordinator.thread.join(timeout=10)
+        assert len(h.failures) == 1 and isinstance(h.failures[0], JobFencedError)
+        assert h.listener.events == []  # no notify-complete: no sink commits
+    finally:
+        h.stop()

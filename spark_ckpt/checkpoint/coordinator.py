@@ -388,6 +388,9 @@ class CheckpointCoordinator:
             self._abort(pending, CheckpointFailureReason.STORAGE, str(exc))
             return
         fault_point("checkpoint.completed")
+        # Again after the write: a driver that stalled between the check above and the write
+        # (a long GC, a frozen VM) must not go on to commit its sinks' transactions.
+        self._fence()
         previous = self.store.latest
         checkpoint = CompletedCheckpoint(cid, pending.barrier_batch, body)
         del self.pending[cid]

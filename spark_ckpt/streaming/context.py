@@ -457,7 +457,7 @@ class StreamingContext:
                 tolerable_failures=s.checkpoint_tolerable_failures,
                 retained=s.checkpoint_retained,
                 history_retained=s.checkpoint_history_retained, mode=s.checkpoint_mode),
-            storage, completed=list(reversed(retained)), next_id=storage.highest_id() + 1,
+            storage, completed=list(reversed(retained)), next_id=self._first_checkpoint_id(storage),
             listeners=list(self.transactions.values()), on_failure=self._checkpoint_failed,
             on_stats=self._checkpoint_stats, delete_files=self._delete_state_files,
             live_files=self._live_state_files, fence=self.check_fenced, clock=self.clock,
@@ -521,6 +521,13 @@ class StreamingContext:
         if doomed:
             log.info("Pipeline %s: deleted %d state file(s) no retained checkpoint references",
                      self.name, len(doomed))
+
+    def _first_checkpoint_id(self, storage: CheckpointStorage) -> int:
+        """Past every id used here, and past those an older driver may still hold pending
+        (at most ``maxConcurrent`` not yet on storage): a stale driver that wakes and writes
+        its checkpoint's metadata can then never take an id this run will use."""
+        held = self.settings.checkpoint_max_concurrent if (self._run or 0) > 1 else 0
+        return storage.highest_id() + 1 + held
 
     def _set_aside_torn_records(self) -> None:
         """A crash mid-write on a store without atomic publish can leave the newest allocation

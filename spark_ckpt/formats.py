@@ -84,6 +84,7 @@ STR = Check("a string", lambda v: isinstance(v, str))
 OBJECT = Check("a JSON object", lambda v: isinstance(v, dict))
 PATH = Check("a path without '..' segments", _safe_path)
 BATCH_ID = integer(0, 10**12 - 1)  # batch ids name files with 12 digits
+BOUNDARY = integer(-1, 10**12 - 1)  # the cut after a batch; -1: before the first one
 MILLIS = integer(0)
 
 
@@ -151,7 +152,7 @@ RECORDS: dict[tuple[str, int], Any] = {
         "checkpoint_id": integer(0), "pipeline?": STR, "pipeline_id?": STR,
         "barrier_batch": integer(-1, 10**12 - 1), "trigger_ms?": MILLIS,
         "completed_ms?": MILLIS,
-        "sources?": MapOf({"batch": BATCH_ID, "piece": _PATHS}),
+        "sources?": MapOf({"batch": BOUNDARY, "piece": _PATHS}),
         "operators?": MapOf({"handles": MapOf({  # StateHandle, StateFile (state/chain.py)
             "files?": ListOf({"path": PATH, "kind": STR, "batch": BATCH_ID,
                               "rows": integer(0), "bytes": integer(0), "range": STR}),

@@ -483,3 +483,29 @@ def test_a_completed_checkpoint_left_behind_by_a_crash_is_discarded_on_restart(s
     assert not leftover.exists()
     assert len(list(chk.glob("chk-*"))) == 2
     same(agg2.state_view().toPandas(), expected_aggs(generated(spark, 0, 2000, 97)))
+
+
+def test_a_pipeline_checkpointed_before_its_first_batch_restarts(spark, tmp_path):
+    """An available-now run over an empty directory checkpoints the cut before batch 0
+    (barrier -1); the next start must restore it, not refuse it."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+
+    def build():  # noqa: ANN202
+        ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "empty",
+                               settings=settings())
+        rows = ctx.file_stream("rows", str(landing), "json", schema="key BIGINT, value DOUBLE")
+        agg = rows.key_by("key").agg(name="totals", n=count(), total=sum_("value"))
+        agg.write_delta(str(tmp_path / "totals"), name="totals", merge_keys=["key"])
+        return ctx
+
+    assert build().process_available(timeout=300) == []
+    meta = json.loads(next((tmp_path / "ckpt" / "checkpoints").glob("chk-*/_metadata.json"))
+                      .read_text())
+    assert meta["barrier_batch"] == -1
+    (landing / "a.json").write_text('{"key": 1, "value": 2.5}\n{"key": 1, "value": 1.5}\n')
+    ctx = build()
+    assert [p["num_input_rows"] for p in ctx.process_available(timeout=300)] == [2]
+    assert ctx.restored is not None and ctx.restored.barrier_batch == -1
+    got = read_delta(str(tmp_path / "totals")).to_pandas()
+    assert got[["key", "n", "total"]].values.tolist() == [[1, 2, 4.0]]

@@ -17,7 +17,8 @@ the recovery tests, in any process that has the rules.
     disk: nothing is published);
   - ``torn``: the first ``keep`` bytes (default: half) are *published* at the destination and
     the process group is SIGKILLed: a crash mid-write on a store without atomic publish (a read
-    returns the first ``keep`` bytes instead);
+    returns the first ``keep`` bytes instead; an output stream opened directly on the wrapped
+    file system, whose bytes are not known yet, publishes an empty file);
   - ``delay``: sleep ``ms`` milliseconds, then go on (slow storage);
   - ``kill``: SIGKILL the process group before the operation.
 
@@ -191,9 +192,10 @@ class _Handler(pafs.FileSystemHandler):
     def open_input_stream(self, path: str) -> Any:
         rule = active("read", path)
         if rule is not None:
+            if rule.action != "torn":
+                raise enospc("read", path)
             with self.fs.open_input_stream(path) as stream:
-                return pa_buffer_stream(rule.tear(stream.read()) if rule.action == "torn"
-                                        else b"")
+                return pa_buffer_stream(rule.tear(stream.read()))
         return self.fs.open_input_stream(path)
 
     def open_input_file(self, path: str) -> Any:

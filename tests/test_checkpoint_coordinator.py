@@ -496,5 +496,7 @@ def test_a_driver_fenced_while_writing_the_metadata_commits_no_sink(tmp_path):
         h.coordinator.thread.join(timeout=10)
         assert len(h.failures) == 1 and isinstance(h.failures[0], JobFencedError)
         assert h.listener.events == []  # no notify-complete: no sink commits
+        assert h.storage.completed_ids() == []  # nor a checkpoint a later start could restore
+        assert (tmp_path / "checkpoints" / "chk-00000001" / "_metadata.abandoned.json").exists()
     finally:
         h.stop()

@@ -112,6 +112,32 @@ def test_the_fault_file_system_does_what_its_rules_say(tmp_path, monkeypatch):
     assert Storage(str(tmp_path)).fs.type_name == "local"  # unset: pyarrow's own, unwrapped
 
 
+def test_only_the_owner_sets_a_torn_record_aside_and_only_while_it_is_torn(tmp_path):
+    from spark_ckpt.errors import JobFencedError, RecordError
+    from spark_ckpt.streaming.metalog import MetadataLog
+
+    log = MetadataLog(Storage(str(tmp_path)), str(tmp_path / "allocations"), "allocation")
+    torn = tmp_path / "allocations" / "000000000003.json"
+    torn.write_bytes(b'{"batch_id":3,"form')
+
+    def fenced() -> None:
+        raise JobFencedError("a newer driver owns the checkpoint directory")
+
+    with pytest.raises(JobFencedError):  # a driver that lost the claim race moves nothing
+        log.set_aside_torn_tail(lambda _b: True, fenced)
+    assert torn.read_bytes() == b'{"batch_id":3,"form'
+
+    def owner_rewrote_it() -> None:  # the owner set it aside and recorded it whole meanwhile
+        torn.write_bytes(b'{"batch_id":3,"format_version":1,"kind":"allocation"}')
+
+    with pytest.raises(RecordError, match="changed while this driver was setting it aside"):
+        log.set_aside_torn_tail(lambda _b: True, owner_rewrote_it)
+    assert json.loads(torn.read_bytes())["batch_id"] == 3  # the whole record stays
+    torn.write_bytes(b'{"batch_id":3,"form')
+    assert log.set_aside_torn_tail(lambda _b: True) == 3
+    assert not torn.exists() and len(list((tmp_path / "allocations" / "torn").iterdir())) == 1
+
+
 # Streaming, per-batch exactly once (jobs/stream_orders.py: Delta + Parquet outputs, a
 # dead-letter table): a fault stops the pipeline with the storage error; a restart on healthy
 # storage finishes with exactly the uninterrupted output.

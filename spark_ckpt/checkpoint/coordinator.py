@@ -389,8 +389,17 @@ class CheckpointCoordinator:
             return
         fault_point("checkpoint.completed")
         # Again after the write: a driver that stalled between the check above and the write
-        # (a long GC, a frozen VM) must not go on to commit its sinks' transactions.
-        self._fence()
+        # (a long GC, a frozen VM) must not go on to commit its sinks' transactions, nor leave
+        # a checkpoint whose staged output the newer driver has already cleaned up.
+        try:
+            self._fence()
+        except BaseException:
+            try:
+                self.storage.abandon(cid)
+            except OSError as exc:
+                log.warning("Pipeline %s: fenced after writing checkpoint %d and could not "
+                            "abandon it: %s", self.pipeline, cid, exc)
+            raise
         previous = self.store.latest
         checkpoint = CompletedCheckpoint(cid, pending.barrier_batch, body)
         del self.pending[cid]

@@ -402,6 +402,7 @@ class StreamingContext:
         chosen, retained = self._choose_checkpoint(storage, restore_id)
         self.restored = chosen
         if chosen is not None and restore_id is not None:
+            self.check_fenced()  # only the owner abandons checkpoints
             for cid in storage.completed_ids():
                 if cid > chosen.checkpoint_id:
                     log.warning("Pipeline %s: restoring checkpoint %d abandons newer checkpoint "
@@ -524,9 +525,10 @@ class StreamingContext:
 
     def _first_checkpoint_id(self, storage: CheckpointStorage) -> int:
         """Past every id used here, and past those an older driver may still hold pending
-        (at most ``maxConcurrent`` not yet on storage): a stale driver that wakes and writes
-        its checkpoint's metadata can then never take an id this run will use."""
-        held = self.settings.checkpoint_max_concurrent if (self._run or 0) > 1 else 0
+        (at most its ``maxConcurrent``, not yet on storage; 16 covers an older driver that ran
+        with a different setting): a stale driver that wakes and writes its checkpoint's
+        metadata then never takes an id this run uses. Ids are labels: gaps cost nothing."""
+        held = max(self.settings.checkpoint_max_concurrent, 16) if (self._run or 0) > 1 else 0
         return storage.highest_id() + 1 + held
 
     def _set_aside_torn_records(self) -> None:
@@ -535,8 +537,9 @@ class StreamingContext:
         driver state, no commit) and a torn commit record (its batch reruns; the sinks
         recognize what they already show) are set aside; anything else stops the start."""
         ran = set(self.commits.batch_ids()) | set(self.driver_state.batch_ids())
-        self._allocations.set_aside_torn_tail(lambda b: b not in ran)
-        self.commits.set_aside_torn_tail(lambda _b: True)
+        # only the owner moves records; the check runs again right before each move
+        self._allocations.set_aside_torn_tail(lambda b: b not in ran, self.check_fenced)
+        self.commits.set_aside_torn_tail(lambda _b: True, self.check_fenced)
 
     def _discard_unretained(self, storage: CheckpointStorage,
                             retained: list[CompletedCheckpoint]) -> None:

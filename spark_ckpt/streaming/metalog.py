@@ -68,12 +68,14 @@ class MetadataLog:
             )
         return record
 
-    def set_aside_torn_tail(self, may_drop: Callable[[int], bool]) -> int | None:
+    def set_aside_torn_tail(self, may_drop: Callable[[int], bool],
+                            fence: Callable[[], None] = lambda: None) -> int | None:
         """Move the newest record aside (to ``torn/``) if it is torn, that is its bytes do not
         parse (a crash mid-write on a store that publishes bytes as they come; local renames
         and object-store PUTs never tear), and ``may_drop(batch_id)`` says nothing came of it;
         return its batch id. Raise :class:`RecordError` for a torn record something came of.
-        Only the driver that owns the checkpoint directory calls this."""
+        ``fence`` raises if this driver no longer owns the checkpoint directory; it is called
+        right before the move, which happens only if the bytes are still the torn ones."""
         ids = self.batch_ids()
         if not ids:
             return None
@@ -92,6 +94,10 @@ class MetadataLog:
                 "dropped; restore the file from a copy (nothing was run from it)"
             )
         aside = join(self.directory, "torn", f"{newest:012d}.{uuid.uuid4().hex[:8]}.json")
+        fence()  # a driver that lost the claim race must not move the owner's record ...
+        if self.storage.read_bytes(path) != raw:  # ... nor one written whole since the read
+            raise RecordError(f"{where}: changed while this driver was setting it aside as "
+                              "torn; another driver is writing this checkpoint directory")
         self.storage.move(path, aside)
         log.warning("%s: the newest %s record (batch %d) was torn by a crash mid-write "
                     "(%d bytes that do not parse); nothing came of it, so it was moved to %s "

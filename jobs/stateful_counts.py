@@ -10,7 +10,8 @@ the id before it. Both go to Delta tables through two-phase commits (visible whe
 completes): ``OUT/events`` (append) and ``OUT/totals`` (count and sum per key, merged by key).
 Kill the driver at any moment and run the same command again: every id shows exactly once,
 ``seq`` counts 1, 2, 3... per key with no gap, and ``prev_id`` chains the ids in order. That is
-Flink's exactly-once check, which tests/test_checkpoint_recovery.py runs with 20+ SIGKILLs.
+Flink's exactly-once check, which tests/test_checkpoint_recovery.py runs through nine SIGKILLs
+(and 20+ with SPARK_CKPT_LONG_FAULTS=1).
 """
 
 from __future__ import annotations

@@ -138,6 +138,38 @@ def test_only_the_owner_sets_a_torn_record_aside_and_only_while_it_is_torn(tmp_p
     assert not torn.exists() and len(list((tmp_path / "allocations" / "torn").iterdir())) == 1
 
 
+@pytest.mark.parametrize("action", ["fail", "enospc"])
+def test_a_receiver_block_that_cannot_be_written_is_not_acknowledged_nor_half_kept(
+        spark, tmp_path, monkeypatch, action):
+    """A push whose block write fails raises to the pusher (nothing acknowledged); the pushes
+    before and after it are read exactly once, also by a restarted source."""
+    import pyarrow.parquet as pq
+    from test_receivers import bound
+
+    from spark_ckpt.streaming.receiver import QueueSource
+
+    monkeypatch.setenv(faultfs.ENV, rules(
+        {"op": "write", "path": "*/receivedData/q/*", "nth": "2", "action": action}))
+    source = bound(QueueSource("q", "id BIGINT"), tmp_path)
+    source.push([(i,) for i in range(0, 5)])
+    with pytest.raises(OSError) as failed:
+        source.push([(i,) for i in range(5, 10)])
+    assert failed.value.errno == (errno.EIO if action == "fail" else errno.ENOSPC)
+    source.push([(i,) for i in range(10, 15)])
+    monkeypatch.delenv(faultfs.ENV)
+    blocks_dir = tmp_path / "ckpt" / "receivedData" / "q"
+    assert not [p for p in blocks_dir.rglob("*") if ".tmp-" in p.name]  # no half block kept
+
+    def ids(piece: dict) -> list[int]:
+        return sorted(i for b in piece["blocks"]
+                      for i in pq.read_table(b[1]).column("id").to_pylist())
+
+    assert ids(source.plan()) == list(range(0, 5)) + list(range(10, 15))
+    restarted = bound(QueueSource("q", "id BIGINT"), tmp_path)
+    restarted.restore([])
+    assert ids(restarted.plan()) == list(range(0, 5)) + list(range(10, 15))
+
+
 # Streaming, per-batch exactly once (jobs/stream_orders.py: Delta + Parquet outputs, a
 # dead-letter table): a fault stops the pipeline with the storage error; a restart on healthy
 # storage finishes with exactly the uninterrupted output.

@@ -18,12 +18,12 @@ from typing import Any
 
 from spark_ckpt.errors import FormatVersionError, RecordError
 
-__all__ = ["ANY", "PATH", "RECORDS", "STR", "Check", "ListOf", "MapOf", "Opt", "Row", "Tree",
-           "dump_record", "integer", "load_record", "validate"]
+__all__ = ["ANY", "PATH", "RECORDS", "STR", "At", "Check", "Each", "ListOf", "MapOf", "Opt",
+           "Row", "dump_record", "integer", "load_record", "validate"]
 
 
 # -- the spec language -------------------------------------------------------------------------
-# A spec is a Check (a leaf), Opt/ListOf/MapOf/Row/Tree, or a dict {field: spec} for a JSON
+# A spec is a Check (a leaf), Opt/ListOf/MapOf/Row/At/Each, or a dict {field: spec} for a JSON
 # object whose fields ending in "?" may be absent.
 class Check:
     def __init__(self, expected: str, ok: Callable[[Any], bool]) -> None:
@@ -57,11 +57,21 @@ class Row:
         self.specs = specs
 
 
-class Tree:
-    """Any JSON value; wherever a nested object has one of ``keys``, its value must match."""
+class At:
+    """Any JSON value; where it is an object holding one of the string ``positions`` or an array
+    holding one of the integer ones, the value there must match. For records whose layout is
+    a writer's own (a source's piece, a sink's transaction): only the positions the built-in
+    writers fill with file paths are checked, never user data beside them."""
 
-    def __init__(self, keys: dict[str, Any]) -> None:
-        self.keys = keys
+    def __init__(self, positions: dict[str | int, Any]) -> None:
+        self.positions = positions
+
+
+class Each:
+    """Any JSON value; where it is an array, every item must match ``spec``."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
 
 
 def _is_int(value: Any) -> bool:
@@ -116,14 +126,15 @@ def validate(value: Any, spec: Any, field: str = "") -> None:
             fail("a JSON object", value)
         for key, item in value.items():
             validate(item, spec.spec, at(key))
-    elif isinstance(spec, Tree):
-        items = value.items() if isinstance(value, dict) else enumerate(
-            value if isinstance(value, list) else [])
-        for key, item in items:
-            if isinstance(value, dict) and key in spec.keys:
-                validate(item, spec.keys[key], at(key))
-            else:
-                validate(item, spec, at(key))
+    elif isinstance(spec, At):
+        for key, sub in spec.positions.items():
+            if isinstance(key, str) and isinstance(value, dict) and key in value:
+                validate(value[key], sub, at(key))
+            elif isinstance(key, int) and isinstance(value, list) and key < len(value):
+                validate(value[key], sub, at(key))
+    elif isinstance(spec, Each):
+        for i, item in enumerate(value if isinstance(value, list) else []):
+            validate(item, spec.spec, at(i))
     elif isinstance(spec, dict):
         if not isinstance(value, dict):
             fail("a JSON object", value)
@@ -140,7 +151,15 @@ def validate(value: Any, spec: Any, field: str = "") -> None:
 # -- the records a restart acts on -------------------------------------------------------------
 # Source pieces inside allocations are checked by their sources (Source.PIECE), which know
 # their own layout and directories.
-_PATHS = Tree({"path": PATH, "dir": PATH})
+# The file paths spark_ckpt itself writes into them, and nothing else (partition-value maps,
+# a user's own source pieces and sink transactions hold any data): a file source's files
+# [path, size, mtime], a Delta source's [path, size, rows, partition values], a receiver's
+# blocks [seq, path, size] (streaming/sources.py, receiver.py); a file two-phase sink's
+# pieces {dir, files: [{path, ...}]} (Delta) or moves [[from, to]] and dirs (Parquet)
+# (streaming/twophase.py).
+_SOURCE_PIECE = At({"files": Each(At({0: PATH})), "blocks": Each(At({1: PATH}))})
+_SINK_TXN = At({"pieces": Each(At({"dir": PATH, "files": Each(At({"path": PATH}))})),
+                "moves": Each(At({0: PATH, 1: PATH})), "dirs": Each(PATH)})
 RECORDS: dict[tuple[str, int], Any] = {
     ("allocation", 1): {"batch_id": BATCH_ID, "batch_time_ms": MILLIS,
                         "pieces": MapOf(OBJECT), "allocated_ms?": MILLIS},
@@ -152,12 +171,12 @@ RECORDS: dict[tuple[str, int], Any] = {
         "checkpoint_id": integer(0), "pipeline?": STR, "pipeline_id?": STR,
         "barrier_batch": integer(-1, 10**12 - 1), "trigger_ms?": MILLIS,
         "completed_ms?": MILLIS,
-        "sources?": MapOf({"batch": BOUNDARY, "piece": _PATHS}),
+        "sources?": MapOf({"batch": BOUNDARY, "piece": _SOURCE_PIECE}),
         "operators?": MapOf({"handles": MapOf({  # StateHandle, StateFile (state/chain.py)
             "files?": ListOf({"path": PATH, "kind": STR, "batch": BATCH_ID,
                               "rows": integer(0), "bytes": integer(0), "range": STR}),
             "rows?": integer(0), "range": STR, "token?": Opt(STR)})}),
-        "sinks?": MapOf({"pending": ListOf(Row(integer(0), _PATHS))}),
+        "sinks?": MapOf({"pending": ListOf(Row(integer(0), _SINK_TXN))}),
     },
 }
 

@@ -685,3 +685,166 @@ def test_record_specs_name_the_field_expected_and_found():
         with pytest.raises(RecordError, match="^/c/3.json: allocation record ") as info:
             load_record(json.dumps(base | change), "allocation", (1,), where="/c/3.json")
         assert message in str(info.value)
+
+
+# -- 6. files Spark reads fine are not drift -------------------------------------------------
+def batch_rows(spark, tmp_path, path, name, **kwargs) -> list[tuple]:
+    """What a BatchJob reading the Parquet source ``path`` (read_files ``kwargs``) wrote."""
+    job = BatchJob(name, spark=spark, work_dir=str(tmp_path / "work"), settings=QUIET)
+    src = job.read_files("in", str(path), format="parquet", parallelism=2, **kwargs)
+    job.write_parquet(job.vertex("out", lambda df: df, src), str(tmp_path / f"batch-{name}"))
+    job.run()
+    return rows(spark.read.parquet(str(tmp_path / f"batch-{name}")))
+
+
+def stream_rows(spark, tmp_path, landing, name, *, schema=None, options=None) -> list[tuple]:
+    """The rows a file stream over ``landing`` hands its output, all batches."""
+    got: list = []
+    ctx = StreamingContext(spark, 0.1, str(tmp_path / f"ckpt-{name}"), name, settings=QUIET)
+    ctx.file_stream("f", str(landing), "parquet", schema=schema, options=options).foreach_batch(
+        lambda df, b: got.extend(tuple(r) for r in df.collect()), name="o")
+    ctx.process_available(timeout=120)
+    return sorted(got, key=repr)
+
+
+def test_non_null_nested_fields_spark_writes_are_not_drift(spark, tmp_path):
+    """collect_list, split, structs of non-null values: Spark writes their elements and fields
+    as required; it reads them nullable, and so must the drift check (nullability at any
+    depth is never drift)."""
+    landing = tmp_path / "nested"
+    spark.range(4).selectExpr("id", "array(id) as l", "split(cast(id as string), ',') as w",
+                              "named_struct('a', id, 'b', array(id)) as s",
+                              "map(id, id) as m").write.parquet(str(landing))
+    want = rows(spark.read.parquet(str(landing)))
+    assert len(want) == 4
+    assert batch_rows(spark, tmp_path, landing, "nested") == want
+    schema = ("id BIGINT, l ARRAY<BIGINT>, w ARRAY<STRING>, s STRUCT<a: BIGINT, "
+              "b: ARRAY<BIGINT>>, m MAP<BIGINT, BIGINT>")
+    assert stream_rows(spark, tmp_path, landing, "nested", schema=schema) == rows(
+        spark.read.schema(schema).parquet(str(landing)))
+
+
+def test_int96_timestamps_read_as_spark_reads_them(spark, tmp_path):
+    """INT96 (Spark's long-time default, Hive, Impala) is TIMESTAMP to Spark, at any depth;
+    pyarrow's footer says a timestamp without a zone (TIMESTAMP_NTZ)."""
+    landing = tmp_path / "int96"
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "INT96")
+    try:
+        spark.range(3).selectExpr("id", "timestamp_seconds(id) as ts",
+                                  "array(timestamp_seconds(id)) as tl",
+                                  "named_struct('t', timestamp_seconds(id)) as st"
+                                  ).write.parquet(str(landing))
+    finally:
+        spark.conf.unset("spark.sql.parquet.outputTimestampType")
+    meta = pq.read_metadata(next(landing.glob("*.parquet")))
+    assert meta.schema.column(1).physical_type == "INT96"
+    want = rows(spark.read.parquet(str(landing)))
+    assert dict(spark.read.parquet(str(landing)).dtypes)["ts"] == "timestamp" and len(want) == 3
+    assert batch_rows(spark, tmp_path, landing, "int96") == want
+    assert stream_rows(spark, tmp_path, landing, "int96") == want
+
+
+def test_a_column_of_a_type_the_check_cannot_map_is_left_to_spark(spark, tmp_path):
+    """Unsigned integers (pyarrow, parquet-cpp writers) do not map to a Spark type here; Spark
+    reads uint32 as bigint: the check leaves such a column to Spark instead of refusing."""
+    landing = tmp_path / "unsigned"
+    landing.mkdir()
+    put(landing / "a.parquet", pa.table({"id": pa.array([1, 2], pa.int64()),
+                                         "u": pa.array([7, 2**32 - 1], pa.uint32())}), 1_000)
+    want = rows(spark.read.parquet(str(landing)))
+    assert want == [(1, 7), (2, 2**32 - 1)]
+    assert batch_rows(spark, tmp_path, landing, "unsigned") == want
+    assert stream_rows(spark, tmp_path, landing, "unsigned") == want
+
+
+def test_column_names_match_in_either_case_as_spark_matches_them(spark, tmp_path):
+    """spark.sql.caseSensitive=false (the default): a file's ID is the schema's id."""
+    landing = tmp_path / "case"
+    landing.mkdir()
+    put(landing / "a.parquet", BASE, 1_000)
+    put(landing / "b.parquet", pa.table({"ID": pa.array([4, 5], pa.int64()),
+                                         "V": pa.array(["d", "e"])}), 2_000)
+    want = rows(spark.read.parquet(str(landing)))
+    assert sorted(want) == [(1, "a"), (2, "b"), (4, "d"), (5, "e")]
+    assert batch_rows(spark, tmp_path, landing, "case") == want
+    assert stream_rows(spark, tmp_path, landing, "case") == want
+
+
+def test_merge_schema_from_the_session_conf_or_any_case_of_the_option(spark, tmp_path):
+    """spark.sql.parquet.mergeSchema=true on the session is Spark's mergeSchema; the option's
+    name matches in any case (Spark's options are case-insensitive), batch and streaming."""
+    landing = tmp_path / "merge"
+    landing.mkdir()
+    put(landing / "a.parquet", BASE, 1_000)
+    put(landing / "b.parquet", DRIFT["added"], 2_000)
+    schema = "id BIGINT, v STRING"  # the stream's schema: the first file's
+    streamed = rows(spark.read.schema(schema).parquet(str(landing)))
+    assert stream_rows(spark, tmp_path, landing, "merge-option",
+                       options={"MERGESCHEMA": "true"}) == streamed
+    spark.conf.set("spark.sql.parquet.mergeSchema", "true")
+    try:
+        want = rows(spark.read.parquet(str(landing)))
+        assert len(want[0]) == 3  # merged: id, v, x
+        assert batch_rows(spark, tmp_path, landing, "merge") == want
+        assert stream_rows(spark, tmp_path, landing, "merge-conf") == streamed
+    finally:
+        spark.conf.unset("spark.sql.parquet.mergeSchema")
+
+
+def test_partition_columns_below_a_base_path_are_not_missing_columns(spark, tmp_path):
+    """path .../region=eu with basePath above it: region is a partition column, as Spark reads
+    it, not a column missing from the files."""
+    root = tmp_path / "parts"
+    (root / "region=eu").mkdir(parents=True)
+    pq.write_table(BASE, root / "region=eu" / "a.parquet")
+    options = {"basePath": str(root)}
+    want = rows(spark.read.options(**options).parquet(str(root / "region=eu")))
+    assert want == [(1, "a", "eu"), (2, "b", "eu")]
+    assert batch_rows(spark, tmp_path, root / "region=eu", "parts", options=options) == want
+
+
+def test_only_the_file_paths_spark_ckpt_writes_are_path_checked(tmp_path):
+    """A Delta source's partition values (a column named path or dir, null or any string) and
+    a user's two-phase sink transaction are data: a checkpoint holding them loads. The file
+    positions the built-in sources and sinks write are still refused with '..'."""
+    from deltalake import write_deltalake
+
+    from spark_ckpt.streaming.sources import DeltaStreamSource
+
+    table = tmp_path / "delta"
+    write_deltalake(str(table), pa.table({"id": pa.array([1, 2], pa.int64()),
+                                          "path": pa.array([None, "a/../b"]),
+                                          "dir": pa.array(["..", ".."])}),
+                    partition_by=["path", "dir"])
+    piece = DeltaStreamSource("d", str(table)).plan()
+    assert {f[3]["path"] for f in piece["files"]} == {None, "a/../b"}
+    own = {"pieces": [{"batch": 0, "data": {"path": "s3://bucket/x/../y", "dir": None}}]}
+    parquet_txn = {"moves": [["/t/_s/b/x.parquet", "/t/x.parquet"]], "dirs": ["/t/_s/b"],
+                   "last_batch": 0}
+    delta_txn = {"pieces": [{"batch": 0, "dir": "/t/_s/b", "files": [
+        {"kind": "sink", "target": "o", "path": "/t/_s/b/x.parquet", "size": 1, "rows": 1,
+         "groups": {}, "partition_values": {"path": None, "dir": ".."}}]}]}
+
+    def metadata(source_piece, txn):
+        return json.dumps({
+            "kind": "checkpoint-metadata", "format_version": 1, "checkpoint_id": 1,
+            "barrier_batch": 0, "sources": {"d": {"batch": 0, "piece": source_piece}},
+            "sinks": {"o": {"pending": [[1, txn]]}}})
+
+    for txn in (own, parquet_txn, delta_txn):
+        load_record(metadata(piece, txn), "checkpoint-metadata", (1,))
+    bad = [
+        (metadata({"files": [["/in/../x.json", 1, 1]]}, own), "sources.d.piece.files[0][0]"),
+        (metadata({"blocks": [[0, "/r/../b.parquet", 1]]}, own), "sources.d.piece.blocks[0][1]"),
+        (metadata(piece, parquet_txn | {"moves": [["/t/a", "/t/../a"]]}),
+         "sinks.o.pending[0][1].moves[0][1]"),
+        (metadata(piece, parquet_txn | {"dirs": ["/t/../s"]}), "sinks.o.pending[0][1].dirs[0]"),
+        (metadata(piece, {"pieces": [delta_txn["pieces"][0] | {"dir": "/t/.."}]}),
+         "sinks.o.pending[0][1].pieces[0].dir"),
+        (metadata(piece, {"pieces": [delta_txn["pieces"][0] | {"files": [{"path": "../x"}]}]}),
+         "sinks.o.pending[0][1].pieces[0].files[0].path"),
+    ]
+    for record, field in bad:
+        with pytest.raises(RecordError, match="expected a path without '..' segments") as info:
+            load_record(record, "checkpoint-metadata", (1,))
+        assert f"field {field}:" in str(info.value), info.value

@@ -135,16 +135,22 @@ class FileSource:
                 "removed input files: run with fresh=True or a new run key to read them."
             )
         if self.format == "parquet" and self.schema is None and \
-                (self._option("mergeSchema") or "").lower() != "true":
+                not merge_schema(spark, self.options):
             from pyspark.sql.types import StructType
 
             files = [(p, size) for split in splits for p, size in split]
-            root = normalize_path(Storage(self.path).spark_path(Storage(self.path).root))
-            partitions = {seg.split("=", 1)[0] for p, _ in files  # partition directories
-                          for seg in normalize_path(p)[len(root):].split("/")[:-1] if "=" in seg}
-            data = StructType([f for f in df.schema.fields if f.name not in partitions])
+            sensitive = case_sensitive(spark)
+            base = self._option("basePath")  # partition directories start below it
+            store = Storage(base if base is not None else self.path)
+            root = normalize_path(store.spark_path(store.root)).rstrip("/") + "/"
+            partitions = {_fold(seg.split("=", 1)[0], sensitive) for p, _ in files
+                          for seg in normalize_path(p).removeprefix(root).split("/")[:-1]
+                          if "=" in seg and normalize_path(p).startswith(root)}
+            data = StructType([f for f in df.schema.fields
+                               if _fold(f.name, sensitive) not in partitions])
             check_parquet_schemas(f"source vertex {vertex_id}", Storage(self.path), files,
-                                  data, "inferred by Spark from one file")
+                                  data, "inferred by Spark from one file",
+                                  case_sensitive=sensitive)
         return df.schema
 
     def read(self, spark: SparkSession, schema: StructType, files: list[str]) -> DataFrame:
@@ -202,12 +208,36 @@ class DataFrameSource:
         return {"kind": "dataframe", "label": self.label, "split_by": list(self.split_by)}
 
 
+def _conf_or_option(spark: SparkSession | None, options: dict[str, str], option: str,
+                    conf: str) -> bool:
+    """Spark's rule for a reader flag: the option (any case of its name), else the session's
+    conf (false without a session)."""
+    for key, value in options.items():
+        if key.lower() == option.lower():
+            return str(value).lower() == "true"
+    return spark is not None and str(spark.conf.get(conf, "false")).lower() == "true"
+
+
 def ignore_missing_files(spark: SparkSession, options: dict[str, str]) -> bool:
     """Spark's rule: the ``ignoreMissingFiles`` option, else spark.sql.files.ignoreMissingFiles."""
-    for key, value in options.items():
-        if key.lower() == "ignoremissingfiles":
-            return str(value).lower() == "true"
-    return str(spark.conf.get("spark.sql.files.ignoreMissingFiles", "false")).lower() == "true"
+    return _conf_or_option(spark, options, "ignoreMissingFiles",
+                           "spark.sql.files.ignoreMissingFiles")
+
+
+def merge_schema(spark: SparkSession | None, options: dict[str, str]) -> bool:
+    """Spark's rule: the ``mergeSchema`` option, else spark.sql.parquet.mergeSchema."""
+    return _conf_or_option(spark, options, "mergeSchema", "spark.sql.parquet.mergeSchema")
+
+
+def case_sensitive(spark: SparkSession | None) -> bool:
+    """spark.sql.caseSensitive (false by default: a file's column matches in either case)."""
+    if spark is None:
+        return False
+    return str(spark.conf.get("spark.sql.caseSensitive", "false")).lower() == "true"
+
+
+def _fold(name: str, sensitive: bool) -> str:
+    return name if sensitive else name.lower()
 
 
 # Conversions Spark's Parquet reader makes without loss (type widening); any other difference
@@ -217,52 +247,131 @@ _WIDER = {("byte", "short"), ("byte", "integer"), ("byte", "long"), ("short", "i
           ("short", "double"), ("integer", "double"), ("date", "timestamp_ntz")}
 
 
-def parquet_drift(found: StructType, expected: StructType, *, lenient: bool) -> str | None:
-    """How a Parquet file's schema differs from ``expected`` in a way that matters, or None.
-    ``lenient`` (a declared schema, or mergeSchema): columns added to the file are ignored and
-    nullable columns missing from it read as null, as Spark reads them; otherwise either is
-    drift. A changed type is drift unless Spark widens it losslessly."""
-    from pyspark.sql.types import DecimalType
+def _type_drift(a: Any, b: Any, *, lenient: bool, sensitive: bool) -> bool:
+    """Whether Spark cannot read a file's type ``a`` as ``b``. Nullability is not compared at
+    any depth (Spark reads every file column as nullable); struct fields match by name as
+    top-level columns do, with the same ``lenient`` rule for added and missing fields."""
+    from pyspark.sql.types import ArrayType, DecimalType, MapType, StructType
 
-    have = {f.name: f for f in found.fields}
+    if isinstance(a, StructType) and isinstance(b, StructType):
+        return _struct_drift(a, b, lenient=lenient, sensitive=sensitive) is not None
+    if isinstance(a, ArrayType) and isinstance(b, ArrayType):
+        return _type_drift(a.elementType, b.elementType, lenient=lenient, sensitive=sensitive)
+    if isinstance(a, MapType) and isinstance(b, MapType):
+        return _type_drift(a.keyType, b.keyType, lenient=lenient, sensitive=sensitive) or \
+            _type_drift(a.valueType, b.valueType, lenient=lenient, sensitive=sensitive)
+    if a == b or (a.typeName(), b.typeName()) in _WIDER:
+        return False
+    return not (isinstance(a, DecimalType) and isinstance(b, DecimalType) and b.scale >= a.scale
+                and b.precision - b.scale >= a.precision - a.scale)
+
+
+def _struct_drift(found: StructType, expected: StructType, *, lenient: bool, sensitive: bool,
+                  unknown: frozenset[str] = frozenset()) -> str | None:
+    have: dict[str, Any] = {}
+    for f in found.fields:
+        have.setdefault(_fold(f.name, sensitive), f)
+    skip = {_fold(n, sensitive) for n in unknown}
     for field in expected.fields:
-        got = have.get(field.name)
+        key = _fold(field.name, sensitive)
+        if key in skip:  # a type this check cannot convert: Spark decides
+            continue
+        got = have.get(key)
         if got is None:
             if not lenient or not field.nullable:
                 return f"column {field.name} is missing (renamed or removed?)"
             continue
-        a, b = got.dataType, field.dataType
-        if a == b or (a.typeName(), b.typeName()) in _WIDER:
-            continue
-        if isinstance(a, DecimalType) and isinstance(b, DecimalType) and b.scale >= a.scale \
-                and b.precision - b.scale >= a.precision - a.scale:
-            continue
-        return f"column {field.name} is {a.simpleString()}, expected {b.simpleString()}"
+        if _type_drift(got.dataType, field.dataType, lenient=lenient, sensitive=sensitive):
+            return (f"column {field.name} is {got.dataType.simpleString()}, expected "
+                    f"{field.dataType.simpleString()}")
     if not lenient:
-        added = [n for n in have if n not in expected.names]
+        names = {_fold(n, sensitive) for n in expected.names}
+        added = [n for n in [*found.names, *sorted(unknown)] if _fold(n, sensitive) not in names]
         if added:
             return f"column(s) {added} added"
     return None
 
 
+def parquet_drift(found: StructType, expected: StructType, *, lenient: bool,
+                  case_sensitive: bool = False, unknown: frozenset[str] = frozenset()
+                  ) -> str | None:
+    """How a Parquet file's schema differs from ``expected`` in a way that matters, or None.
+    ``lenient`` (a declared schema, or mergeSchema): columns added to the file are ignored and
+    nullable columns missing from it read as null, as Spark reads them; otherwise either is
+    drift. A changed type is drift unless Spark widens it losslessly; nullability is never
+    drift. Names match in either case unless ``case_sensitive`` (spark.sql.caseSensitive).
+    ``unknown``: the file's columns whose types this check cannot convert (left to Spark)."""
+    return _struct_drift(found, expected, lenient=lenient, sensitive=case_sensitive,
+                         unknown=unknown)
+
+
+def _int96_as_timestamp(typ: Any, physical: Any) -> Any:
+    """``typ`` (an Arrow type of a footer column) with the leaves stored as INT96 (pyarrow reads
+    them as timestamps without a zone) made UTC timestamps, Spark's TIMESTAMP for INT96.
+    ``physical`` iterates the Parquet leaf columns' physical types in order."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(typ):
+        fields = [typ.field(i) for i in range(typ.num_fields)]
+        new = [f.with_type(_int96_as_timestamp(f.type, physical)) for f in fields]
+        return pa.struct(new) if new != fields else typ
+    if pa.types.is_map(typ):
+        key = typ.key_field.with_type(_int96_as_timestamp(typ.key_type, physical))
+        item = typ.item_field.with_type(_int96_as_timestamp(typ.item_type, physical))
+        return pa.map_(key, item) if (key, item) != (typ.key_field, typ.item_field) else typ
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or \
+            pa.types.is_fixed_size_list(typ):
+        value = typ.value_field.with_type(_int96_as_timestamp(typ.value_type, physical))
+        if value == typ.value_field:
+            return typ
+        if pa.types.is_fixed_size_list(typ):
+            return pa.list_(value, typ.list_size)
+        return pa.large_list(value) if pa.types.is_large_list(typ) else pa.list_(value)
+    if next(physical, None) == "INT96" and pa.types.is_timestamp(typ) and typ.tz is None:
+        return pa.timestamp(typ.unit, tz="UTC")
+    return typ
+
+
+def footer_schema(meta: Any) -> tuple[StructType, frozenset[str]]:
+    """The Spark schema of a Parquet file's footer (``pyarrow.parquet.FileMetaData``) as Spark
+    reads the file: INT96 timestamps as TIMESTAMP; and the names of the columns whose types
+    do not convert here (unsigned integers, ...), which only Spark can judge."""
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+    from spark_ckpt.arrowtypes import to_spark
+
+    schema = meta.schema
+    physical = iter([schema.column(i).physical_type for i in range(len(schema))])
+    fields, unknown = [], set()
+    for field in schema.to_arrow_schema():
+        field = field.with_type(_int96_as_timestamp(field.type, physical))
+        try:
+            fields.extend(to_spark(pa.schema([field])).fields)
+        except Exception:  # noqa: BLE001 - any type pyspark cannot map
+            unknown.add(field.name)
+    return StructType(fields), frozenset(unknown)
+
+
 def check_parquet_schemas(what: str, store: Storage, files: list[tuple[str, int]],
-                          expected: StructType, origin: str, *, lenient: bool = False) -> None:
+                          expected: StructType, origin: str, *, lenient: bool = False,
+                          case_sensitive: bool = False) -> None:
     """Read each file's footer; a file whose schema drifted from ``expected`` is refused with a
     SourceError naming it, the expected schema and the found one. Empty (0-byte) files are
     skipped, as Spark skips them."""
     import pyarrow.parquet as pq
 
-    from spark_ckpt.arrowtypes import to_spark
-
     for path, size in files:
         if size == 0:
             continue
         try:
-            found = to_spark(pq.read_schema(store.fs_path(path), filesystem=store.fs))
+            found, unknown = footer_schema(pq.read_metadata(store.fs_path(path),
+                                                            filesystem=store.fs))
         except Exception as exc:
             raise SourceError(f"{what}: expected a Parquet file, cannot read {path}: {exc}") \
                 from exc
-        drift = parquet_drift(found, expected, lenient=lenient)
+        drift = parquet_drift(found, expected, lenient=lenient, case_sensitive=case_sensitive,
+                              unknown=unknown)
         if drift:
             raise SourceError(
                 f"{what}: {path} does not match the schema ({drift}): expected "

@@ -190,7 +190,7 @@ class FileStreamSource(Source):
     def _infer(self) -> StructType:
         import pyarrow.parquet as pq
 
-        from spark_ckpt.arrowtypes import to_spark
+        from spark_ckpt.batch.sources import footer_schema
 
         files = [f for f in self._listing() if f[1] > 0]  # empty files have no schema
         if not files:
@@ -200,12 +200,16 @@ class FileStreamSource(Source):
             )
         path = files[0][0]
         try:
-            arrow = pq.read_schema(self.store.fs_path(path), filesystem=self.store.fs)
+            schema, unknown = footer_schema(pq.read_metadata(self.store.fs_path(path),
+                                                             filesystem=self.store.fs))
         except Exception as exc:
             raise SourceError(
                 f"file source {self.name}: expected a Parquet file, cannot read {path}: {exc}"
             ) from exc
-        return to_spark(arrow)
+        spark = getattr(self.pipeline, "spark", None)
+        if unknown and spark is not None:  # types only Spark maps (unsigned integers, ...)
+            return spark.read.options(**self.options).parquet(path).schema
+        return schema
 
     # -- positions -----------------------------------------------------------------------
     def _listing(self) -> list[tuple[str, int, int]]:
@@ -347,25 +351,27 @@ class FileStreamSource(Source):
         column is drift. Empty (0-byte) files hold no rows, as Spark reads them."""
         import pyarrow.parquet as pq
 
-        from spark_ckpt.arrowtypes import to_spark
-        from spark_ckpt.batch.sources import parquet_drift
+        from spark_ckpt.batch.sources import case_sensitive, footer_schema, merge_schema, \
+            parquet_drift
 
         expected = self.schema()
-        lenient = self._declared is not None or \
-            str(self.options.get("mergeSchema", "")).lower() == "true"
+        spark = getattr(self.pipeline, "spark", None)
+        lenient = self._declared is not None or merge_schema(spark, self.options)
+        sensitive = case_sensitive(spark)
         rows = 0
         for path, size, _mtime in files:
             if size == 0:
                 continue
             try:
                 meta = pq.read_metadata(self.store.fs_path(path), filesystem=self.store.fs)
-                found = to_spark(meta.schema.to_arrow_schema())
+                found, unknown = footer_schema(meta)
             except Exception as exc:
                 raise SourceError(
                     f"file source {self.name}: expected a Parquet file, found unreadable {path} "
                     f"({exc}); move it out of {self.path} (nothing was allocated from it)"
                 ) from exc
-            drift = parquet_drift(found, expected, lenient=lenient)
+            drift = parquet_drift(found, expected, lenient=lenient, case_sensitive=sensitive,
+                                  unknown=unknown)
             if drift:
                 origin = "declared" if self._declared is not None else \
                     "recorded from the source's first file"

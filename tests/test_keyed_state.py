@@ -509,3 +509,26 @@ def test_a_pipeline_checkpointed_before_its_first_batch_restarts(spark, tmp_path
     assert ctx.restored is not None and ctx.restored.barrier_batch == -1
     got = read_delta(str(tmp_path / "totals")).to_pandas()
     assert got[["key", "n", "total"]].values.tolist() == [[1, 2, 4.0]]
+
+
+def test_start_up_clean_up_deletes_only_what_was_written_before_this_driver_claimed(
+        spark, tmp_path):
+    """A restart deletes state files no retained checkpoint references (a crashed run's
+    leftovers), but never one written after it claimed the directory: that is a newer
+    driver's (racing two real drivers, the loser's start-up deleted the owner's fresh state
+    file between its fence check and the deletion)."""
+    import os
+    import time
+
+    ctx, _ = agg_pipeline(spark, tmp_path, total=800)
+    ctx.process_available(timeout=300)
+    state = tmp_path / "ckpt" / "state"
+    orphan, newer = state / "orphan.parquet", state / "newer.parquet"
+    orphan.write_bytes(b"left by a crashed run")
+    newer.write_bytes(b"a newer driver's fresh state")
+    later = time.time() + 3600  # as if written after the next driver's claim
+    os.utime(newer, (later, later))
+    ctx2, agg2 = agg_pipeline(spark, tmp_path, total=1200)
+    ctx2.process_available(timeout=300)
+    assert not orphan.exists() and newer.exists()
+    same(agg2.state_view().toPandas(), expected_aggs(generated(spark, 0, 1200, 97)))

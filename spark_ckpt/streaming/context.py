@@ -420,6 +420,7 @@ class StreamingContext:
                 if output.two_phase is None:
                     continue
                 output.two_phase.lineage = self.lineage
+                output.two_phase.claimed_at = self._claimed_at()
                 txns = SinkTransactions(output.two_phase, self.name)
                 self.transactions[output.output_name] = txns
                 txns.recover(sinks.get(output.output_name, {}).get("pending", []))
@@ -505,14 +506,29 @@ class StreamingContext:
                 break
         return (usable[0] if usable else None), usable
 
+    def _claimed_at(self) -> Any:
+        """When this driver claimed the checkpoint directory, by the storage's own clock (the
+        modification time of its run marker): a file modified since then is not a crashed
+        run's leftover but a newer driver's work (found racing two real drivers: the loser's
+        start-up deleted the owner's fresh state file between its fence check and the
+        deletion)."""
+        if self._run is None:
+            return None
+        return self.storage.fs.get_file_info(
+            join(self.root, "runs", f"{self._run:08d}.json")).mtime
+
     def _cleanup_state(self, retained: list[CompletedCheckpoint]) -> None:
-        """Delete state files no retained checkpoint references (left by a crashed run)."""
+        """Delete state files no retained checkpoint references (left by a crashed run)
+        and older than this driver's claim (a newer driver's files are left alone)."""
         keep = {p for c in retained for p in c.state_files()}
         keep_names = {p.rsplit("/", 1)[-1] for p in keep}
+        claimed_at = self._claimed_at()
         doomed = []
         for info in self.storage.list_files(join(self.root, "state"), recursive=True):
-            if info.base_name not in keep_names:
+            if info.base_name not in keep_names and (
+                    claimed_at is None or info.mtime is None or info.mtime < claimed_at):
                 doomed.append(info.path)
+        self.check_fenced()  # right before deleting: only the owner deletes
         for path in doomed:
             try:
                 self.storage.fs.delete_file(path)

@@ -65,6 +65,10 @@ class TwoPhaseCommitSink:
     def __init__(self, name: str) -> None:
         self.name = name
         self.lineage: str = ""  # "<pipeline>-<pipeline id>", set when the pipeline starts
+        # set when the pipeline starts: the moment (storage's clock) this driver claimed the
+        # checkpoint directory; a start-up clean-up leaves what was written since (a newer
+        # driver's staged output) alone
+        self.claimed_at: Any = None
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind}
@@ -233,7 +237,9 @@ class _FileTwoPhaseSink(TwoPhaseCommitSink):
         staging = join(self.store.root, "_spark_ckpt_staging", self.lineage)
         for info in self.store.fs.get_file_info(_dirs(staging)):
             if _STAGED.match(info.base_name) and \
-                    info.base_name.rsplit("-b", 1)[0] == self.name:
+                    info.base_name.rsplit("-b", 1)[0] == self.name and \
+                    (self.claimed_at is None or info.mtime is None or
+                     info.mtime < self.claimed_at):
                 self.store.delete_dir(info.path)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -467,7 +468,11 @@ class ProcessedStream(StatefulStream):
             F.lit(True).alias(MARKER_COLUMN))
         params = self._params(run) | {
             "output_schema": to_arrow(self.output_schema).serialize().to_pybytes().hex(),
-            "output_dir": join(self.state_dir(), "output"),
+            # one directory per run of a batch: a fenced driver still running the same batch
+            # must not delete the owner's output when it cleans up its own (found racing two
+            # real drivers)
+            "output_dir": join(self.state_dir(), "output",
+                               f"b{run.batch_id:012d}-{uuid.uuid4().hex[:12]}"),
             "processing_time_ms": run.allocation.batch_time_ms,
             "watermark_ms": self.watermark_ms, "ttl_ms": self.ttl_ms,
             "event_time": self.event_time,
@@ -481,7 +486,7 @@ class ProcessedStream(StatefulStream):
                                                               for m in metas)
         run.stats.state[self.operator]["watermark_ms"] = self.watermark_ms
         files = [m["output"]["path"] for m in metas if m.get("output")]
-        out_dir = join(params["output_dir"], f"b{run.batch_id:012d}")
+        out_dir = params["output_dir"]
         run.on_cleanup(lambda: self.ctx.storage.delete_dir(self.ctx.storage.fs_path(out_dir)))
         if not files:
             return spark.createDataFrame([], self.output_schema)

@@ -84,6 +84,8 @@ def wait_for(predicate, timeout: float, interval: float = 0.2) -> bool:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
+        # a poll interval, not a wait for an outcome: the predicate decides, so a slow
+        # machine only polls more times before the same deadline
         time.sleep(min(interval, remaining))
 
 

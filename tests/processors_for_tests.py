@@ -78,6 +78,8 @@ def gate(gate_dir: str, name: str) -> None:
             while time.monotonic() < deadline:
                 if os.getppid() != where["daemon"]:  # orphaned: the executor is gone
                     os._exit(3)
+                # the gate blocks until the test kills it: the sleep is only the interval of
+                # checking for orphaning, never what the test waits on
                 time.sleep(0.05)
             raise RuntimeError(f"gate {name}: reached but not killed in {GATE_TIMEOUT_S} s")
     if not os.path.exists(reached):

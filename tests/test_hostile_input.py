@@ -101,6 +101,15 @@ DRIFT = {  # one file each: how a later file differs from BASE
 GOOD = pa.table({"id": pa.array([4, 5], pa.int64()), "v": pa.array(["d", "e"])})
 
 
+def copy_job(spark, tmp_path: Path, landing: Path, name: str,
+             options: dict | None = None) -> BatchJob:
+    """A batch job that copies the Parquet files in ``landing`` to ``tmp_path / name``."""
+    j = BatchJob(name, spark=spark, work_dir=str(tmp_path / "work"), settings=QUIET)
+    src = j.read_files("in", str(landing), format="parquet", options=options, parallelism=2)
+    j.write_parquet(j.vertex("out", lambda df: df, src), str(tmp_path / name))
+    return j
+
+
 def put(path: Path, table: pa.Table, mtime: int) -> Path:
     """Write a Parquet file aside and move it in, with a modification time (ordering)."""
     tmp = path.parent / f".{path.name}.tmp"
@@ -205,11 +214,7 @@ def test_batch_parquet_drift_is_refused_unless_the_options_say_how(spark, tmp_pa
     assert silent[0][1] is None or silent[-1][-1] is None  # Spark: nulls, no error
 
     def job(name, options=None):
-        j = BatchJob(name, spark=spark, work_dir=str(tmp_path / "work"), settings=QUIET)
-        src = j.read_files("in", str(landing), format="parquet", options=options,
-                           parallelism=2)
-        j.write_parquet(j.vertex("out", lambda df: df, src), str(tmp_path / name))
-        return j
+        return copy_job(spark, tmp_path, landing, name, options)
 
     with pytest.raises(SourceError) as info:
         job("strict").run()
@@ -364,11 +369,7 @@ def test_a_batch_source_file_deleted_after_listing_fails_clearly(spark, tmp_path
     monkeypatch.setattr(FileSource, "resolve", resolve_then_delete)
 
     def job(name, options=None):
-        j = BatchJob(name, spark=spark, work_dir=str(tmp_path / "work"), settings=QUIET)
-        src = j.read_files("in", str(landing), format="parquet", options=options,
-                           parallelism=2)
-        j.write_parquet(j.vertex("out", lambda df: df, src), str(tmp_path / name))
-        return j
+        return copy_job(spark, tmp_path, landing, name, options)
 
     with pytest.raises(InputChangedError) as info:
         job("strict").run()

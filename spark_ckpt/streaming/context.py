@@ -122,6 +122,7 @@ class StreamingContext:
         self._sources: list[Source] = []
         self._schemas: dict[str, str] = {}
         self._run: int | None = None
+        self._claimed: Any = None  # when this run claimed the directory (storage clock)
         self._fence = Fence(self.storage, self.root, f"pipeline {name}")
         self._lifecycle = Lifecycle(name)
         self._allocation_store: AllocationStore | None = None
@@ -333,6 +334,7 @@ class StreamingContext:
         self.storage.makedirs(self.root)
         self._metadata()
         self._run = self._claim_run()
+        self._claimed = self._claimed_at()
         self._allocations = MetadataLog(self.storage, join(self.root, "allocations"),
                                         "allocation")
         self._allocation_store = AllocationStore(self._allocations)
@@ -420,7 +422,7 @@ class StreamingContext:
                 if output.two_phase is None:
                     continue
                 output.two_phase.lineage = self.lineage
-                output.two_phase.claimed_at = self._claimed_at()
+                output.two_phase.claimed_at = self._claimed
                 txns = SinkTransactions(output.two_phase, self.name)
                 self.transactions[output.output_name] = txns
                 txns.recover(sinks.get(output.output_name, {}).get("pending", []))
@@ -449,8 +451,7 @@ class StreamingContext:
                         "checkpoint(s) %s could not be read and may only be unreachable for "
                         "now", self.name, self._skipped_checkpoints)
         else:
-            self.check_fenced()
-            self._cleanup_state(retained)
+            self._cleanup_state(retained)  # checks the fence right before deleting
             self._discard_unretained(storage, retained)
         self.coordinator = CheckpointCoordinator(
             self.name, self.pipeline_id, CheckpointConfig(
@@ -522,7 +523,7 @@ class StreamingContext:
         and older than this driver's claim (a newer driver's files are left alone)."""
         keep = {p for c in retained for p in c.state_files()}
         keep_names = {p.rsplit("/", 1)[-1] for p in keep}
-        claimed_at = self._claimed_at()
+        claimed_at = self._claimed
         doomed = []
         for info in self.storage.list_files(join(self.root, "state"), recursive=True):
             if info.base_name not in keep_names and (

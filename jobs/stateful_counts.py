@@ -29,6 +29,8 @@ EVENTS_SCHEMA = "key BIGINT, id BIGINT, seq BIGINT, prev_id BIGINT"
 class Sequencer(KeyedProcessor):
     """Numbers each key's rows in id order and links each to the id before it."""
 
+    state_schema = "seen BIGINT, last_id BIGINT"
+
     def process(self, key, rows, ctx):  # noqa: ANN001, ANN201
         seen = ctx.value("seen")
         last = ctx.value("last_id")

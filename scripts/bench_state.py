@@ -99,6 +99,8 @@ SIZES: dict[str, tuple[int, int]] = {
 class Running(KeyedProcessor):
     """spark_ckpt: running count and sum of ``value`` per key, one output row per key and batch."""
 
+    state_schema = "s DOUBLE, c BIGINT"
+
     def process(self, key, rows, ctx):  # noqa: ANN001, ANN201
         s = ctx.value("s")
         c = ctx.value("c")

@@ -29,7 +29,7 @@ from spark_ckpt.errors import (
 )
 from spark_ckpt.options import Settings
 from spark_ckpt.session import get_or_create_session
-from spark_ckpt.state import KeyedProcessor, read_state
+from spark_ckpt.state import KeyedBatch, KeyedProcessor, Result, VectorizedProcessor, read_state
 from spark_ckpt.streaming import (
     Stream,
     StreamingContext,
@@ -53,8 +53,10 @@ __all__ = [
     "JobDefinitionError",
     "JobFencedError",
     "JobResult",
+    "KeyedBatch",
     "KeyedProcessor",
     "PipelineFailedError",
+    "Result",
     "Settings",
     "SourceError",
     "SparkCkptError",
@@ -65,6 +67,7 @@ __all__ = [
     "TaskExecutionError",
     "TwoPhaseCommitSink",
     "UserFunctionError",
+    "VectorizedProcessor",
     "VertexRef",
     "VertexSummary",
     "get_or_create_session",

@@ -99,6 +99,8 @@ class GatedSequencer(KeyedProcessor):
     due in that batch: ``on_timer`` runs after the batch's changes were written to the state,
     before the task fixes its new version."""
 
+    state_schema = "seen BIGINT, last_id BIGINT"
+
     def __init__(self, gate_dir: str, key: int, gates: dict[str, tuple[str, int]]) -> None:
         self.gate_dir = gate_dir
         self.key = key

@@ -115,6 +115,8 @@ class Sessionize(KeyedProcessor):
     """Counts rows per key (value state), keeps the last three ids (list state), counts parity
     (map state); an event-time timer 50 ms after the key's first event closes the key."""
 
+    state_schema = "n BIGINT, recent ARRAY<BIGINT>, parity MAP<STRING, BIGINT>"
+
     def process(self, key, rows, ctx):
         n = ctx.value("n")
         count_ = (n.get() or 0) + len(rows)
@@ -174,10 +176,13 @@ def test_processor_value_list_map_state_and_event_time_timers(spark, tmp_path):
         sum(1 for e in expect if e[1] == "closed")
     state_rows = read_state(spark, str(tmp_path / "ckpt"), "sess").toPandas()
     assert len(state_rows) == 4
-    assert all(json.loads(s)["v"]["n"] > 0 for s in state_rows.state)
+    assert list(state_rows.columns) == ["key", "n", "recent", "parity"]
+    assert all(n > 0 for n in state_rows.n)
 
 
 class Counter(KeyedProcessor):
+    state_schema = "n BIGINT"
+
     def process(self, key, rows, ctx):
         n = ctx.value("n")
         n.update((n.get() or 0) + len(rows))
@@ -355,6 +360,8 @@ def test_a_checkpoint_that_times_out_is_aborted_and_output_stays_exactly_once(
 
 
 class TwoTimers(KeyedProcessor):
+    state_schema = {"n": "BIGINT"}
+
     def process(self, key, rows, ctx):
         ctx.value("n").update(len(rows))
         ctx.timers.register_processing_time(ctx.processing_time_ms - 1)

@@ -10,9 +10,7 @@ import pytest
 from spark_ckpt.errors import StateTooLargeError
 from spark_ckpt.state.backends import (
     MemoryAggState,
-    MemoryRecordState,
     RocksAggState,
-    RocksRecordState,
 )
 from spark_ckpt.state.keygroups import KG_COLUMN
 
@@ -127,21 +125,6 @@ def test_rocksdb_token_is_written_with_the_changes(tmp_path):
     again = RocksAggState(path, ["k"], [pa.int64()], COLUMNS, fresh=False)
     assert again.token == "v1" and len(again.snapshot()) == 10
     again.close()
-
-
-@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
-def test_record_state_keeps_timers_and_deletes(kind, tmp_path):
-    state = MemoryRecordState(max_rows=10) if kind == "memory" else \
-        RocksRecordState(str(tmp_path / "r"), fresh=True)
-    state.write({'["a"]': (1, {"v": {"x": 1}, "timers": [[100, "event"]]}),
-                 '["b"]': (2, {"v": {"x": 2}, "timers": [[300, "processing"]]})}, token="t1")
-    if kind == "rocksdb":
-        assert state.get_kg(1, '["a"]') == {"v": {"x": 1}, "timers": [[100, "event"]]}
-    assert state.due(200) == ['["a"]']
-    state.write({'["a"]': (1, None)})
-    assert sorted(k for _g, k, _r in state.items()) == ['["b"]']
-    assert state.due(1000) == ['["b"]']
-    state.close()
 
 
 def test_a_state_file_of_an_unknown_format_is_refused(tmp_path):

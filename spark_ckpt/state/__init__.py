@@ -3,22 +3,28 @@
 from spark_ckpt.state.aggregates import Agg, count, first, last, max_, mean, min_, sum_
 from spark_ckpt.state.processor import (
     KeyContext,
+    KeyedBatch,
     KeyedProcessor,
     ListState,
     MapState,
+    Result,
     TimerService,
     ValueState,
+    VectorizedProcessor,
 )
 from spark_ckpt.state.reader import read_state
 
 __all__ = [
     "Agg",
     "KeyContext",
+    "KeyedBatch",
     "KeyedProcessor",
     "ListState",
     "MapState",
+    "Result",
     "TimerService",
     "ValueState",
+    "VectorizedProcessor",
     "count",
     "first",
     "last",

@@ -14,14 +14,12 @@ see chain.py): it carries a version ``token``, and a task uses it only when the 
 one the driver expects; otherwise it rebuilds the range from the durable chain. Python tasks
 get no locality in Spark, so the cache is a speed-up, never the truth.
 
-Two shapes of state: *aggregation rows* (key columns and fixed state columns, merged
-vectorially, aggregates.py) and *records* (one JSON document per key, for stateful
-processors, processor.py).
+These hold *aggregation rows* (key columns and fixed state columns, merged vectorially,
+aggregates.py); a processor's typed state is in store.py.
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import os
 import shutil
@@ -36,8 +34,7 @@ from spark_ckpt.errors import StateTooLargeError
 from spark_ckpt.state.aggregates import merge, to_numpy
 from spark_ckpt.state.keygroups import KG_COLUMN
 
-__all__ = ["MemoryAggState", "MemoryRecordState", "RocksAggState", "RocksRecordState",
-           "open_rocks"]
+__all__ = ["MemoryAggState", "RocksAggState", "open_rocks"]
 
 TOKEN_KEY = b"\xfe__token__"
 TIMER_PREFIX = b"\xff"
@@ -309,154 +306,3 @@ class RocksAggState(_Rocks):
             arrays.append(pa.array([v[i] for v in values], type=t))
         return pa.Table.from_arrays(arrays, names=[KG_COLUMN, *self.key_names,
                                                    *[c[0] for c in self.columns]])
-
-
-# -- records: one JSON document per key (stateful processors) -----------------------------
-class MemoryRecordState:
-    """Per-key JSON records and a timer heap, in the Python worker."""
-
-    backend = "memory"
-
-    def __init__(self, *, max_rows: int) -> None:
-        self.max_rows = max_rows
-        self.token: str | None = None
-        self.records: dict[str, tuple[int, dict[str, Any]]] = {}
-        self.timers: list[tuple[int, str]] = []  # (time ms, key); stale entries are skipped
-        self._queued: set[tuple[int, str]] = set()
-
-    @property
-    def rows(self) -> int:
-        return len(self.records)
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        hit = self.records.get(key)
-        return hit[1] if hit else None
-
-    def write(self, changes: dict[str, tuple[int, dict[str, Any] | None]],
-              token: str | None = None) -> None:
-        for key, (kg, record) in changes.items():
-            if record is None:
-                self.records.pop(key, None)
-                continue
-            if key not in self.records and len(self.records) >= self.max_rows:
-                raise StateTooLargeError(
-                    f"the memory state backend holds at most spark.ckpt.state.memoryMaxRows="
-                    f"{self.max_rows} keys per task; use spark.ckpt.state.backend=rocksdb or "
-                    "raise the keyed operator's parallelism"
-                )
-            self.records[key] = (kg, record)
-            for ts in record.get("timers", []):
-                entry = (int(ts[0]), key)
-                if entry not in self._queued:
-                    self._queued.add(entry)
-                    heapq.heappush(self.timers, entry)
-        if token is not None:
-            self.token = token
-
-    def due(self, limit_ms: int) -> list[str]:
-        """Keys with a timer at or before ``limit_ms`` (each once). Entries stay queued while
-        their key still has the timer: the caller decides which are due for their clock."""
-        keys: list[str] = []
-        keep: list[tuple[int, str]] = []
-        while self.timers and self.timers[0][0] <= limit_ms:
-            entry = heapq.heappop(self.timers)
-            record = self.get(entry[1])
-            if record is None or not any(int(t[0]) == entry[0]
-                                         for t in record.get("timers", [])):
-                self._queued.discard(entry)  # deleted or fired: drop the stale entry
-                continue
-            keep.append(entry)
-            if entry[1] not in keys:
-                keys.append(entry[1])
-        for entry in keep:
-            heapq.heappush(self.timers, entry)
-        return keys
-
-    def kg_of(self, key: str) -> int:
-        return self.records[key][0]
-
-    def items(self) -> Iterator[tuple[int, str, dict[str, Any]]]:
-        for key, (kg, record) in self.records.items():
-            yield kg, key, record
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
-class RocksRecordState(_Rocks):
-    """Per-key JSON records in RocksDB; timers as ``0xff + time + key`` entries."""
-
-    def __init__(self, path: str, *, fresh: bool) -> None:
-        super().__init__(path, fresh=fresh)
-        self._kgs: dict[str, int] = {}
-
-    @property
-    def rows(self) -> int:
-        return int(self.db.property_int_value("rocksdb.estimate-num-keys") or 0)
-
-    def _find(self, key: str) -> bytes | None:
-        kg = self._kgs.get(key)
-        return _kg_key(kg, key) if kg is not None else None
-
-    def get_kg(self, kg: int, key: str) -> dict[str, Any] | None:
-        self._kgs[key] = kg
-        raw = self.db.get(_kg_key(kg, key))
-        return json.loads(raw) if raw is not None else None
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        raw_key = self._find(key)
-        raw = self.db.get(raw_key) if raw_key is not None else None
-        return json.loads(raw) if raw is not None else None
-
-    def kg_of(self, key: str) -> int:
-        return self._kgs[key]
-
-    def write(self, changes: dict[str, tuple[int, dict[str, Any] | None]],
-              token: str | None = None) -> None:
-        wb = self._batch()
-        for key, (kg, record) in changes.items():
-            raw_key = _kg_key(kg, key)
-            old = self.db.get(raw_key)
-            if old is not None:
-                for ts in json.loads(old).get("timers", []):
-                    wb.delete(TIMER_PREFIX + struct.pack(">q", int(ts[0])) + raw_key)
-            if record is None:
-                wb.delete(raw_key)
-                continue
-            wb.put(raw_key, json.dumps(record, separators=(",", ":")).encode())
-            for ts in record.get("timers", []):
-                wb.put(TIMER_PREFIX + struct.pack(">q", int(ts[0])) + raw_key, b"")
-        if token is not None:
-            wb.put(TOKEN_KEY, token.encode())
-        self.db.write(wb)
-        if token is not None:
-            self.token = token
-
-    def due(self, limit_ms: int) -> list[str]:
-        keys: list[str] = []
-        it = self.db.iter()
-        it.seek(TIMER_PREFIX)
-        while it.valid():
-            raw = it.key()
-            if not raw.startswith(TIMER_PREFIX):
-                break
-            ts = struct.unpack(">q", raw[1:9])[0]
-            if ts > limit_ms:
-                break
-            kg = struct.unpack(">H", raw[9:11])[0]
-            key = raw[11:].decode()
-            self._kgs[key] = kg
-            if key not in keys:
-                keys.append(key)
-            it.next()
-        return keys
-
-    def items(self) -> Iterator[tuple[int, str, dict[str, Any]]]:
-        it = self.db.iter()
-        it.seek_to_first()
-        while it.valid():
-            raw = it.key()
-            if raw[:1] in (b"\xfe", b"\xff"):
-                break
-            yield struct.unpack(">H", raw[:2])[0], raw[2:].decode(), json.loads(it.value())
-            it.next()

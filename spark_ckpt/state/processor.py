@@ -1,10 +1,14 @@
-"""Arbitrary keyed state for Python: the ``KeyedProcessor`` API (Flink's KeyedProcessFunction,
-PySpark's transformWithState).
+"""Arbitrary keyed state for Python, in two APIs on one typed store.
+
+**Per key** (Flink's KeyedProcessFunction, PySpark's transformWithState): ``KeyedProcessor``
+is called once per key with the key's rows of the batch::
 
     class RunningTotal(KeyedProcessor):
+        state_schema = "total DOUBLE, seen ARRAY<STRING>"
+
         def process(self, key, rows, ctx):
             total = ctx.value("total")
-            t = (total.get() or 0) + float(rows["amount"].sum())
+            t = (total.get() or 0.0) + float(rows["amount"].sum())
             total.update(t)
             ctx.timers.register_processing_time(ctx.processing_time_ms + 60_000)
             yield (key[0], t)
@@ -12,38 +16,60 @@ PySpark's transformWithState).
         def on_timer(self, key, timer_ms, ctx):
             ctx.clear()          # nothing for a minute: forget the key
 
-    totals = stream.key_by("user").process(RunningTotal(), "user STRING, total DOUBLE")
+**Vectorized** (no Python call per key): ``VectorizedProcessor.process_batch`` sees every key of
+a batch in a task's key-group range at once, its rows grouped by key and the keys' state as
+columns, and returns the new state columns, the rows to emit and the timers to set (see
+:class:`KeyedBatch` and :class:`Result`)::
 
-Per key a processor has named *value*, *list* and *map* states, processing-time and event-time
-timers, and an optional time-to-live for its states. State values must be JSON values (numbers,
-strings, booleans, None, lists, string-keyed dicts): state is persisted as JSON, never pickle.
-Processing time is the batch's time (recorded with the batch, so a replayed batch sees the same
-time); event time advances with the watermark, the largest event time seen in earlier batches
-minus the allowed delay.
+    class RunningCount(VectorizedProcessor):
+        state_schema = "n BIGINT"
+
+        def process_batch(self, batch):
+            n = batch.state["n"].fillna(0).to_numpy("int64") + batch.sizes
+            out = batch.keys.assign(n=n)
+            return Result(state=pd.DataFrame({"n": n}), emit=out)
+
+State variables are declared with Spark types (schema.py): a value state of any type, a list
+state an ``ARRAY<element>``, a map state a ``MAP<key, value>``, ``json`` for a JSON document.
+Processing time is the batch's time (recorded with the batch, so a replayed batch sees the
+same time); event time advances with the watermark, the largest event time seen in earlier
+batches minus the allowed delay. With a time-to-live, a state variable expires ``ttl_ms`` of
+processing time after it was last written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from spark_ckpt.errors import JobDefinitionError
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
+    import pyarrow as pa
 
-__all__ = ["KeyContext", "KeyedProcessor", "ListState", "MapState", "TimerService",
-           "ValueState"]
+    from spark_ckpt.state.schema import StateSchema
+
+__all__ = ["KeyContext", "KeyedBatch", "KeyedProcessor", "ListState", "MapState", "Result",
+           "TimerService", "ValueState", "VectorizedProcessor"]
 
 
 class KeyedProcessor:
-    """Subclass and override :meth:`process` (and :meth:`on_timer` if you register timers)."""
+    """Subclass, declare ``state_schema`` and override :meth:`process` (and :meth:`on_timer`
+    if you register timers)."""
+
+    #: The state variables: a DDL string (``"n BIGINT, last STRUCT<ts: TIMESTAMP>"``), a
+    #: StructType or a dict of name to type. ``json`` declares a JSON document variable.
+    state_schema: ClassVar[Any] = None
 
     def process(self, key: tuple[Any, ...], rows: pd.DataFrame,
                 ctx: KeyContext) -> Iterable[Any] | pd.DataFrame | None:
-        """Called once per batch for every key with rows in the batch (in arrival order).
-        Return or yield output rows (tuples or dicts in the output schema) or a DataFrame."""
+        """Called once per batch for every key with rows in the batch (in arrival order; the
+        frame's index is not reset). Return or yield output rows (tuples or dicts in the output
+        schema) or a DataFrame."""
         raise NotImplementedError
 
     def on_timer(self, key: tuple[Any, ...], timer_ms: int,
@@ -52,114 +78,108 @@ class KeyedProcessor:
         return None
 
 
-def _check_json(what: str, value: Any) -> Any:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise JobDefinitionError(
-            f"{what}: expected a JSON value (number, string, bool, None, list, dict with string "
-            f"keys), found {type(value).__name__}: {exc}"
-        ) from None
-    return value
-
-
 class _Var:
-    def __init__(self, ctx: KeyContext, kind: str, name: str) -> None:
+    def __init__(self, ctx: KeyContext, name: str) -> None:
         self._ctx = ctx
-        self._kind = kind
         self._name = name
 
-    def _slot(self) -> dict[str, Any]:
-        return self._ctx._record.setdefault(self._kind, {})  # noqa: SLF001
-
-    def _touch(self) -> None:
-        self._ctx._touched(self._kind, self._name)  # noqa: SLF001
-
     def exists(self) -> bool:
-        return self._ctx._live(self._kind, self._name) and self._name in self._slot()  # noqa: SLF001
+        value = self._ctx._values.get(self._name)  # noqa: SLF001
+        return value is not None and (not isinstance(value, list | dict) or bool(value))
 
     def clear(self) -> None:
-        if self._slot().pop(self._name, None) is not None:
-            self._ctx._dirty = True  # noqa: SLF001
-        self._ctx._record.get("ttl", {}).pop(f"{self._kind}:{self._name}", None)  # noqa: SLF001
+        ctx = self._ctx
+        if ctx._values.get(self._name) is not None:  # noqa: SLF001
+            ctx._values[self._name] = None  # noqa: SLF001
+            ctx._dirty = True  # noqa: SLF001
+        ctx._expires.pop(self._name, None)  # noqa: SLF001
+
+    def _set(self, value: Any) -> None:
+        self._ctx._values[self._name] = value  # noqa: SLF001
+        self._ctx._touched(self._name)  # noqa: SLF001
 
 
 class ValueState(_Var):
     def get(self) -> Any:
-        return self._slot().get(self._name) if self.exists() else None
+        value = self._ctx._values.get(self._name)  # noqa: SLF001
+        if value is not None and self._ctx._json.get(self._name):  # noqa: SLF001
+            return json.loads(value)
+        if isinstance(value, list) and value and isinstance(value[0], tuple) and \
+                self._ctx._kinds.get(self._name) == "map":  # noqa: SLF001
+            return dict(value)
+        return value
 
     def update(self, value: Any) -> None:
-        self._slot()[self._name] = _check_json(f"value state {self._name!r}", value)
-        self._touch()
+        if value is not None and self._ctx._json.get(self._name):  # noqa: SLF001
+            try:
+                value = json.dumps(value, separators=(",", ":"))
+            except (TypeError, ValueError) as exc:
+                raise JobDefinitionError(
+                    f"json state {self._name!r}: expected a JSON value (number, string, bool, "
+                    f"None, list, dict with string keys), found {type(value).__name__}: {exc}"
+                ) from None
+        self._set(value)
 
 
 class ListState(_Var):
     def get(self) -> list[Any]:
-        return list(self._slot().get(self._name, [])) if self.exists() else []
+        return list(self._ctx._values.get(self._name) or [])  # noqa: SLF001
 
     def append(self, value: Any) -> None:
-        items = self.get()
-        items.append(_check_json(f"list state {self._name!r}", value))
-        self._slot()[self._name] = items
-        self._touch()
+        self._set([*self.get(), value])
 
     def extend(self, values: Iterable[Any]) -> None:
-        for v in values:
-            self.append(v)
+        self._set([*self.get(), *values])
 
     def put(self, values: Iterable[Any]) -> None:
-        self._slot()[self._name] = [_check_json(f"list state {self._name!r}", v) for v in values]
-        self._touch()
+        self._set(list(values))
 
 
 class MapState(_Var):
-    def _map(self) -> dict[str, Any]:
-        return dict(self._slot().get(self._name, {})) if self.exists() else {}
+    def _map(self) -> dict[Any, Any]:
+        raw = self._ctx._values.get(self._name)  # noqa: SLF001
+        if raw is None:
+            return {}
+        if isinstance(raw, list):  # as Arrow gives a map: (key, value) pairs
+            raw = dict(raw)
+            self._ctx._values[self._name] = raw  # noqa: SLF001
+        return raw
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: Any, default: Any = None) -> Any:
         return self._map().get(key, default)
 
-    def put(self, key: str, value: Any) -> None:
-        if not isinstance(key, str):
-            raise JobDefinitionError(
-                f"map state {self._name!r}: expected a string map key, found "
-                f"{type(key).__name__}"
-            )
-        items = self._map()
-        items[key] = _check_json(f"map state {self._name!r}", value)
-        self._slot()[self._name] = items
-        self._touch()
+    def put(self, key: Any, value: Any) -> None:
+        items = dict(self._map())
+        items[key] = value
+        self._set(items)
 
-    def remove(self, key: str) -> None:
-        items = self._map()
+    def remove(self, key: Any) -> None:
+        items = dict(self._map())
         if items.pop(key, None) is not None:
-            self._slot()[self._name] = items
-            self._touch()
+            self._set(items)
 
-    def contains(self, key: str) -> bool:
+    def contains(self, key: Any) -> bool:
         return key in self._map()
 
-    def keys(self) -> list[str]:
+    def keys(self) -> list[Any]:
         return list(self._map())
 
-    def items(self) -> list[tuple[str, Any]]:
+    def items(self) -> list[tuple[Any, Any]]:
         return list(self._map().items())
 
 
 class TimerService:
-    """Timers of the current key: ``[time ms, "event" | "processing"]`` entries."""
+    """Timers of the current key: ``(time ms, "event" | "processing")`` entries."""
 
     def __init__(self, ctx: KeyContext) -> None:
         self._ctx = ctx
 
-    def _timers(self) -> list[list[Any]]:
-        return self._ctx._record.setdefault("timers", [])  # noqa: SLF001
-
     def _add(self, ms: int, kind: str) -> None:
-        entry = [int(ms), kind]
-        if entry not in self._timers():
-            self._timers().append(entry)
-            self._timers().sort()
+        entry = (int(ms), kind)
+        timers = self._ctx._timers  # noqa: SLF001
+        if entry not in timers:
+            timers.append(entry)
+            timers.sort()
             self._ctx._dirty = True  # noqa: SLF001
 
     def register_event_time(self, ms: int) -> None:
@@ -169,21 +189,28 @@ class TimerService:
         self._add(ms, "processing")
 
     def delete(self, ms: int, kind: str = "event") -> None:
-        timers = self._timers()
-        if [int(ms), kind] in timers:
-            timers.remove([int(ms), kind])
+        timers = self._ctx._timers  # noqa: SLF001
+        if (int(ms), kind) in timers:
+            timers.remove((int(ms), kind))
             self._ctx._dirty = True  # noqa: SLF001
 
     def list(self) -> list[tuple[int, str]]:
-        return [(int(t[0]), str(t[1])) for t in self._timers() if t[1] != "ttl"]
+        return [t for t in self._ctx._timers if t[1] != "ttl"]  # noqa: SLF001
 
 
 class KeyContext:
-    """What a processor sees of one key: its states, its timers and the clocks."""
+    """What a processor sees of one key: its typed states, its timers and the clocks."""
 
-    def __init__(self, record: dict[str, Any] | None, *, processing_time_ms: int,
-                 watermark_ms: int | None, ttl_ms: int | None) -> None:
-        self._record: dict[str, Any] = record if record is not None else {}
+    def __init__(self, schema: StateSchema, values: dict[str, Any],
+                 timers: list[tuple[int, str]], expires: dict[str, int], *,
+                 processing_time_ms: int, watermark_ms: int | None,
+                 ttl_ms: int | None) -> None:
+        self._schema = schema
+        self._json = {v.name: v.is_json for v in schema.vars}
+        self._kinds = {v.name: v.kind for v in schema.vars}
+        self._values = values
+        self._timers = timers
+        self._expires = expires
         self._dirty = False
         self._ttl_ms = ttl_ms
         self.processing_time_ms = processing_time_ms
@@ -192,50 +219,171 @@ class KeyContext:
         self.timers = TimerService(self)
         self._expire()
 
-    def value(self, name: str) -> ValueState:
-        return ValueState(self, "v", name)
+    def _var(self, name: str, kind: str, declared: str | None) -> None:
+        var = self._schema.by_name.get(name)
+        if var is None:
+            raise JobDefinitionError(
+                f"state variable {name!r} is not declared; declare it with its Spark type in "
+                f"the processor's state_schema (declared: {self._schema.names or 'none'})"
+            )
+        if kind != "value" and var.kind != kind:
+            raise JobDefinitionError(
+                f"state variable {name!r}: {kind} state needs an "
+                f"{'ARRAY<element>' if kind == 'list' else 'MAP<key, value>'} type, found "
+                f"{var.type} in the state_schema"
+            )
+        if declared is not None and not _same_type(declared, var):
+            raise JobDefinitionError(
+                f"state variable {name!r}: declared here as {declared!r}, in the state_schema "
+                f"as {var.type}{' (json)' if var.is_json else ''}; keep one declaration"
+            )
 
-    def list(self, name: str) -> ListState:
-        return ListState(self, "l", name)
+    def value(self, name: str, type: str | None = None) -> ValueState:  # noqa: A002
+        self._var(name, "value", type)
+        return ValueState(self, name)
 
-    def map(self, name: str) -> MapState:
-        return MapState(self, "m", name)
+    def list(self, name: str, element_type: str | None = None) -> ListState:
+        self._var(name, "list", None if element_type is None else f"ARRAY<{element_type}>")
+        return ListState(self, name)
+
+    def map(self, name: str, key_type: str | None = None,
+            value_type: str | None = None) -> MapState:
+        self._var(name, "map", None if key_type is None or value_type is None
+                  else f"MAP<{key_type}, {value_type}>")
+        return MapState(self, name)
 
     def clear(self) -> None:
         """Forget every state and timer of the key."""
-        if self._record:
+        if any(v is not None for v in self._values.values()) or self._timers:
             self._dirty = True
-        self._record = {}
+        self._values = dict.fromkeys(self._values)
+        self._timers = []
+        self._expires = {}
 
     # -- TTL: a state expires ttl_ms of processing time after its last update --------------
-    def _touched(self, kind: str, name: str) -> None:
+    def _touched(self, name: str) -> None:
         self._dirty = True
         if self._ttl_ms is not None:
             expires = self.processing_time_ms + self._ttl_ms
-            self._record.setdefault("ttl", {})[f"{kind}:{name}"] = expires
+            self._expires[name] = expires
             self.timers._add(expires, "ttl")  # noqa: SLF001
 
-    def _live(self, kind: str, name: str) -> bool:
-        expires = self._record.get("ttl", {}).get(f"{kind}:{name}")
-        return expires is None or expires > self.processing_time_ms
-
     def _expire(self) -> None:
-        ttl = self._record.get("ttl")
-        if not ttl:
-            return
-        for slot, expires in list(ttl.items()):
-            if expires <= self.processing_time_ms:
-                kind, name = slot.split(":", 1)
-                self._record.get(kind, {}).pop(name, None)
-                del ttl[slot]
+        if self._expires:
+            for name, deadline in list(self._expires.items()):
+                if deadline <= self.processing_time_ms:
+                    self._values[name] = None
+                    del self._expires[name]
+                    self._dirty = True
+        if self._timers and any(k == "ttl" for _m, k in self._timers):
+            kept = [t for t in self._timers
+                    if not (t[1] == "ttl" and t[0] <= self.processing_time_ms)]
+            if len(kept) != len(self._timers):
+                self._timers = kept
                 self._dirty = True
-        timers = self._record.get("timers", [])
-        kept = [t for t in timers if not (t[1] == "ttl" and t[0] <= self.processing_time_ms)]
-        if len(kept) != len(timers):
-            self._record["timers"] = kept
-            self._dirty = True
 
-    def _result(self) -> dict[str, Any] | None:
-        """The record to store: None when nothing is left for the key."""
-        record = {k: v for k, v in self._record.items() if v}
-        return record or None
+
+_SYNONYMS = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint",
+             "real": "float", "dec": "decimal", "numeric": "decimal", "bool": "boolean",
+             "timestamp_ltz": "timestamp"}
+
+
+def _norm(ddl: str) -> str:
+    import re
+
+    text = re.sub(r"\s+", "", ddl.lower()).replace(":", "")
+    return re.sub(r"[a-z_]+", lambda m: _SYNONYMS.get(m.group(0), m.group(0)), text)
+
+
+def _same_type(declared: str, var: Any) -> bool:
+    """Whether a type written at the call matches the declared variable (loosely, by DDL)."""
+    if declared.strip().lower() == "json":
+        return bool(var.is_json)
+    if var.is_json:
+        return False
+    from spark_ckpt.arrowtypes import to_spark
+    import pyarrow as pa
+
+    spark_type = to_spark(pa.schema([pa.field("v", var.type)])).fields[0].dataType
+    return _norm(declared) == _norm(spark_type.simpleString())
+
+
+# -- the vectorized API ---------------------------------------------------------------------
+class VectorizedProcessor:
+    """Subclass, declare ``state_schema`` and override :meth:`process_batch` (and
+    :meth:`on_timers` if you set timers). One call per task and batch, with every key of the
+    task's key-group range that has rows in the batch."""
+
+    state_schema: ClassVar[Any] = None
+
+    def process_batch(self, batch: KeyedBatch) -> Result | None:
+        raise NotImplementedError
+
+    def on_timers(self, batch: KeyedBatch) -> Result | None:
+        """The keys with timers due (``batch.timers``: one row per fired timer), after the
+        batch's rows were processed; ``batch.rows`` is empty."""
+        return None
+
+
+@dataclasses.dataclass
+class KeyedBatch:
+    """Every key of one call, in the order of their first row in the batch.
+
+    Attributes:
+        keys: one row per key (the key columns).
+        rows: the batch's rows grouped by key: key ``i``'s rows are
+            ``rows.iloc[offsets[i]:offsets[i + 1]]``, in arrival order.
+        offsets: ``len(keys) + 1`` group boundaries into ``rows``.
+        group: for each row, the index of its key in ``keys``.
+        state: one row per key, a column per declared variable (null where a key has none).
+        exists: whether each key had any state before this call.
+        timers: (``on_timers``) the fired timers: ``key`` (index into ``keys``), ``ms``,
+            ``kind`` ("event" or "processing").
+        processing_time_ms: the batch's processing time.
+        watermark_ms: the event-time watermark (None before any event time was seen).
+    """
+
+    keys: pd.DataFrame
+    rows: pd.DataFrame
+    offsets: np.ndarray
+    group: np.ndarray
+    state: pd.DataFrame
+    exists: np.ndarray
+    processing_time_ms: int
+    watermark_ms: int | None
+    timers: pd.DataFrame | None = None
+    arrow_keys: pa.Table | None = None
+    arrow_rows: pa.Table | None = None
+    arrow_state: pa.Table | None = None
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Rows per key."""
+        import numpy as np
+
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclasses.dataclass
+class Result:
+    """What a vectorized call returns. Every field is optional.
+
+    Attributes:
+        state: new values, one row per key of the call, aligned with ``batch.keys`` (a pandas
+            DataFrame or an Arrow table); only the columns given are written, and a row whose
+            variables are all null (and that has no timers) deletes the key.
+        changed: a boolean mask of the keys whose ``state`` row is written (default: all).
+        emit: rows to output, in the operator's output schema.
+        event_timers, processing_timers: per key (aligned with ``batch.keys``), the time in
+            ms of the key's one timer of that clock: a value replaces the key's timers of that
+            clock, a negative value deletes them, a null (None, NaN, pd.NA) keeps them.
+    """
+
+    state: Any = None
+    changed: Any = None
+    emit: Any = None
+    event_timers: Any = None
+    processing_timers: Any = None

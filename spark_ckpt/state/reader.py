@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["read_handles", "read_state"]
+__all__ = ["read_handles", "read_processor_state", "read_state"]
 
 
 def read_handles(spark: SparkSession, handles: Sequence[StateHandle], schema: StructType,
@@ -43,17 +43,46 @@ def read_handles(spark: SparkSession, handles: Sequence[StateHandle], schema: St
     return newest.select("_row.*")
 
 
+def read_processor_state(spark: SparkSession, handles: Sequence[StateHandle],
+                         describe: dict, keys: list[str]) -> DataFrame:
+    """A processor's state: the key columns and one column per declared variable; keys
+    with timers but no variable are left out."""
+    import json
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    state = StructType.fromJson(json.loads(describe["state_schema"]))
+    key_schema = StructType.fromJson(json.loads(describe["key_schema"]))
+    schema = StructType([StructField(KG_COLUMN, IntegerType()), *key_schema.fields,
+                         *state.fields])
+    df = read_handles(spark, handles, schema, keys)
+    if not state.fields:
+        return df.select(*keys).limit(0)
+    present = None
+    for f in state.fields:
+        col = F.col(f"`{f.name}`")
+        name = type(f.dataType).__name__
+        test = col.isNotNull() & (F.size(col) > 0) if name in ("ArrayType", "MapType") \
+            else col.isNotNull()
+        present = test if present is None else present | test
+    return df.where(present).select(*[F.col(f"`{k}`") for k in keys],
+                                    *[F.col(f"`{f.name}`") for f in state.fields])
+
+
 def read_state(spark: SparkSession, checkpoint_dir: str, operator: str,
                checkpoint_id: int | None = None) -> DataFrame:
     """The state of ``operator`` in a completed checkpoint (the latest by default), one row per
-    key: aggregations as their output columns, processors as ``key`` and ``state`` (JSON).
+    key: aggregations as their key and output columns, processors as their key columns and one
+    column per declared state variable, with its declared type (``json`` variables as JSON
+    strings).
 
     ``checkpoint_dir`` is the pipeline's checkpoint directory (or, when the pipeline sets
     ``spark.ckpt.checkpoint.dir``, pass that directory's parent with ``checkpoints`` in it).
     """
     import json
 
-    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+    from pyspark.sql.types import StructField, StructType
 
     from spark_ckpt.checkpoint.storage import CheckpointStorage
     from spark_ckpt.errors import CheckpointError
@@ -91,7 +120,9 @@ def read_state(spark: SparkSession, checkpoint_dir: str, operator: str,
             aggs[name] = Agg(func, column, time_column)
         spec = AggSpec(keys, aggs, StructType(inputs))
         return spec.view(read_handles(spark, handles, schema, keys))
-    schema = StructType([StructField(KG_COLUMN, IntegerType()), StructField("_key", StringType()),
-                         StructField("_state", StringType())])
-    df = read_handles(spark, handles, schema, ["_key"])
-    return df.where("_state IS NOT NULL").selectExpr("_key AS key", "_state AS state")
+    if "state_schema" not in op:
+        raise CheckpointError(
+            f"checkpoint {cid}: operator {operator!r} holds its state as JSON documents (written "
+            "before typed state) or has run no batch; expected a state_schema in its metadata"
+        )
+    return read_processor_state(spark, handles, op, keys)

@@ -34,14 +34,14 @@ from spark_ckpt.state.aggregates import from_internal, to_internal
 from spark_ckpt.state.chain import StateFile, StateHandle
 from spark_ckpt.state.keygroups import KG_COLUMN, PID_COLUMN, KeyGroupRange
 
-__all__ = ["CHANNEL_COLUMN", "MARKER_COLUMN", "META_SCHEMA", "agg_task", "processor_task"]
+__all__ = ["CHANNEL_COLUMN", "MARKER_COLUMN", "META_SCHEMA", "agg_task"]
 
 CHANNEL_COLUMN = "_ch"
 MARKER_COLUMN = "_marker"
 META_SCHEMA = "pid INT, meta STRING"
 
 # (pipeline id, operator, range) -> backend, per Python worker process
-_CACHE: dict[tuple[str, str, str], Any] = {}
+_CACHE: dict[tuple[str, ...], Any] = {}
 
 
 def _fs(uri: str) -> tuple[Any, str]:
@@ -58,7 +58,7 @@ def _fs(uri: str) -> tuple[Any, str]:
 STATE_FORMAT = b"1"  # Parquet key-value metadata spark_ckpt.state of every state file
 
 
-def _read(file: StateFile, target: KeyGroupRange) -> pa.Table:
+def _read(file: StateFile, target: KeyGroupRange, fmt: bytes = STATE_FORMAT) -> pa.Table:
     import pyarrow.parquet as pq
 
     from spark_ckpt.errors import FormatVersionError
@@ -66,10 +66,10 @@ def _read(file: StateFile, target: KeyGroupRange) -> pa.Table:
     fs, path = _fs(file.path)
     table = pq.read_table(path, filesystem=fs)
     version = (table.schema.metadata or {}).get(b"spark_ckpt.state")
-    if version != STATE_FORMAT:
+    if version != fmt:
         raise FormatVersionError(
             f"state file {file.path}: expected spark_ckpt.state format "
-            f"{STATE_FORMAT.decode()}, found {version.decode() if version else 'none'}; "
+            f"{fmt.decode()}, found {version.decode() if version else 'none'}; "
             "upgrade spark_ckpt to read it"
         )
     if KeyGroupRange.parse(file.range) != target:
@@ -80,7 +80,7 @@ def _read(file: StateFile, target: KeyGroupRange) -> pa.Table:
 
 
 def _write(table: pa.Table, directory: str, name: str, *, internal: bool = True,
-           ) -> tuple[str, int]:
+           fmt: bytes = STATE_FORMAT) -> tuple[str, int]:
     """Write a Parquet file; state files favour speed (lz4, no dictionary), sink files size."""
     import pyarrow.parquet as pq
 
@@ -88,7 +88,7 @@ def _write(table: pa.Table, directory: str, name: str, *, internal: bool = True,
     fs.create_dir(path, recursive=True)
     full = f"{path.rstrip('/')}/{name}"
     if internal:
-        table = table.replace_schema_metadata({b"spark_ckpt.state": STATE_FORMAT})
+        table = table.replace_schema_metadata({b"spark_ckpt.state": fmt})
         pq.write_table(table, full, filesystem=fs, compression="lz4", use_dictionary=False)
     else:
         pq.write_table(table, full, filesystem=fs, compression="snappy")
@@ -109,7 +109,9 @@ def _external(table: pa.Table, schema: pa.Schema) -> pa.Table:
 def _local_dir(params: dict[str, Any]) -> str:
     base = params.get("local_dir") or os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] \
         or tempfile.gettempdir()
-    return os.path.join(base, "spark_ckpt_state", params["pipeline_id"], params["operator"])
+    # the schema's id: a copy left by a run with other state variables is never taken
+    return os.path.join(base, "spark_ckpt_state", params["pipeline_id"], params["operator"],
+                        *([params["schema_id"]] if params.get("schema_id") else []))
 
 
 def _consume(batches: Iterator[pa.RecordBatch]) -> tuple[pa.Table | None, int, int]:
@@ -140,7 +142,8 @@ class _Run:
         self.plan = plans[self.pid]
         self.range = KeyGroupRange.parse(self.plan["range"])
         self.chain = [StateFile.from_json(f) for f in self.plan["files"]]
-        self.key = (params["pipeline_id"], params["operator"], self.plan["range"])
+        self.key = (params["pipeline_id"], params["operator"], self.plan["range"],
+                    params.get("schema_id", ""))
         self.batch = int(params["batch"])
         self.token = uuid.uuid4().hex
         self.dir = f"{params['state_dir'].rstrip('/')}/{self.range.label}"
@@ -228,7 +231,8 @@ class _Run:
             )
 
     def finish(self, state: Any, changelog: pa.Table | None, snapshot: Any,
-               file_schema: pa.Schema, extra: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+               file_schema: pa.Schema, extra: dict[str, Any],
+               fmt: bytes = STATE_FORMAT) -> Iterator[pa.RecordBatch]:
         """Write the changelog (and a snapshot when due), return the metadata row."""
         t0 = time.perf_counter()
         files = list(self.chain)
@@ -236,7 +240,7 @@ class _Run:
         changelog_file = None
         if changelog is not None and changelog.num_rows:
             uri, size = _write(_external(changelog, file_schema), self.dir,
-                               f"b{self.batch:012d}-changelog-{self.token}.parquet")
+                               f"b{self.batch:012d}-changelog-{self.token}.parquet", fmt=fmt)
             changelog_file = StateFile(uri, "changelog", self.batch, changelog.num_rows, size,
                                        self.range.label)
             files.append(changelog_file)
@@ -246,7 +250,7 @@ class _Run:
         if mixed or changelogs >= int(self.params["materialize_every"]):
             table = snapshot()
             uri, size = _write(_external(table, file_schema), self.dir,
-                               f"b{self.batch:012d}-snapshot-{self.token}.parquet")
+                               f"b{self.batch:012d}-snapshot-{self.token}.parquet", fmt=fmt)
             files = [StateFile(uri, "snapshot", self.batch, table.num_rows, size,
                                self.range.label)]
             written += size
@@ -372,174 +376,6 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
     return run
 
 
-def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
-                   processor: Any) -> Any:
-    """The mapInArrow function of a KeyedProcessor (input: rows with _kg, plus marker rows)."""
-    key_names = list(params["keys"])
-    out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(params["output_schema"])))
-    file_schema = pa.schema([(KG_COLUMN, pa.int32()), ("_key", pa.string()),
-                             ("_state", pa.string())])
-    event_time = params.get("event_time")
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from spark_ckpt.state.backends import MemoryRecordState, RocksRecordState
-        from spark_ckpt.state.processor import KeyContext
-
-        task = _Run(params, plans)
-        table, align, channels = _consume(batches)
-        task.check_input(table)
-        state = task.cached()
-        ready = state is not None
-        if state is None and params["backend"] == "rocksdb":
-            state, ready = task.open_rocks(lambda path, fresh: RocksRecordState(path,
-                                                                                fresh=fresh))
-        if not ready:
-            t0 = time.perf_counter()
-            if state is None:
-                state = MemoryRecordState(max_rows=int(params["memory_max_rows"]))
-            for f in task.chain:
-                loaded = _read(f, task.range).to_pydict()
-                state.write({k: (g, json.loads(s) if s is not None else None) for g, k, s in
-                             zip(loaded[KG_COLUMN], loaded["_key"], loaded["_state"],
-                                 strict=True)})
-            state.token = task.plan["token"]
-            if state.backend == "rocksdb":
-                state.write({}, token=task.plan["token"] or "")
-            task.metrics.update(restored=True, restore_ms=int((time.perf_counter() - t0) * 1000))
-        t0 = time.perf_counter()
-        now_ms = int(params["processing_time_ms"])
-        watermark = params.get("watermark_ms")
-        ttl = params.get("ttl_ms")
-        changes: dict[str, tuple[int, dict[str, Any] | None]] = {}
-        outputs: list[Any] = []
-        max_event: int | None = None
-        rows_in = 0
-
-        def current(key_json: str, kg: int) -> dict[str, Any] | None:
-            if key_json in changes:
-                return changes[key_json][1]
-            if state.backend == "rocksdb":
-                return state.get_kg(kg, key_json)
-            return state.get(key_json)
-
-        def emit(result: Any) -> None:
-            if result is None:
-                return
-            if hasattr(result, "to_dict") and hasattr(result, "columns"):
-                outputs.extend(result[out_schema.names].to_dict("records"))
-                return
-            for row in result:
-                outputs.append(row if isinstance(row, dict) else dict(zip(out_schema.names, row,
-                                                                         strict=True)))
-
-        if table is not None:
-            data = table.filter(pc.invert(table.column(MARKER_COLUMN))) \
-                if MARKER_COLUMN in table.column_names else table
-            rows_in = data.num_rows
-            if rows_in:
-                internal = {KG_COLUMN, MARKER_COLUMN, CHANNEL_COLUMN, "_pid"}
-                if event_time:
-                    column = data.column(event_time)
-                    top = pc.max(to_internal(column)).as_py()
-                    if top is not None:  # as ms: timestamps are micros, dates days
-                        max_event = int(top) // 1000 if pa.types.is_timestamp(column.type) \
-                            else int(top) * 86_400_000 if pa.types.is_date32(column.type) \
-                            else int(top)
-                user_cols = [c for c in data.column_names if c not in internal]
-                pdf = data.select(user_cols).to_pandas()
-                # group on the Arrow values: a key is the same whatever else is in the batch
-                # (pandas would make an integer column with a null in it float)
-                key_values = list(zip(*[data.column(k).to_pylist() for k in key_names],
-                                      strict=True))
-                kgs = data.column(KG_COLUMN).to_pylist()
-                groups: dict[tuple[Any, ...], list[int]] = {}
-                for i, key in enumerate(key_values):
-                    groups.setdefault(key, []).append(i)
-                for key, index in groups.items():
-                    pykey = tuple(_plain(k) for k in key)
-                    key_json = json.dumps(pykey, default=str, separators=(",", ":"))
-                    kg = int(kgs[index[0]])
-                    record = current(key_json, kg)
-                    ctx = KeyContext(json.loads(json.dumps(record)) if record else None,
-                                     processing_time_ms=now_ms, watermark_ms=watermark,
-                                     ttl_ms=ttl)
-                    rows = pdf.iloc[index].reset_index(drop=True)
-                    with _user_call(params, task, "process", pykey):
-                        emit(processor.process(key, rows, ctx))
-                    if ctx._dirty:  # noqa: SLF001
-                        changes[key_json] = (kg, ctx._result())  # noqa: SLF001
-        # timers: event time up to the watermark, processing time (and TTL) up to now
-        limit = max(now_ms, watermark if watermark is not None else now_ms)
-        # Until the new version is fixed below, the local copy holds a version no driver knows:
-        # each write says so (an empty token), in the same atomic write as its changes, so a
-        # retry of a task killed in between (in on_timer, say) rebuilds the range instead of
-        # applying the batch again on top of it.
-        if changes:
-            state.write({k: v for k, v in changes.items()}, token="")
-        fired = 0
-        for key_json in state.due(limit):
-            kg = state.kg_of(key_json)
-            record = current(key_json, kg)
-            if record is None:
-                continue
-            ctx = KeyContext(json.loads(json.dumps(record)), processing_time_ms=now_ms,
-                             watermark_ms=watermark, ttl_ms=ttl)
-            pykey = tuple(json.loads(key_json))
-            for ms, kind in sorted((int(t[0]), str(t[1])) for t in record.get("timers", [])):
-                due = ms <= (watermark if kind == "event" and watermark is not None else
-                             (now_ms if kind != "event" else -1))
-                if not due or [ms, kind] not in ctx._record.get("timers", []):  # noqa: SLF001
-                    continue  # not yet due, or deleted by an earlier callback of this key
-                ctx.timers.delete(ms, kind)
-                if kind != "ttl":
-                    ctx.timer_kind = kind
-                    with _user_call(params, task, "on_timer", pykey):
-                        emit(processor.on_timer(pykey, ms, ctx))
-                    fired += 1
-                ctx._dirty = True  # noqa: SLF001
-            if ctx._dirty:  # noqa: SLF001
-                change = (kg, ctx._result())  # noqa: SLF001
-                changes[key_json] = change
-                state.write({key_json: change}, token="")
-        apply_ms = int((time.perf_counter() - t0) * 1000)
-        t1 = time.perf_counter()
-        if state.backend == "rocksdb":
-            state.write({}, token=task.token)
-        else:
-            state.token = task.token
-        sync_ms = int((time.perf_counter() - t1) * 1000)
-        out_file = None
-        if outputs:
-            out = pa.Table.from_pylist(outputs, schema=out_schema)
-            uri, size = _write(out, f"{params['output_dir'].rstrip('/')}/b{task.batch:012d}",
-                               f"{task.range.label}-{task.token}.parquet")
-            out_file = {"path": uri, "rows": out.num_rows, "bytes": size}
-        changelog = None
-        if changes:
-            changelog = pa.Table.from_pydict({
-                KG_COLUMN: pa.array([v[0] for v in changes.values()], pa.int32()),
-                "_key": pa.array(list(changes), pa.string()),
-                "_state": pa.array([json.dumps(v[1], separators=(",", ":"))
-                                    if v[1] is not None else None for v in changes.values()],
-                                   pa.string())}, schema=file_schema)
-
-        def snapshot() -> pa.Table:
-            items = list(state.items())
-            return pa.Table.from_pydict({
-                KG_COLUMN: pa.array([i[0] for i in items], pa.int32()),
-                "_key": pa.array([i[1] for i in items], pa.string()),
-                "_state": pa.array([json.dumps(i[2], separators=(",", ":")) for i in items],
-                                   pa.string())}, schema=file_schema)
-
-        yield from task.finish(state, changelog, snapshot, file_schema, {
-            "input_rows": rows_in, "changed": len(changes), "apply_ms": apply_ms,
-            "sync_ms": sync_ms, "alignment_ms": align, "channels": channels,
-            "timers_fired": fired,
-            "max_event_ms": max_event, "output": out_file})
-
-    return run
-
-
 def _view(changelog: pa.Table, keys: list[str], outputs: list[list[str]]) -> pa.Table:
     """The update stream's rows (keys and outputs), as AggSpec.view computes them in Spark."""
     columns = [changelog.column(k) for k in keys]
@@ -576,18 +412,6 @@ def _newest(tables: list[pa.Table], keys: list[str]) -> pa.Table:
     rows = rows.append_column("__seq", pa.array(range(rows.num_rows), pa.int64()))
     last = rows.group_by(keys).aggregate([("__seq", "max")])
     return rows.take(last.column("__seq_max")).drop_columns(["__seq"])
-
-
-def _plain(value: Any) -> Any:
-    """numpy/pandas scalars as plain Python values (keys are JSON-encoded)."""
-    if hasattr(value, "item") and not isinstance(value, str | bytes):
-        try:
-            return value.item()
-        except (ValueError, AttributeError):
-            pass
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return value
 
 
 @contextlib.contextmanager

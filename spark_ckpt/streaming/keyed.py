@@ -35,13 +35,13 @@ from spark_ckpt.state.keygroups import (
     partition_column,
     ranges,
 )
-from spark_ckpt.state.processor import KeyedProcessor
+from spark_ckpt.state.process_task import processor_task
+from spark_ckpt.state.processor import KeyedProcessor, VectorizedProcessor
 from spark_ckpt.state.task import (
     CHANNEL_COLUMN,
     MARKER_COLUMN,
     META_SCHEMA,
     agg_task,
-    processor_task,
 )
 from spark_ckpt.storage import join
 from spark_ckpt.streaming.stream import Stream, union_by_name
@@ -90,18 +90,22 @@ class KeyedStream:
         are the changed keys with their new values; ``state_view()`` is the whole state."""
         return AggregatedStream(self, name or "agg", aggs)
 
-    def process(self, processor: KeyedProcessor, output_schema: StructType | str, *,
-                name: str | None = None, event_time: str | None = None,
-                watermark_delay_ms: int = 0, ttl_ms: int | None = None) -> ProcessedStream:
-        """Run ``processor`` per key with value, list and map state and timers."""
-        if not isinstance(processor, KeyedProcessor):
+    def process(self, processor: KeyedProcessor | VectorizedProcessor,
+                output_schema: StructType | str, *, name: str | None = None,
+                event_time: str | None = None, watermark_delay_ms: int = 0,
+                ttl_ms: int | None = None, state_schema: Any = None) -> ProcessedStream:
+        """Run ``processor`` with typed value, list and map state and timers: a
+        ``KeyedProcessor`` once per key, a ``VectorizedProcessor`` once per task for all its
+        keys. ``state_schema`` overrides the processor's own declaration."""
+        if not isinstance(processor, KeyedProcessor | VectorizedProcessor):
             raise JobDefinitionError(
-                f"process(): expected a KeyedProcessor instance, found "
+                f"process(): expected a KeyedProcessor or VectorizedProcessor instance, found "
                 f"{type(processor).__name__}"
             )
         return ProcessedStream(self, name or type(processor).__name__, processor,
                                output_schema, event_time=event_time,
-                               watermark_delay_ms=watermark_delay_ms, ttl_ms=ttl_ms)
+                               watermark_delay_ms=watermark_delay_ms, ttl_ms=ttl_ms,
+                               state_schema=state_schema)
 
 
 class StatefulStream(Stream):
@@ -157,8 +161,9 @@ class StatefulStream(Stream):
         handles = [StateHandle.from_json(h) for _pid, h in
                    sorted(restored["handles"].items(), key=lambda kv: int(kv[0]))]
         self.extra = dict(restored.get("extra", {}))
-        self.restored_describe = {k: restored[k] for k in ("file_schema", "aggs")
-                                  if k in restored}
+        self.restored_describe = {k: restored[k] for k in (
+            "file_schema", "aggs", "state_schema", "key_schema", "state_format")
+            if k in restored}
         if [h.range for h in handles] == [self.live[i].range for i in sorted(self.live)]:
             self.live = dict(enumerate(handles))
         else:
@@ -422,13 +427,24 @@ class AggregatedStream(StatefulStream):
 class ProcessedStream(StatefulStream):
     kind = "process"
 
-    def __init__(self, keyed: KeyedStream, name: str, processor: KeyedProcessor,
+    def __init__(self, keyed: KeyedStream, name: str,
+                 processor: KeyedProcessor | VectorizedProcessor,
                  output_schema: StructType | str, *, event_time: str | None,
-                 watermark_delay_ms: int, ttl_ms: int | None) -> None:
+                 watermark_delay_ms: int, ttl_ms: int | None, state_schema: Any = None) -> None:
         super().__init__(keyed, name)
         from pyspark.sql.types import StructType
 
         self.processor = processor
+        self._declared_state = state_schema if state_schema is not None \
+            else getattr(processor, "state_schema", None)
+        if self._declared_state is None and isinstance(processor, VectorizedProcessor):
+            raise JobDefinitionError(
+                f"process(): the vectorized processor {type(processor).__name__} declares no "
+                "state_schema; expected its state variables with Spark types, for example "
+                "state_schema = \"n BIGINT, total DOUBLE\""
+            )
+        self.state_schema: Any = None  # parsed at the first batch (Spark parses the DDL)
+        self.key_schema: Any = None
         self._declared = output_schema
         self.output_schema: StructType | None = output_schema \
             if isinstance(output_schema, StructType) else None
@@ -455,6 +471,16 @@ class ProcessedStream(StatefulStream):
         spark = self.ctx.spark
         if self.output_schema is None:
             self.output_schema = StructType.fromDDL(self._declared)  # type: ignore[arg-type]
+        if self.state_schema is None:
+            from spark_ckpt.state.schema import parse_state_schema
+
+            self.state_schema = parse_state_schema(
+                self._declared_state, spark=spark,
+                where=f"operator {self.operator}: state_schema")
+        key_schema = to_arrow(StructType([df.schema[k] for k in self.keys]))
+        if self.key_schema is None:
+            self._check_restored_schema(key_schema)
+        self.key_schema = key_schema
         if self.event_time is not None and self.event_time not in df.columns:
             raise JobDefinitionError(
                 f"operator {self.operator}: event_time column {self.event_time!r} is not in its "
@@ -476,6 +502,8 @@ class ProcessedStream(StatefulStream):
             "processing_time_ms": run.allocation.batch_time_ms,
             "watermark_ms": self.watermark_ms, "ttl_ms": self.ttl_ms,
             "event_time": self.event_time,
+            "state_schema": self.state_schema.serialize(),
+            "key_schema": key_schema.serialize().to_pybytes().hex(),
         }
         metas = self._run_job(run, data.unionByName(markers),
                               processor_task(params, self._plans(), self.processor))
@@ -492,19 +520,36 @@ class ProcessedStream(StatefulStream):
             return spark.createDataFrame([], self.output_schema)
         return spark.read.schema(self.output_schema).parquet(*files)
 
-    def state_view(self, checkpoint_id: int | None = None) -> DataFrame:
-        """Every key's state as JSON (``key``, ``state``), now or at a retained checkpoint."""
-        from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+    def describe_state(self) -> dict[str, Any]:
+        if self.state_schema is None or self.key_schema is None:
+            return dict(self.restored_describe)
+        from spark_ckpt.arrowtypes import to_spark
 
-        from spark_ckpt.state.reader import read_handles
+        return {"state_schema": self.state_schema.to_json(),
+                "key_schema": to_spark(self.key_schema).json(), "state_format": 2}
+
+    def _check_restored_schema(self, key_schema: Any) -> None:
+        """A checkpoint of an earlier format (JSON documents per key) cannot be read as typed
+        state: say so before anything runs."""
+        if self.restored_describe.get("state_format", 2) != 2 or (
+                self.restored_describe == {} and any(h.files for h in self.live.values())):
+            raise CheckpointError(
+                f"operator {self.operator}: the checkpoint holds this processor's state as JSON "
+                "documents (spark_ckpt before typed state); expected typed state. Start the "
+                "pipeline in a new checkpoint directory"
+            )
+
+    def state_view(self, checkpoint_id: int | None = None) -> DataFrame:
+        """Every key's state now (or at a retained checkpoint): the key columns and one column
+        per declared state variable (``json`` variables as JSON strings)."""
+        from spark_ckpt.state.reader import read_processor_state
 
         handles = list(self.live.values()) if checkpoint_id is None else \
             self.ctx.checkpoint_handles(self.operator, checkpoint_id)
-        schema = StructType([StructField(KG_COLUMN, IntegerType()),
-                             StructField("_key", StringType()),
-                             StructField("_state", StringType())])
-        df = read_handles(self.ctx.spark, handles, schema, ["_key"])
-        return df.where("_state IS NOT NULL").selectExpr("_key AS key", "_state AS state")
+        describe = self.describe_state()
+        if "state_schema" not in describe:
+            raise JobDefinitionError(f"operator {self.operator}: no batch has run yet")
+        return read_processor_state(self.ctx.spark, handles, describe, list(self.keys))
 
 
 class FullState(Stream):

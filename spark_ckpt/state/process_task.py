@@ -1,0 +1,657 @@
+"""The stateful task of a keyed processor: one per key-group range and batch, in a Python worker.
+
+Per batch the task (see task.py for the parts shared with aggregations: cache, restore, the
+changelog and snapshot files, the metadata row):
+
+1. groups the batch's rows by key, in the order of each key's first row, keeping arrival order
+   within a key (one dict pass over the keys and a stable argsort: no per-key slicing);
+2. fetches the keys' state rows from the typed store in one call;
+3. runs the processor: a ``KeyedProcessor`` once per key (a contiguous slice of one pandas
+   frame, the key's values as plain Python values), a ``VectorizedProcessor`` once for every
+   key; then writes the changed rows to the store in one ``put``;
+4. fires the timers due (event time up to the watermark, processing time and TTL clean-ups up to
+   the batch's time) the same way, and writes those changes;
+5. fixes the version and writes the batch's output and changelog (task.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_ckpt.state.keygroups import KG_COLUMN, PID_COLUMN
+from spark_ckpt.state.schema import (
+    EXPIRES_COLUMN,
+    STATE_FORMAT_TYPED,
+    TIMERS_COLUMN,
+    StateSchema,
+)
+from spark_ckpt.state.store import MemoryStore, RocksStore, empty_rows, key_tuples
+from spark_ckpt.state.task import (
+    CHANNEL_COLUMN,
+    MARKER_COLUMN,
+    _consume,
+    _read,
+    _Run,
+    _user_call,
+    _write,
+)
+
+__all__ = ["conform", "processor_task", "schema_id"]
+
+_INTERNAL = {KG_COLUMN, MARKER_COLUMN, CHANNEL_COLUMN, PID_COLUMN}
+
+
+def schema_id(file_schema: pa.Schema) -> str:
+    """A short id of a state layout, the same in every process."""
+    return hashlib.sha256(file_schema.serialize().to_pybytes()).hexdigest()[:12]
+
+
+def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
+    """``table`` with ``schema``'s columns: columns of variables declared since are null."""
+    from spark_ckpt.errors import CheckpointError
+
+    arrays = []
+    for field in schema:
+        if field.name not in table.column_names:
+            arrays.append(pa.nulls(table.num_rows, field.type))
+            continue
+        column = table.column(field.name)
+        if column.type != field.type:
+            try:
+                column = column.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise CheckpointError(
+                    f"{what}: state column {field.name!r} is stored as {column.type}, the "
+                    f"processor declares {field.type}, and the one does not convert to the "
+                    f"other ({exc}); declare the stored type or start from an empty state"
+                ) from None
+        arrays.append(column)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _typed(values: list[Any], field: pa.Field, keys: list[tuple[Any, ...]],
+           operator: str) -> pa.Array:
+    """An Arrow array of a variable's new values; a value of the wrong type names its key."""
+    from spark_ckpt.errors import UserFunctionError
+
+    try:
+        return pa.array(values, field.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        for i, v in enumerate(values):
+            try:
+                pa.array([v], field.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError,
+                    OverflowError) as exc:
+                raise UserFunctionError(
+                    f"operator {operator}: state variable {field.name!r} of key {keys[i]!r}: "
+                    f"expected a value of type {field.type}, found {type(v).__name__} "
+                    f"{v!r:.200} ({exc})"
+                ) from None
+        raise
+
+
+class _Grouped:
+    """A batch's data rows grouped by key."""
+
+    def __init__(self, data: pa.Table, key_names: list[str]) -> None:
+        keys = key_tuples(data, key_names)
+        first: dict[tuple[Any, ...], int] = {}
+        setdefault = first.setdefault
+        gid = np.fromiter((setdefault(k, len(first)) for k in keys), dtype=np.int64,
+                          count=len(keys))
+        self.keys = list(first)
+        self.order = np.argsort(gid, kind="stable")
+        counts = np.bincount(gid, minlength=len(self.keys))
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.group = gid[self.order]
+        first_rows = self.order[self.offsets[:-1]]
+        self.key_table = data.select([KG_COLUMN, *key_names]).take(pa.array(first_rows))
+
+
+def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
+                   processor: Any) -> Any:
+    """The mapInArrow function of a keyed processor (input: rows with _kg, plus marker rows)."""
+    from spark_ckpt.state.processor import VectorizedProcessor
+
+    key_names = list(params["keys"])
+    out_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(params["output_schema"])))
+    schema = StateSchema.deserialize(params["state_schema"])
+    key_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(params["key_schema"])))
+    ttl = params.get("ttl_ms")
+    file_schema = schema.file_schema(list(key_schema), ttl=ttl is not None)
+    params = {**params, "schema_id": schema_id(file_schema)}
+    state_names = schema.names
+    event_time = params.get("event_time")
+    vectorized = isinstance(processor, VectorizedProcessor)
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task = _Run(params, plans)
+        table, align, channels = _consume(batches)
+        task.check_input(table)
+
+        def memory() -> MemoryStore:
+            return MemoryStore(file_schema, key_names, state_names,
+                               max_rows=int(params["memory_max_rows"]))
+
+        store = task.cached()
+        ready = store is not None
+        if store is None and params["backend"] == "memory":
+            t0 = time.perf_counter()
+            store = task.load_spill(memory)
+            ready = store is not None
+            task.metrics["local_load_ms"] = int((time.perf_counter() - t0) * 1000)
+        if store is None and params["backend"] == "rocksdb":
+            store, ready = task.open_rocks(lambda path, fresh: RocksStore(
+                path, file_schema, key_names, state_names, fresh=fresh))
+        if not ready:
+            t0 = time.perf_counter()
+            if store is None:
+                store = memory()
+            store.load([conform(_read(f, task.range, STATE_FORMAT_TYPED), file_schema,
+                                f"state file {f.path}") for f in task.chain])
+            store.token = task.plan["token"]
+            if store.backend == "rocksdb":
+                store.set_token(task.plan["token"] or "")
+            task.metrics.update(restored=True, restore_ms=int((time.perf_counter() - t0) * 1000))
+        run = _Batch(params, task, store, processor, schema, file_schema, out_schema,
+                     key_names, vectorized)
+        t0 = time.perf_counter()
+        rows_in, max_event = 0, None
+        if table is not None:
+            data = table.filter(pc.invert(table.column(MARKER_COLUMN))) \
+                if MARKER_COLUMN in table.column_names else table
+            rows_in = data.num_rows
+            if rows_in:
+                if event_time:
+                    max_event = _max_event_ms(data.column(event_time))
+                run.process(data)
+        fired = run.fire_timers()
+        apply_ms = int((time.perf_counter() - t0) * 1000)
+        t1 = time.perf_counter()
+        if store.backend == "rocksdb":
+            store.set_token(task.token)
+        else:
+            store.token = task.token
+            store.compact()
+        sync_ms = int((time.perf_counter() - t1) * 1000)
+        out_file = None
+        out = run.output()
+        if out is not None and out.num_rows:
+            uri, size = _write(out, f"{params['output_dir'].rstrip('/')}/b{task.batch:012d}",
+                               f"{task.range.label}-{task.token}.parquet")
+            out_file = {"path": uri, "rows": out.num_rows, "bytes": size}
+        changelog = pa.concat_tables(run.changes) if run.changes else None
+        yield from task.finish(store, changelog, store.snapshot, file_schema, {
+            "input_rows": rows_in, "changed": run.changed_keys, "apply_ms": apply_ms,
+            "sync_ms": sync_ms, "alignment_ms": align, "channels": channels,
+            "timers_fired": fired, "max_event_ms": max_event, "output": out_file,
+            "user_ms": int(run.user_s * 1000)}, fmt=STATE_FORMAT_TYPED)
+
+    return run
+
+
+def _max_event_ms(column: pa.ChunkedArray) -> int | None:
+    from spark_ckpt.state.aggregates import to_internal
+
+    top = pc.max(to_internal(column)).as_py()
+    if top is None:
+        return None
+    if pa.types.is_timestamp(column.type):  # as ms: timestamps are micros, dates days
+        return int(top) // 1000
+    if pa.types.is_date32(column.type):
+        return int(top) * 86_400_000
+    return int(top)
+
+
+class _Batch:
+    """One batch of one range: runs the processor and records what changed."""
+
+    def __init__(self, params: dict[str, Any], task: _Run, store: Any, processor: Any,
+                 schema: StateSchema, file_schema: pa.Schema, out_schema: pa.Schema,
+                 key_names: list[str], vectorized: bool) -> None:
+        self.params = params
+        self.task = task
+        self.store = store
+        self.processor = processor
+        self.schema = schema
+        self.file_schema = file_schema
+        self.out_schema = out_schema
+        self.key_names = key_names
+        self.vectorized = vectorized
+        self.now = int(params["processing_time_ms"])
+        self.watermark = params.get("watermark_ms")
+        self.ttl = params.get("ttl_ms")
+        self.changes: list[pa.Table] = []
+        self.rows_out: list[dict[str, Any]] = []
+        self.tables_out: list[pa.Table] = []
+        self.changed_keys = 0
+        self.user_s = 0.0
+        self.value_names = [n for n in file_schema.names if n != KG_COLUMN and
+                            n not in key_names]
+
+    # -- reading and writing state ----------------------------------------------------------
+    def _fetch(self, keys: list[tuple[Any, ...]], key_table: pa.Table) -> pa.Table:
+        if self.store.backend == "rocksdb":
+            return self.store.fetch_table(key_table)
+        return self.store.fetch(keys)
+
+    def _put(self, key_table: pa.Table, values: pa.Table, keys: list[tuple[Any, ...]]) -> None:
+        if not keys:
+            return
+        rows = pa.Table.from_arrays([*key_table.columns, *values.columns],
+                                    names=[*key_table.column_names, *values.column_names])
+        rows = rows.select(self.file_schema.names).cast(self.file_schema)
+        # Until the new version is fixed, the local copy holds a version no driver knows:
+        # each write says so (an empty token) in the same atomic write as its changes, so a
+        # retry of a task killed in between rebuilds the range instead of applying the batch
+        # again on top of it.
+        if self.store.backend == "rocksdb":
+            self.store.put(rows, keys, token="")
+        else:
+            self.store.token = None
+            self.store.put(rows, keys)
+        self.changes.append(rows)
+        self.changed_keys += len(keys)
+
+    def _values_table(self, columns: dict[str, list[Any]], keys: list[tuple[Any, ...]]
+                      ) -> pa.Table:
+        arrays = []
+        for name in self.value_names:
+            field = self.file_schema.field(name)
+            arrays.append(_typed(columns[name], field, keys, self.params["operator"]))
+        return pa.Table.from_arrays(arrays, names=self.value_names)
+
+    # -- output ------------------------------------------------------------------------------
+    def _emit(self, result: Any) -> None:
+        if result is None:
+            return
+        if isinstance(result, pa.Table | pa.RecordBatch):
+            self.tables_out.append(pa.Table.from_batches([result]) if
+                                   isinstance(result, pa.RecordBatch) else result)
+            return
+        if hasattr(result, "to_dict") and hasattr(result, "columns"):
+            self.tables_out.append(pa.Table.from_pandas(
+                result[self.out_schema.names], schema=self.out_schema, preserve_index=False))
+            return
+        names = self.out_schema.names
+        for row in result:
+            self.rows_out.append(row if isinstance(row, dict) else dict(zip(names, row,
+                                                                            strict=True)))
+
+    def output(self) -> pa.Table | None:
+        parts = [t.select(self.out_schema.names).cast(self.out_schema) for t in self.tables_out]
+        if self.rows_out:
+            parts.insert(0, pa.Table.from_pylist(self.rows_out, schema=self.out_schema))
+        return pa.concat_tables(parts) if parts else None
+
+    # -- the batch's rows --------------------------------------------------------------------
+    def process(self, data: pa.Table) -> None:
+        grouped = _Grouped(data, self.key_names)
+        user_cols = [c for c in data.column_names if c not in _INTERNAL]
+        rows = data.select(user_cols).take(pa.array(grouped.order))
+        state = self._fetch(grouped.keys, grouped.key_table)
+        if self.vectorized:
+            self._vectorized(grouped, rows, state)
+        else:
+            self._per_key(grouped, rows, state)
+
+    def _contexts(self, state: pa.Table) -> Iterator[tuple[dict[str, Any], list[Any],
+                                                           dict[str, int]]]:
+        columns = {n: state.column(n).to_pylist() for n in self.schema.names}
+        timers = state.column(TIMERS_COLUMN).to_pylist()
+        expires = state.column(EXPIRES_COLUMN).to_pylist() \
+            if EXPIRES_COLUMN in state.column_names else None
+        names = self.schema.names
+        for i in range(state.num_rows):
+            t = timers[i]
+            yield ({n: columns[n][i] for n in names},
+                   [(e["ms"], e["kind"]) for e in t] if t else [],
+                   dict(expires[i]) if expires is not None and expires[i] else {})
+
+    def _record(self, out: dict[str, list[Any]], ctx: Any) -> None:
+        for name in self.schema.names:
+            value = ctx._values.get(name)  # noqa: SLF001
+            out[name].append(None if isinstance(value, list | dict) and not value else value)
+        out[TIMERS_COLUMN].append([{"ms": int(m), "kind": k} for m, k in ctx._timers]  # noqa: SLF001
+                                  or None)
+        if EXPIRES_COLUMN in out:
+            out[EXPIRES_COLUMN].append(ctx._expires or None)  # noqa: SLF001
+
+    def _per_key(self, grouped: _Grouped, rows: pa.Table, state: pa.Table) -> None:
+        from spark_ckpt.state.processor import KeyContext
+
+        pdf = rows.to_pandas()
+        offsets = grouped.offsets.tolist()
+        changed: list[int] = []
+        out: dict[str, list[Any]] = {n: [] for n in self.value_names}
+        process = self.processor.process
+        t0 = time.perf_counter()
+        for i, (values, timers, expires) in enumerate(self._contexts(state)):
+            key = grouped.keys[i]
+            ctx = KeyContext(self.schema, values, timers, expires, processing_time_ms=self.now,
+                             watermark_ms=self.watermark, ttl_ms=self.ttl)
+            with _user_call(self.params, self.task, "process", key):
+                self._emit(process(key, pdf.iloc[offsets[i]:offsets[i + 1]], ctx))
+            if ctx._dirty:  # noqa: SLF001
+                changed.append(i)
+                self._record(out, ctx)
+        self.user_s += time.perf_counter() - t0
+        keys = [grouped.keys[i] for i in changed]
+        self._put(grouped.key_table.take(pa.array(changed, pa.int64())),
+                  self._values_table(out, keys), keys)
+
+    # -- timers ------------------------------------------------------------------------------
+    def _due(self, ms: int, kind: str) -> bool:
+        if kind == "event":
+            return self.watermark is not None and ms <= self.watermark
+        return ms <= self.now  # processing time and TTL clean-ups
+
+    def fire_timers(self) -> int:
+        limit = max(self.now, self.watermark if self.watermark is not None else self.now)
+        due = self.store.due(limit)
+        if due.num_rows == 0:
+            return 0
+        keys = key_tuples(due, self.key_names)
+        key_table = due.select([KG_COLUMN, *self.key_names])
+        values = due.select(self.value_names)
+        if self.vectorized:
+            return self._vectorized_timers(keys, key_table, values)
+        from spark_ckpt.state.processor import KeyContext
+
+        fired = 0
+        changed: list[int] = []
+        out: dict[str, list[Any]] = {n: [] for n in self.value_names}
+        for i, (vals, timers, expires) in enumerate(self._contexts(values)):
+            key = keys[i]
+            ctx = KeyContext(self.schema, vals, timers, expires, processing_time_ms=self.now,
+                             watermark_ms=self.watermark, ttl_ms=self.ttl)
+            for ms, kind in sorted(timers):
+                if not self._due(ms, kind) or (ms, kind) not in ctx._timers:  # noqa: SLF001
+                    continue  # not yet due, or deleted by an earlier callback of this key
+                ctx.timers.delete(ms, kind)
+                if kind != "ttl":
+                    ctx.timer_kind = kind
+                    t0 = time.perf_counter()
+                    with _user_call(self.params, self.task, "on_timer", key):
+                        self._emit(self.processor.on_timer(key, ms, ctx))
+                    self.user_s += time.perf_counter() - t0
+                    fired += 1
+                ctx._dirty = True  # noqa: SLF001
+            if ctx._dirty:  # noqa: SLF001
+                changed.append(i)
+                self._record(out, ctx)
+        ks = [keys[i] for i in changed]
+        self._put(key_table.take(pa.array(changed, pa.int64())), self._values_table(out, ks), ks)
+        return fired
+
+    # -- the vectorized API ------------------------------------------------------------------
+    def _expired(self, values: pa.Table) -> tuple[pa.Table, np.ndarray]:
+        """TTL: variables past their deadline nulled, TTL timers due dropped; and which rows
+        that changed."""
+        n = values.num_rows
+        touched = np.zeros(n, dtype=bool)
+        if EXPIRES_COLUMN not in values.column_names or n == 0:
+            return values, touched
+        expires = values.column(EXPIRES_COLUMN)
+        for name in self.schema.names:
+            deadline = pc.map_lookup(expires, pa.scalar(name), "first")
+            touched |= np.asarray(pc.fill_null(pc.less_equal(deadline, self.now), False)
+                                  .to_numpy(zero_copy_only=False), dtype=bool)
+        if not touched.any():
+            return values, touched
+        idx = np.flatnonzero(touched)
+        rows = values.take(pa.array(idx)).to_pylist()
+        for row in rows:
+            exp = dict(row[EXPIRES_COLUMN] or [])
+            for name, deadline in list(exp.items()):
+                if deadline <= self.now:
+                    row[name] = None
+                    del exp[name]
+            row[EXPIRES_COLUMN] = exp or None
+            row[TIMERS_COLUMN] = [t for t in row[TIMERS_COLUMN] or []
+                                  if not (t["kind"] == "ttl" and t["ms"] <= self.now)] or None
+        fixed = pa.Table.from_pylist(rows, schema=values.schema)
+        return _replace_rows(values, idx, fixed), touched
+
+    def _vectorized(self, grouped: _Grouped, rows: pa.Table, state: pa.Table) -> None:
+        from spark_ckpt.state.processor import KeyedBatch
+
+        state, touched = self._expired(state)
+        batch = KeyedBatch(
+            keys=grouped.key_table.select(self.key_names).to_pandas(),
+            rows=rows.to_pandas(), offsets=grouped.offsets, group=grouped.group,
+            state=state.select(self.schema.names).to_pandas(),
+            exists=~empty_rows(state, self.schema.names),
+            processing_time_ms=self.now, watermark_ms=self.watermark,
+            arrow_keys=grouped.key_table.select(self.key_names), arrow_rows=rows,
+            arrow_state=state.select(self.schema.names))
+        t0 = time.perf_counter()
+        with _user_call(self.params, self.task, "process_batch", ("<all keys of the task>",)):
+            result = self.processor.process_batch(batch)
+        self.user_s += time.perf_counter() - t0
+        self._apply(result, grouped.keys, grouped.key_table, state, touched)
+
+    def _vectorized_timers(self, keys: list[tuple[Any, ...]], key_table: pa.Table,
+                           values: pa.Table) -> int:
+        import pandas as pd
+
+        from spark_ckpt.state.processor import KeyedBatch
+
+        values, touched = self._expired(values)
+        timers = values.column(TIMERS_COLUMN).to_pylist()
+        fired: list[tuple[int, int, str]] = []
+        kept: list[Any] = []
+        for i, entries in enumerate(timers):
+            remaining = []
+            for e in entries or []:
+                if self._due(e["ms"], e["kind"]):
+                    if e["kind"] != "ttl":
+                        fired.append((i, e["ms"], e["kind"]))
+                    touched[i] = True
+                else:
+                    remaining.append(e)
+            kept.append(remaining or None)
+        values = values.set_column(values.column_names.index(TIMERS_COLUMN), TIMERS_COLUMN,
+                                   pa.array(kept, values.schema.field(TIMERS_COLUMN).type))
+        result = None
+        if fired:
+            with_timer = sorted({f[0] for f in fired})
+            at = {k: j for j, k in enumerate(with_timer)}
+            sub = values.take(pa.array(with_timer))
+            empty_rows_frame = pd.DataFrame(columns=[])
+            batch = KeyedBatch(
+                keys=key_table.select(self.key_names).take(pa.array(with_timer)).to_pandas(),
+                rows=empty_rows_frame, offsets=np.zeros(len(with_timer) + 1, dtype=np.int64),
+                group=np.zeros(0, dtype=np.int64),
+                state=sub.select(self.schema.names).to_pandas(),
+                exists=~empty_rows(sub, self.schema.names),
+                processing_time_ms=self.now, watermark_ms=self.watermark,
+                timers=pd.DataFrame({"key": [at[f[0]] for f in fired],
+                                     "ms": [f[1] for f in fired],
+                                     "kind": [f[2] for f in fired]}),
+                arrow_keys=key_table.select(self.key_names).take(pa.array(with_timer)),
+                arrow_state=sub.select(self.schema.names))
+            t0 = time.perf_counter()
+            with _user_call(self.params, self.task, "on_timers", ("<keys with timers due>",)):
+                result = self.processor.on_timers(batch)
+            self.user_s += time.perf_counter() - t0
+            if result is not None:
+                result = _widen(result, with_timer, len(keys))
+        self._apply(result, keys, key_table, values, touched)
+        return len(fired)
+
+    def _apply(self, result: Any, keys: list[tuple[Any, ...]], key_table: pa.Table,
+               values: pa.Table, touched: np.ndarray) -> None:
+        """Write a vectorized call's result: ``values`` are the keys' rows before it (TTL
+        applied), ``touched`` the rows that changed already (expired, timers fired)."""
+        from spark_ckpt.errors import UserFunctionError
+        from spark_ckpt.state.processor import Result
+
+        n = len(keys)
+        write = touched.copy()
+        columns = {name: values.column(name) for name in self.value_names}
+        if result is not None and not isinstance(result, Result):
+            raise UserFunctionError(
+                f"operator {self.params['operator']}: expected process_batch/on_timers to "
+                f"return a Result or None, found {type(result).__name__}"
+            )
+        if result is not None:
+            self._emit(result.emit)
+            changed = np.ones(n, dtype=bool) if result.changed is None else \
+                np.asarray(result.changed, dtype=bool)
+            if len(changed) != n:
+                raise UserFunctionError(
+                    f"operator {self.params['operator']}: Result.changed has {len(changed)} "
+                    f"entries for {n} keys"
+                )
+            if result.state is not None:
+                new = _as_table(result.state)
+                if new.num_rows != n:
+                    raise UserFunctionError(
+                        f"operator {self.params['operator']}: expected Result.state to have "
+                        f"one row per key of the call ({n}), found {new.num_rows}"
+                    )
+                unknown = [c for c in new.column_names if c not in self.schema.by_name]
+                if unknown:
+                    raise UserFunctionError(
+                        f"operator {self.params['operator']}: Result.state has columns "
+                        f"{unknown} that are not declared state variables "
+                        f"({self.schema.names})"
+                    )
+                mask = pa.array(changed)
+                for name in new.column_names:
+                    field = self.file_schema.field(name)
+                    try:
+                        column = new.column(name).cast(field.type)
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError,
+                            pa.ArrowTypeError) as exc:
+                        raise UserFunctionError(
+                            f"operator {self.params['operator']}: Result.state column "
+                            f"{name!r}: expected {field.type}, found {new.column(name).type} "
+                            f"({exc})"
+                        ) from None
+                    columns[name] = pc.if_else(mask, column, columns[name])
+                write |= changed
+            timer_sets = [(k, a) for k, a in (("event", result.event_timers),
+                                              ("processing", result.processing_timers))
+                          if a is not None]
+            if timer_sets:
+                columns[TIMERS_COLUMN], timer_rows = _set_timers(
+                    columns[TIMERS_COLUMN], timer_sets, n)
+                write |= timer_rows
+            if self.ttl is not None and result.state is not None:
+                columns[EXPIRES_COLUMN], columns[TIMERS_COLUMN] = self._refresh_ttl(
+                    columns, changed)
+        idx = np.flatnonzero(write)
+        if not len(idx):
+            return
+        taken = pa.array(idx, pa.int64())
+        table = pa.Table.from_arrays([pa.chunked_array([c]) if isinstance(c, pa.Array) else c
+                                      for c in (columns[n] for n in self.value_names)],
+                                     names=self.value_names).take(taken)
+        self._put(key_table.take(taken), table, [keys[i] for i in idx.tolist()])
+
+    def _refresh_ttl(self, columns: dict[str, Any], changed: np.ndarray) -> tuple[Any, Any]:
+        """Variables written (non-null in a changed row) expire ``ttl_ms`` from now; one TTL
+        timer per key at the latest deadline."""
+        deadline = self.now + int(self.ttl)
+        expires = columns[EXPIRES_COLUMN].to_pylist() if hasattr(columns[EXPIRES_COLUMN],
+                                                                  "to_pylist") else None
+        timers = columns[TIMERS_COLUMN].to_pylist()
+        present = {name: np.asarray(pc.is_valid(columns[name]).to_numpy(
+            zero_copy_only=False), dtype=bool) for name in self.schema.names}
+        for i in np.flatnonzero(changed).tolist():
+            exp = dict(expires[i] or []) if expires is not None else {}
+            for name in self.schema.names:
+                if present[name][i]:
+                    exp[name] = deadline
+                else:
+                    exp.pop(name, None)
+            expires[i] = exp or None
+            rest = [t for t in timers[i] or [] if t["kind"] != "ttl"]
+            if exp:
+                rest.append({"ms": max(exp.values()), "kind": "ttl"})
+            timers[i] = sorted(rest, key=lambda t: (t["ms"], t["kind"])) or None
+        return (pa.array(expires, self.file_schema.field(EXPIRES_COLUMN).type),
+                pa.array(timers, self.file_schema.field(TIMERS_COLUMN).type))
+
+
+def _as_table(frame: Any) -> pa.Table:
+    if isinstance(frame, pa.Table):
+        return frame
+    if isinstance(frame, pa.RecordBatch):
+        return pa.Table.from_batches([frame])
+    return pa.Table.from_pandas(frame, preserve_index=False)
+
+
+def _replace_rows(table: pa.Table, idx: np.ndarray, rows: pa.Table) -> pa.Table:
+    """``table`` with its rows at ``idx`` replaced by ``rows``."""
+    order = np.arange(table.num_rows)
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[idx] = False
+    rest = np.flatnonzero(keep)
+    combined = pa.concat_tables([table.take(pa.array(rest, pa.int64())), rows])
+    position = np.empty(table.num_rows, dtype=np.int64)
+    position[np.concatenate([rest, idx])] = order
+    return combined.take(pa.array(np.argsort(position), pa.int64()))
+
+
+def _widen(result: Any, rows: list[int], n: int) -> Any:
+    """A Result of a call over some of ``n`` keys, as one over all ``n`` (others unchanged)."""
+    import dataclasses
+
+    import pandas as pd
+
+    changed = np.zeros(n, dtype=bool)
+    sub = np.ones(len(rows), dtype=bool) if result.changed is None else \
+        np.asarray(result.changed, dtype=bool)
+    changed[rows] = sub
+    state = None
+    if result.state is not None:
+        table = _as_table(result.state)
+        position = np.full(n, -1, dtype=np.int64)
+        position[rows] = np.arange(len(rows))
+        state = table.take(pa.array(np.where(position >= 0, position, 0)))
+
+    def widen(values: Any) -> Any:
+        if values is None:
+            return None
+        full = pd.array([pd.NA] * n, dtype="Int64")
+        full[rows] = pd.array(values, dtype="Int64")
+        return full
+
+    return dataclasses.replace(result, state=state, changed=changed,
+                               event_timers=widen(result.event_timers),
+                               processing_timers=widen(result.processing_timers))
+
+
+def _set_timers(timers: Any, sets: list[tuple[str, Any]], n: int) -> tuple[pa.Array, np.ndarray]:
+    """Replace each key's timers of a clock where the array gives a time (negative: none)."""
+    import pandas as pd
+
+    values = timers.to_pylist()
+    touched = np.zeros(n, dtype=bool)
+    for kind, given in sets:
+        arr = pd.array(given, dtype="Int64") if not isinstance(given, pd.arrays.IntegerArray) \
+            else given
+        if len(arr) != n:
+            from spark_ckpt.errors import UserFunctionError
+
+            raise UserFunctionError(
+                f"Result.{kind}_timers has {len(arr)} entries for {n} keys")
+        mask = ~np.asarray(arr.isna())
+        ms = np.asarray(arr.fillna(-1).to_numpy(dtype=np.int64))
+        for i in np.flatnonzero(mask).tolist():
+            rest = [t for t in values[i] or [] if t["kind"] != kind]
+            if ms[i] >= 0:
+                rest.append({"ms": int(ms[i]), "kind": kind})
+            values[i] = sorted(rest, key=lambda t: (t["ms"], t["kind"])) or None
+        touched |= mask
+    return pa.array(values, timers.type), touched

@@ -1,0 +1,315 @@
+"""Typed state stores: a processor's key-group range, one row per key, in Arrow columns.
+
+Both backends hold rows of the range's *file schema* (``_kg``, the key columns, one column per
+declared state variable, ``_timers`` and, with a time-to-live, ``_expires``; see schema.py) and
+answer the same calls, a batch at a time:
+
+* ``fetch(keys)``: the rows of these keys, aligned with them (a null row for a key with no state);
+* ``put(rows, keys)``: the new rows of these keys; a row with no variable and no timer deletes
+  its key (later rows of a key win, so a changelog replays by putting its rows in order);
+* ``due(limit_ms)``: the rows with a timer at or before ``limit_ms``;
+* ``snapshot()``: every row.
+
+``MemoryStore`` keeps the rows as one Arrow table that grows by a chunk per ``put`` plus a dict
+from key to row; rows a later ``put`` replaces are dropped when they outnumber the live ones
+(compaction), so a batch costs a few Arrow operations on its own rows, whatever their types.
+``RocksStore`` keeps one RocksDB entry per key (the key group and the key as JSON -> the row's
+state as JSON, typed back through schema.json_unsafe) and an index entry per timer, for state
+larger than memory.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_ckpt.errors import StateTooLargeError
+from spark_ckpt.state.schema import TIMERS_COLUMN, json_safe, json_unsafe
+
+__all__ = ["MemoryStore", "RocksStore", "empty_rows", "key_tuples", "next_timer"]
+
+NO_TIMER = np.iinfo(np.int64).max
+_NAN = ("spark_ckpt", "NaN")  # NaN keys are one key, as in Spark's grouping
+TOKEN_KEY = b"\xfe__token__"
+TIMER_PREFIX = b"\xff"
+
+
+def key_tuples(table: pa.Table, names: Sequence[str]) -> list[tuple[Any, ...]]:
+    """Each row's key as a tuple of Python values (NaN as one value)."""
+    columns = []
+    for name in names:
+        col = table.column(name)
+        values = col.to_pylist()
+        if pa.types.is_floating(col.type) and col.null_count < len(col) and \
+                pc.any(pc.is_nan(col)).as_py():
+            values = [_NAN if (v is not None and v != v) else v for v in values]
+        columns.append(values)
+    return list(zip(*columns, strict=True)) if columns else []
+
+
+def empty_rows(table: pa.Table, state_names: Sequence[str]) -> np.ndarray:
+    """Rows with no variable (null, or an empty list or map) and no timer: deleted keys."""
+    empty = np.ones(table.num_rows, dtype=bool)
+    for name in (*state_names, TIMERS_COLUMN):
+        col = table.column(name)
+        present = pc.is_valid(col)
+        if pa.types.is_map(col.type):
+            col = col.cast(pa.list_(pa.struct([("key", col.type.key_type),
+                                               ("value", col.type.item_type)])))
+        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+            present = pc.and_(present, pc.greater(pc.fill_null(pc.list_value_length(col), 0), 0))
+        empty &= ~np.asarray(present.to_numpy(zero_copy_only=False), dtype=bool)
+    return empty
+
+
+def next_timer(timers: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """The earliest timer of each row (``NO_TIMER`` when it has none)."""
+    if isinstance(timers, pa.ChunkedArray):
+        timers = timers.combine_chunks()
+    out = np.full(len(timers), NO_TIMER, dtype=np.int64)
+    if len(timers) == 0 or timers.null_count == len(timers):
+        return out
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(timers), 0).to_numpy(), np.int64)
+    has = lengths > 0
+    if not has.any():
+        return out
+    ms = np.asarray(pc.struct_field(pc.list_flatten(timers), "ms").to_numpy(
+        zero_copy_only=False), dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    out[has] = np.minimum.reduceat(ms, starts[has]) if len(ms) else NO_TIMER
+    return out
+
+
+class MemoryStore:
+    """A range's rows in the Python worker."""
+
+    backend = "memory"
+
+    def __init__(self, schema: pa.Schema, key_names: Sequence[str],
+                 state_names: Sequence[str], *, max_rows: int) -> None:
+        self.schema = schema
+        self.key_names = list(key_names)
+        self.state_names = list(state_names)
+        self.max_rows = max_rows
+        self.value_names = [n for n in schema.names if n != "_kg" and n not in self.key_names]
+        self.token: str | None = None
+        self.index: dict[tuple[Any, ...], int] = {}
+        self.table = schema.empty_table()
+        self.live = np.zeros(0, dtype=bool)
+        self.next_ms = np.zeros(0, dtype=np.int64)
+
+    @property
+    def rows(self) -> int:
+        return len(self.index)
+
+    def _combined(self) -> pa.Table:
+        if self.table.column(0).num_chunks > 1:
+            self.table = self.table.combine_chunks()
+        return self.table
+
+    def fetch(self, keys: list[tuple[Any, ...]]) -> pa.Table:
+        """The value columns (variables, timers, expiries) of these keys, aligned with them."""
+        get = self.index.get
+        positions = pa.array([get(k) for k in keys], pa.int64())
+        return self._combined().select(self.value_names).take(positions)
+
+    def put(self, rows: pa.Table, keys: list[tuple[Any, ...]]) -> None:
+        if rows.num_rows == 0:
+            return
+        rows = rows.select(self.schema.names).cast(self.schema)
+        empty = empty_rows(rows, self.state_names).tolist()
+        start = self.table.num_rows
+        index = self.index
+        live = self.live
+        for i, key in enumerate(keys):
+            old = index.get(key)
+            if old is not None and old < start:
+                live[old] = False
+            if empty[i]:
+                index.pop(key, None)
+            else:
+                index[key] = start + i
+        fresh = np.zeros(len(keys), dtype=bool)  # only a key's last row in ``rows`` is live
+        for key in keys:
+            pos = index.get(key)
+            if pos is not None and pos >= start:
+                fresh[pos - start] = True
+        self.live = np.concatenate([live, fresh])
+        self.next_ms = np.concatenate([self.next_ms, next_timer(rows.column(TIMERS_COLUMN))])
+        self.table = pa.concat_tables([self.table, rows])
+        if len(index) > self.max_rows:
+            raise StateTooLargeError(
+                f"the memory state backend holds at most spark.ckpt.state.memoryMaxRows="
+                f"{self.max_rows} keys per task; this task's range needs {len(index)}. Use "
+                "spark.ckpt.state.backend=rocksdb (state on local disk) or raise the keyed "
+                "operator's parallelism"
+            )
+
+    def compact(self) -> None:
+        """Drop replaced and deleted rows when they outnumber the live ones."""
+        if self.table.num_rows <= 2 * len(self.index) + 4096:
+            return
+        keep = np.flatnonzero(self.live)
+        self.table = self._combined().take(pa.array(keep, pa.int64()))
+        self.next_ms = self.next_ms[keep]
+        remap = np.full(len(self.live), -1, dtype=np.int64)
+        remap[keep] = np.arange(len(keep))
+        new_pos = remap.tolist()
+        self.index = {k: new_pos[p] for k, p in self.index.items()}
+        self.live = np.ones(len(keep), dtype=bool)
+
+    def due(self, limit_ms: int) -> pa.Table:
+        positions = np.flatnonzero(self.live & (self.next_ms <= limit_ms))
+        return self._combined().take(pa.array(positions, pa.int64()))
+
+    def snapshot(self) -> pa.Table:
+        self.compact()
+        return self._combined().take(pa.array(np.flatnonzero(self.live), pa.int64()))
+
+    def load(self, tables: list[pa.Table] | pa.Table) -> None:
+        """Rebuild from a snapshot and changelogs, oldest first (or a spilled snapshot)."""
+        for table in [tables] if isinstance(tables, pa.Table) else tables:
+            self.put(table, key_tuples(table, self.key_names))
+        self.compact()
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _kg_key(kg: int, key_json: str) -> bytes:
+    return struct.pack(">H", kg) + key_json.encode()
+
+
+class RocksStore:
+    """A range's rows in RocksDB on the executor's local disk: ``kg + key JSON`` -> the row's
+    state as a JSON list; ``0xff + time + kg + key JSON`` for each timer."""
+
+    backend = "rocksdb"
+
+    def __init__(self, path: str, schema: pa.Schema, key_names: Sequence[str],
+                 state_names: Sequence[str], *, fresh: bool) -> None:
+        from spark_ckpt.state.backends import open_rocks
+
+        self.path = path
+        self.schema = schema
+        self.key_names = list(key_names)
+        self.state_names = list(state_names)
+        self.value_names = [n for n in schema.names if n != "_kg" and n not in self.key_names]
+        self.db = open_rocks(path, fresh=fresh)
+        raw = self.db.get(TOKEN_KEY)
+        self.token: str | None = raw.decode() if raw else None
+
+    @property
+    def rows(self) -> int:
+        return int(self.db.property_int_value("rocksdb.estimate-num-keys") or 0)
+
+    def _raw_keys(self, table: pa.Table) -> list[bytes]:
+        kgs = table.column("_kg").to_pylist()
+        columns = [json_safe(table.column(n)) for n in self.key_names]
+        return [_kg_key(g, json.dumps(list(k), separators=(",", ":"), allow_nan=True))
+                for g, k in zip(kgs, zip(*columns, strict=True), strict=True)]
+
+    def _decode(self, raws: list[bytes | None]) -> pa.Table:
+        """Value columns of the stored rows (a null row where there is none)."""
+        values = [json.loads(r) if r is not None else None for r in raws]
+        arrays = []
+        for i, name in enumerate(self.value_names):
+            column = [v[i] if v is not None else None for v in values]
+            arrays.append(json_unsafe(column, self.schema.field(name).type))
+        return pa.Table.from_arrays(arrays, schema=pa.schema(
+            [self.schema.field(n) for n in self.value_names]))
+
+    def fetch_table(self, key_table: pa.Table) -> pa.Table:
+        """The value columns of the keys in ``key_table`` (``_kg`` and the key columns)."""
+        raw_keys = self._raw_keys(key_table)
+        return self._decode(self.db.get(raw_keys) if raw_keys else [])
+
+    def put(self, rows: pa.Table, keys: list[tuple[Any, ...]] | None = None,
+            token: str | None = None) -> None:
+        from rocksdict import WriteBatch
+
+        wb = WriteBatch(raw_mode=True)
+        if rows.num_rows:
+            rows = rows.select(self.schema.names).cast(self.schema)
+            raw_keys = self._raw_keys(rows)
+            empty = empty_rows(rows, self.state_names)
+            olds = self.db.get(raw_keys)
+            timer_at = self.value_names.index(TIMERS_COLUMN)
+            columns = [json_safe(rows.column(n)) for n in self.value_names]
+            written: dict[bytes, list[Any] | None] = {}
+            for i, raw_key in enumerate(raw_keys):
+                old = written[raw_key] if raw_key in written else \
+                    (json.loads(olds[i]) if olds[i] is not None else None)
+                for t in (old[timer_at] or []) if old is not None else []:
+                    wb.delete(TIMER_PREFIX + struct.pack(">q", int(t["ms"])) + raw_key)
+                if empty[i]:
+                    wb.delete(raw_key)
+                    written[raw_key] = None
+                    continue
+                value = [c[i] for c in columns]
+                wb.put(raw_key, json.dumps(value, separators=(",", ":")).encode())
+                for t in value[timer_at] or []:
+                    wb.put(TIMER_PREFIX + struct.pack(">q", int(t["ms"])) + raw_key, b"")
+                written[raw_key] = value
+        if token is not None:
+            wb.put(TOKEN_KEY, token.encode())
+        self.db.write(wb)
+        if token is not None:
+            self.token = token
+
+    def set_token(self, token: str) -> None:
+        self.put(self.schema.empty_table(), token=token)
+
+    def _rows_of(self, raw_keys: list[bytes]) -> pa.Table:
+        """Whole rows (key group, keys, values) of stored keys."""
+        kgs = [struct.unpack(">H", k[:2])[0] for k in raw_keys]
+        key_values = [json.loads(k[2:]) for k in raw_keys]
+        arrays = [pa.array(kgs, pa.int32())]
+        for i, name in enumerate(self.key_names):
+            arrays.append(json_unsafe([k[i] for k in key_values], self.schema.field(name).type))
+        values = self._decode(self.db.get(raw_keys) if raw_keys else [])
+        return pa.Table.from_arrays([*arrays, *values.columns], schema=self.schema)
+
+    def due(self, limit_ms: int) -> pa.Table:
+        keys: dict[bytes, None] = {}
+        it = self.db.iter()
+        it.seek(TIMER_PREFIX)
+        while it.valid():
+            raw = it.key()
+            if not raw.startswith(TIMER_PREFIX) or struct.unpack(">q", raw[1:9])[0] > limit_ms:
+                break
+            keys[raw[9:]] = None
+            it.next()
+        return self._rows_of(list(keys))
+
+    def snapshot(self, chunk: int = 200_000) -> pa.Table:
+        parts = []
+        it = self.db.iter()
+        it.seek_to_first()
+        raw_keys: list[bytes] = []
+        while it.valid():
+            raw = it.key()
+            if raw[:1] in (b"\xfe", b"\xff"):
+                break
+            raw_keys.append(raw)
+            if len(raw_keys) >= chunk:
+                parts.append(self._rows_of(raw_keys))
+                raw_keys = []
+            it.next()
+        parts.append(self._rows_of(raw_keys))
+        return pa.concat_tables(parts)
+
+    def load(self, tables: list[pa.Table]) -> None:
+        for table in tables:
+            for start in range(0, table.num_rows, 200_000):
+                self.put(table.slice(start, 200_000), token="")
+
+    def close(self) -> None:
+        self.db.close()
+

@@ -19,10 +19,11 @@ Scenarios (flags; none given runs them all). Default sizes in ``SIZES`` (``--hel
                    checkpoint every 10 s); Structured Streaming: ``groupBy("key").agg(...)``,
                    update mode, ``foreachBatch`` appending to Parquet. Input rows per second over
                    the query's wall time (and from the second batch on, without the cold first).
-``--process``      running per-key n/total in Python (4 files x 5,000 rows over 5,000 keys: one
-                   Python call per key and batch): a ``KeyedProcessor`` vs
+``--process``      running per-key n/total in Python (4 files x 1,000,000 rows over 1,000,000
+                   keys): a ``VectorizedProcessor`` (one call per task and batch, ``ckpt_vec``)
+                   and a ``KeyedProcessor`` (one call per key and batch, ``ckpt``) vs
                    ``applyInPandasWithState`` (and ``transformWithStateInPandas`` when the
-                   ``protobuf`` package it needs is installed).
+                   ``protobuf`` package it needs is installed and ``--tws`` is given).
 ``--tiny``         20 batches of 10 rows over 10 keys through the agg pipeline: median batch
                    duration after 2 warm-up batches (spark_ckpt ``durations_ms.total``, also
                    with allocation; Structured Streaming ``durationMs.triggerExecution``), and the
@@ -74,7 +75,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from spark_ckpt.state.processor import KeyedProcessor  # noqa: E402
+from spark_ckpt.state.processor import KeyedProcessor, Result, VectorizedProcessor  # noqa: E402
 
 SCHEMA = "id BIGINT, key BIGINT, value DOUBLE, event_time TIMESTAMP"
 OUT_SCHEMA = "key BIGINT, n BIGINT, total DOUBLE"
@@ -86,8 +87,8 @@ SCENARIOS = ("agg", "process", "tiny", "interval", "incremental", "restart")
 # size knobs: (full default, --small default)
 SIZES: dict[str, tuple[int, int]] = {
     "files": (12, 3), "rows_per_file": (250_000, 2000), "keys": (1_000_000, 1000),
-    "process_files": (4, 3), "process_rows_per_file": (5000, 2000),
-    "process_keys": (5000, 1000),
+    "process_files": (4, 3), "process_rows_per_file": (1_000_000, 2000),
+    "process_keys": (1_000_000, 1000),
     "tiny_files": (20, 8), "tiny_rows": (10, 10), "tiny_keys": (10, 10),
     "incr_keys": (1_000_000, 1000), "incr_load_files": (4, 1), "incr_batches": (10, 4),
     "incr_touch": (10_000, 10),
@@ -109,6 +110,22 @@ class Running(KeyedProcessor):
         s.update(total)
         c.update(n)
         yield (key[0], n, total)
+
+
+class RunningVec(VectorizedProcessor):
+    """spark_ckpt, vectorized: the same running count and sum, one call per task and batch."""
+
+    state_schema = "s DOUBLE, c BIGINT"
+
+    def process_batch(self, batch):  # noqa: ANN001, ANN201
+        import numpy as np
+        import pandas as pd
+
+        sums = np.add.reduceat(batch.rows["value"].to_numpy(), batch.offsets[:-1])
+        total = batch.state["s"].fillna(0.0).to_numpy() + sums
+        n = batch.state["c"].fillna(0).to_numpy("int64") + batch.sizes
+        return Result(state=pd.DataFrame({"s": total, "c": n}),
+                      emit=batch.keys.assign(n=n, total=total))
 
 
 def running_with_state(key, pdfs, state):  # noqa: ANN001, ANN201
@@ -239,7 +256,8 @@ def child_ckpt(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001, C901
                            settings=ckpt_settings(args.checkpoint_ms))
     src = ctx.file_stream("in", args.input, "parquet", schema=SCHEMA, max_files_per_batch=1)
     if args.scenario == "process":
-        src.key_by("key").process(Running(), OUT_SCHEMA, name="running") \
+        processor = RunningVec() if args.system == "ckpt_vec" else Running()
+        src.key_by("key").process(processor, OUT_SCHEMA, name="running") \
             .write_parquet(out, name="running")
     else:
         src.key_by("key").agg(n=count(), total=sum_("value")).write_parquet(out, name="totals")
@@ -362,7 +380,7 @@ def child(args: argparse.Namespace) -> None:
         os.makedirs(args.work, exist_ok=True)
         if args.system == "floor":
             result = child_floor(args, spark)
-        elif args.system == "ckpt":
+        elif args.system in ("ckpt", "ckpt_vec"):
             result = child_ckpt(args, spark)
         else:
             result = child_ss(args, spark)
@@ -583,10 +601,10 @@ class Bench:
                                                           med(_known(ss_steady)))}}
 
     def process(self) -> dict:
-        systems = ["ckpt", "ss_apiws"]
+        systems = ["ckpt_vec", "ckpt", "ss_apiws"]
         failures: dict[str, str] = {}
-        if self.args.no_tws:
-            failures["ss_tws"] = "skipped (--no-tws)"
+        if not self.args.tws:
+            failures["ss_tws"] = "skipped (pass --tws)"
         elif not _has_module("google.protobuf"):
             # its Python side talks to the state server in protobuf messages
             failures["ss_tws"] = ("skipped: transformWithStateInPandas needs the protobuf "
@@ -618,12 +636,15 @@ class Bench:
         summary |= {f"{s}_rows_per_s_median": med(v) for s, v in rates.items()}
         steady = {s: _known([steady_rate(r) for r in v]) for s, v in runs.items()}
         summary |= {f"{s}_steady_rows_per_s": v for s, v in steady.items()}
-        for s in rates:
-            if s != "ckpt":
-                summary[f"throughput_ratio_ckpt_over_{s}"] = ratio(med(rates.get("ckpt", [])),
-                                                                   med(rates[s]))
-                summary[f"steady_throughput_ratio_ckpt_over_{s}"] = ratio(
-                    med(steady.get("ckpt", [])), med(steady[s]))
+        for mine in ("ckpt_vec", "ckpt"):
+            for s in rates:
+                if not s.startswith("ckpt"):
+                    summary[f"throughput_ratio_{mine}_over_{s}"] = ratio(
+                        med(rates.get(mine, [])), med(rates[s]))
+                    summary[f"steady_throughput_ratio_{mine}_over_{s}"] = ratio(
+                        med(steady.get(mine, [])), med(steady[s]))
+        summary["throughput_ratio_ckpt_vec_over_ckpt"] = ratio(
+            med(rates.get("ckpt_vec", [])), med(rates.get("ckpt", [])))
         if failures:
             summary["failed"] = failures
         return {"runs": runs, "summary": summary}
@@ -863,8 +884,8 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="toy sizes, to check the script")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--no-tws", action="store_true",
-                        help="skip transformWithStateInPandas in the process scenario")
+    parser.add_argument("--tws", action="store_true",
+                        help="add transformWithStateInPandas to the process scenario")
     for key, (full, small) in SIZES.items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=None,
                             help=f"default {full} ({small} with --small)")

@@ -215,3 +215,63 @@ def test_vectorized_timers_close_sessions_as_the_watermark_passes(spark, tmp_pat
     assert sum(p["state"]["s"]["timers_fired"] for p in progress) == len(expect)
     left = read_state(spark, str(tmp_path / "ckpt"), "s").toPandas()
     assert sorted(left.key) == sorted(state)
+
+
+# -- the documented examples: vectorized and per-key, same answers as plain Spark -------------
+def run_example(spark, tmp_path, name, processor, schema, keyed_input, **kw):
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / name), name,
+                           settings=Settings(**BASE, state_parallelism=2))
+    gen = ctx.generator_stream("gen", rows_per_batch=100, total_rows=500, keys=50)
+    keyed_input(gen).key_by("key").process(processor, schema, name="op", **kw) \
+        .write_parquet(str(tmp_path / f"out-{name}"), name="out")
+    ctx.process_available(timeout=300)
+    return spark.read.parquet(str(tmp_path / f"out-{name}")), ctx
+
+
+def late_keys(gen):
+    """Keys 25..49 first appear in batch 2 (ids from 200)."""
+    return gen.filter((F.col("key") < 25) | (F.col("id") >= 200))
+
+
+@pytest.mark.parametrize("api", ["vectorized", "per_key"])
+def test_dedup_example_emits_each_key_once_from_its_first_batch(spark, tmp_path, api):
+    import keyed_examples as ex
+
+    proc = ex.Dedup() if api == "vectorized" else ex.DedupPerKey()
+    out, _ = run_example(spark, tmp_path, "dedup", proc,
+                         "id BIGINT, key BIGINT, value DOUBLE, event_time TIMESTAMP", late_keys)
+    rows = out.toPandas()
+    assert sorted(rows.key) == list(range(50))  # once each
+    first_batch = {k: 0 if k < 25 else 2 for k in range(50)}
+    assert all(i // 100 == first_batch[k] and i % 50 == k
+               for k, i in zip(rows.key, rows.id, strict=True))
+
+
+@pytest.mark.parametrize("api", ["vectorized", "per_key"])
+def test_top_n_example_keeps_the_n_largest_values_per_key(spark, tmp_path, api):
+    import keyed_examples as ex
+    from test_keyed_state import generated
+
+    proc = ex.TopN() if api == "vectorized" else ex.TopNPerKey()
+    run_example(spark, tmp_path, "top", proc, "key BIGINT, top ARRAY<DOUBLE>", late_keys)
+    want = late_keys(generated(spark, 0, 500, 50)).groupBy("key").agg(
+        F.slice(F.sort_array(F.collect_list("value"), False), 1, ex.TOP_N).alias("top"))
+    got = read_state(spark, str(tmp_path / "top"), "op")
+    assert sorted(map(tuple, got.collect())) == sorted(map(tuple, want.collect()))
+
+
+def test_sessions_examples_give_the_same_sessions_in_both_apis(spark, tmp_path):
+    import keyed_examples as ex
+
+    quiet = lambda gen: gen.filter(  # noqa: E731 - keys 1 and 2 go quiet: their sessions close
+        F.col("id") < F.when(F.col("key") == 1, 150).when(F.col("key") == 2, 250)
+        .otherwise(10**9))
+    schema = "key BIGINT, n BIGINT, start_ms BIGINT, end_ms BIGINT"
+    outs = {}
+    for api, proc in (("vectorized", ex.Sessions()), ("per_key", ex.SessionsPerKey())):
+        out, _ = run_example(spark, tmp_path, f"sess-{api}", proc, schema, quiet,
+                             event_time="event_time")
+        outs[api] = sorted(map(tuple, out.collect()))
+    epoch = 1_767_225_600_000
+    assert outs["vectorized"] == outs["per_key"] == [
+        (1, 3, epoch + 1, epoch + 101), (2, 5, epoch + 2, epoch + 202)]

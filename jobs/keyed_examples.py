@@ -30,7 +30,7 @@ class DedupPerKey(KeyedProcessor):
         seen = ctx.value("seen")
         if not seen.get():
             seen.update(True)
-            return rows.iloc[:1]
+            return rows.to_pandas().iloc[:1]
         return None
 
 
@@ -98,7 +98,7 @@ class SessionsPerKey(KeyedProcessor):
     state_schema = "n BIGINT, start_ms BIGINT, last_ms BIGINT"
 
     def process(self, key, rows, ctx):  # noqa: ANN001, ANN201
-        ms = rows["event_time"].astype("datetime64[ms, UTC]").astype("int64")
+        ms = rows["event_time"].astype("datetime64[ms]").astype("int64")  # numpy, UTC
         n, start, last = ctx.value("n"), ctx.value("start_ms"), ctx.value("last_ms")
         if last.get() is not None:
             ctx.timers.delete(last.get() + GAP_MS, "event")

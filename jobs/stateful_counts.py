@@ -19,7 +19,14 @@ from __future__ import annotations
 import argparse
 import logging
 
-from spark_ckpt import KeyedProcessor, StreamingContext, StreamingListener, get_or_create_session
+from spark_ckpt import (
+    KeyedProcessor,
+    Result,
+    StreamingContext,
+    StreamingListener,
+    VectorizedProcessor,
+    get_or_create_session,
+)
 from spark_ckpt.options import Settings
 from spark_ckpt.state import count, sum_
 
@@ -43,6 +50,31 @@ class Sequencer(KeyedProcessor):
         last.update(prev)
 
 
+class VectorizedSequencer(VectorizedProcessor):
+    """The Sequencer with the vectorized API: every key of a task's range in one call."""
+
+    state_schema = "seen BIGINT, last_id BIGINT"
+
+    def process_batch(self, batch):  # noqa: ANN001, ANN201
+        import numpy as np
+        import pandas as pd
+
+        ids = batch.rows["id"].to_numpy("int64")
+        order = np.lexsort((ids, batch.group))  # by key, then id
+        group, ids = batch.group[order], ids[order]
+        rank = np.arange(len(ids)) - batch.offsets[group]  # position within the key
+        seen = batch.state["seen"].fillna(0).to_numpy("int64")
+        last = batch.state["last_id"]
+        prev = pd.array(np.roll(ids, 1), dtype="Int64")
+        first = rank == 0
+        prev[first] = pd.array(last.to_numpy()[group[first]], dtype="Int64")
+        out = pd.DataFrame({"key": batch.keys["key"].to_numpy()[group], "id": ids,
+                            "seq": seen[group] + rank + 1, "prev_id": prev})
+        ends = batch.offsets[1:] - 1  # each key's last row, in sorted order
+        return Result(state=pd.DataFrame({"seen": seen + batch.sizes, "last_id": ids[ends]}),
+                      emit=out)
+
+
 class Printer(StreamingListener):
     def on_batch_completed(self, progress):  # noqa: ANN001, ANN201
         print(f"PROGRESS batch={progress['batch_id']} recovered={progress['recovered']}",
@@ -55,12 +87,14 @@ class Printer(StreamingListener):
 
 def build_pipeline(spark, checkpoint: str, output: str, *, total_rows: int = 12_000,  # noqa: ANN001
                    rows_per_batch: int = 200, keys: int = 10, interval: float = 0.2,
-                   settings: Settings | None = None) -> StreamingContext:
+                   settings: Settings | None = None,
+                   vectorized: bool = False) -> StreamingContext:
     ctx = StreamingContext(spark, interval, checkpoint, "stateful-counts", settings=settings)
     ids = ctx.generator_stream("ids", rows_per_batch=rows_per_batch, total_rows=total_rows,
                                keys=keys)
     keyed = ids.key_by("key")
-    keyed.process(Sequencer(), EVENTS_SCHEMA, name="sequencer") \
+    keyed.process(VectorizedSequencer() if vectorized else Sequencer(), EVENTS_SCHEMA,
+                  name="sequencer") \
         .write_delta(f"{output}/events", name="events")
     keyed.agg(name="totals", n=count(), total=sum_("value")) \
         .write_delta(f"{output}/totals", name="totals", merge_keys=["key"])
@@ -80,6 +114,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-ms", type=int, default=1000)
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--available-now", action="store_true")
+    parser.add_argument("--vectorized", action="store_true",
+                        help="the sequencer as a VectorizedProcessor")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -88,7 +124,8 @@ def main() -> None:
                                   state_parallelism=args.parallelism, progress="never")
     ctx = build_pipeline(spark, args.checkpoint, args.output, total_rows=args.total_rows,
                          rows_per_batch=args.rows_per_batch, keys=args.keys,
-                         interval=args.interval, settings=settings)
+                         interval=args.interval, settings=settings,
+                         vectorized=args.vectorized)
     if args.available_now:
         progress = ctx.process_available()
     else:

@@ -278,7 +278,19 @@ def child_ckpt(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001, C901
             "batch_ms": [p["durations_ms"]["total"] for p in progress],
             "allocation_ms": [p["durations_ms"]["allocation"] for p in progress],
             "state_ms": [p["durations_ms"].get("state") for p in progress],
-            "checkpoints": checkpoints}
+            "checkpoints": checkpoints, "state_tasks": _task_cache(progress)}
+
+
+def _task_cache(progress: list[dict]) -> dict[str, int]:
+    """Where each stateful task run found its range: the worker's memory (process), the
+    executor's local copy (local), durable storage (restored), or nowhere (a new range)."""
+    counts: dict[str, int] = {}
+    for p in progress:
+        for op in (p.get("state") or {}).values():
+            for task in (op.get("tasks") or {}).values():
+                where = task.get("cache") or ("restored" if task.get("restored") else "new")
+                counts[where] = counts.get(where, 0) + 1
+    return counts
 
 
 def child_ss(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001

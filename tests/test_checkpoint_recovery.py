@@ -34,10 +34,11 @@ LONG = 6_000  # 30 batches of 200 ids: more than twenty killed drivers get throu
 SHORT = 1_400  # 7 batches
 
 
-def command(tmp_path, total: int) -> list[str]:
+def command(tmp_path, total: int, vectorized: bool = False) -> list[str]:
     return [sys.executable, str(ROOT / "jobs" / "stateful_counts.py"),
             "--checkpoint", str(tmp_path / "ckpt"), "--output", str(tmp_path / "out"),
-            "--total-rows", str(total), "--keys", str(KEYS), "--available-now"]
+            "--total-rows", str(total), "--keys", str(KEYS), "--available-now",
+            *(["--vectorized"] if vectorized else [])]
 
 
 def run(tmp_path, total: int, fault: str | None = None,
@@ -63,7 +64,8 @@ def assert_exactly_once(spark, tmp_path, total: int) -> None:
     state = read_state(spark, str(tmp_path / "ckpt"), "totals").toPandas()
     assert sorted(state.key) == list(range(KEYS)) and set(state.n) == {TOTAL // KEYS}
     seq = read_state(spark, str(tmp_path / "ckpt"), "sequencer").toPandas()
-    assert len(seq) == KEYS and all(f'"seen":{TOTAL // KEYS}' in s for s in seq.state)
+    assert len(seq) == KEYS and set(seq.seen) == {TOTAL // KEYS}
+    assert sorted(seq.last_id) == list(range(TOTAL - KEYS, TOTAL))
 
 
 def spread_defaults(tmp_path):
@@ -105,14 +107,14 @@ SCHEDULE = (
 
 
 def drive(tmp_path, total: int, env: dict[str, str], kill: str | None,
-          rng: random.Random) -> str:
+          rng: random.Random, vectorized: bool = False) -> str:
     """Run one driver; with ``kill``, assert it died by SIGKILL where planned, before its
     RESULT line. Returns what it printed (stdout and stderr)."""
     if kill is not None and not kill.startswith("after:"):
         env = {**env, "SPARK_CKPT_FAULT": kill}
-    proc = subprocess.Popen(command(tmp_path, total), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            cwd=ROOT)
+    proc = subprocess.Popen(command(tmp_path, total, vectorized), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, cwd=ROOT)
     assert proc.stdout is not None
     lines: list[str] = []
     try:
@@ -147,14 +149,17 @@ def drive(tmp_path, total: int, env: dict[str, str], kill: str | None,
 
 
 @pytest.mark.timeout(1200)
-def test_exactly_once_across_sigkills_at_every_fault_point(spark, tmp_path):
+@pytest.mark.parametrize("api", ["per_key", "vectorized"])
+def test_exactly_once_across_sigkills_at_every_fault_point(spark, tmp_path, api):
+    """The chain, once with the sequencer as a KeyedProcessor and once as a
+    VectorizedProcessor."""
     rng = random.Random(20261121)
     spread = spread_defaults(tmp_path)
     for attempt, kill in enumerate((*SCHEDULE, None)):
         # every other driver runs with one task per key-group range: both task paths, and a
         # switch between them at every restart
         env = child_env(**({"SPARK_CKPT_DEFAULTS": str(spread)} if attempt % 2 else {}))
-        out = drive(tmp_path, LONG, env, kill, rng)
+        out = drive(tmp_path, LONG, env, kill, rng, vectorized=api == "vectorized")
         if attempt >= 2:  # a checkpoint completed (attempt 1's): every restart restores one
             assert "restored checkpoint" in out, (attempt, out[-3000:])
     assert_exactly_once(spark, tmp_path, LONG)

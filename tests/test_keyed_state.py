@@ -128,7 +128,7 @@ class Sessionize(KeyedProcessor):
             p = "even" if i % 2 == 0 else "odd"
             parity.put(p, parity.get(p, 0) + 1)
         if not ctx.timers.list():
-            first_ms = int(rows["event_time"].min().value // 1_000_000)
+            first_ms = int(rows["event_time"].min().astype("datetime64[ms]").astype("int64"))
             ctx.timers.register_event_time(first_ms + 50)
         yield (key[0], "rows", count_, json.dumps(recent.get()), parity.get("even", 0))
 

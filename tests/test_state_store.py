@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from spark_ckpt.state.schema import StateSchema, StateVar, json_safe, json_unsafe
-from spark_ckpt.state.store import MemoryStore, RocksStore, key_tuples
+from spark_ckpt.state.store import MemoryStore, RocksStore
 
 UTC = dt.UTC
 EVERY_TYPE = [
@@ -67,9 +67,7 @@ def make(kind: str, tmp_path):
 
 
 def fetch(store, t: pa.Table) -> pa.Table:
-    if store.backend == "rocksdb":
-        return store.fetch_table(t.select(["_kg", "k", "n"]))
-    return store.fetch(key_tuples(t, ["k", "n"]))
+    return store.fetch(t.select(["_kg", "k", "n"]))
 
 
 def values(t: pa.Table) -> list[dict]:
@@ -96,7 +94,7 @@ def test_every_declared_type_round_trips_through_the_store(kind, tmp_path):
     rows = [row(0), row(1), row(2, nulls=True), row(3)]
     timers = [[{"ms": 100, "kind": "event"}], None, [{"ms": 50, "kind": "processing"}], None]
     t = table(rows, keys, timers)
-    store.put(t, key_tuples(t, ["k", "n"]))
+    store.put(t)
     got = fetch(store, t)
     same(values(got), values(t))
     assert got.schema.field("st").type == SCHEMA.by_name["st"].type
@@ -119,11 +117,11 @@ def test_a_row_with_nothing_deletes_its_key_and_the_last_row_of_a_key_wins(kind,
     store = make(kind, tmp_path)
     t = table([row(1), row(2)], [("a", 1), ("b", 2)],
               [[{"ms": 10, "kind": "event"}], [{"ms": 20, "kind": "event"}]])
-    store.put(t, key_tuples(t, ["k", "n"]))
+    store.put(t)
     # one put with key a twice (the later row wins) and key b emptied (deleted, timer gone)
     update = table([{"s": "first"}, {}, {"s": "second"}], [("a", 1), ("b", 2), ("a", 1)],
                    [None, [], None])
-    store.put(update, key_tuples(update, ["k", "n"]))
+    store.put(update)
     snap = store.snapshot()
     assert [(r["k"], r["s"]) for r in snap.to_pylist()] == [("a", "second")]
     assert store.due(1000).num_rows == 0  # a's new row has no timer, b is gone
@@ -138,7 +136,7 @@ def test_the_memory_store_compacts_replaced_rows():
     for round_ in range(30):
         t = table([row(i) for i in range(200)], [("k", i) for i in range(200)], [None] * 200)
         t = t.set_column(t.column_names.index("i64"), "i64", pa.array([round_] * 200))
-        store.put(t, key_tuples(t, ["k", "n"]))
+        store.put(t)
         store.compact()
     assert store.table.num_rows <= 2 * 200 + 4096 and store.rows == 200
     assert set(store.snapshot().column("i64").to_pylist()) == {29}
@@ -159,4 +157,39 @@ def test_the_memory_store_refuses_more_keys_than_its_limit(tmp_path):
                         max_rows=3)
     t = table([row(i) for i in range(4)], [("a", i) for i in range(4)], [None] * 4)
     with pytest.raises(StateTooLargeError, match="memoryMaxRows=3.*rocksdb"):
-        store.put(t.drop_columns(["_expires"]), key_tuples(t, ["k", "n"]))
+        store.put(t.drop_columns(["_expires"]))
+
+
+def test_integer_keys_are_looked_up_like_any_other_key():
+    """One integer key column takes the numpy/pandas index: nulls, duplicates within a put,
+    deletes, compaction and large ids behave as the dict of tuples does."""
+    import random
+
+    schema = StateSchema([StateVar("v", pa.int64())])
+    results = []
+    for key_type in (pa.int64(), pa.string()):  # string: the dict path, the reference
+        fs = schema.file_schema([pa.field("k", key_type)], ttl=False)
+        store = MemoryStore(fs, ["k"], ["v"], max_rows=10_000)
+        assert store.integer == pa.types.is_integer(key_type)
+        rng = random.Random(7)
+        universe = [None, 0, -1, 2**62, -(2**63), *range(1, 40)]
+        for round_ in range(40):
+            keys = [rng.choice(universe) for _ in range(rng.randint(1, 30))]
+            values = [None if rng.random() < 0.2 else round_ * 100 + i
+                      for i in range(len(keys))]  # None: delete the key
+            conv = (lambda k: None if k is None else str(k)) if key_type == pa.string() \
+                else (lambda k: k)
+            rows = pa.Table.from_pydict(
+                {"_kg": [1] * len(keys), "k": [conv(k) for k in keys], "v": values,
+                 "_timers": [None] * len(keys)}, schema=fs)
+            store.put(rows)
+            if round_ % 7 == 0:
+                store.compact()
+            probe = pa.Table.from_pydict({"_kg": [1] * len(universe),
+                                          "k": [conv(k) for k in universe]},
+                                         schema=pa.schema([fs.field("_kg"), fs.field("k")]))
+            results.append((key_type, store.fetch(probe).column("v").to_pylist(), store.rows))
+    half = len(results) // 2
+    assert [r[1:] for r in results[:half]] == [r[1:] for r in results[half:]]
+    # a last check against a plain model
+    assert results[half - 1][2] == len(store.snapshot())

@@ -275,3 +275,89 @@ def test_sessions_examples_give_the_same_sessions_in_both_apis(spark, tmp_path):
     epoch = 1_767_225_600_000
     assert outs["vectorized"] == outs["per_key"] == [
         (1, 3, epoch + 1, epoch + 101), (2, 5, epoch + 2, epoch + 202)]
+
+
+# -- what a user gets wrong is named -----------------------------------------------------------
+class Undeclared(KeyedProcessor):
+    state_schema = "n BIGINT"
+
+    def process(self, key, rows, ctx):
+        ctx.value("total").update(1.0)
+
+
+class WrongType(KeyedProcessor):
+    state_schema = "n BIGINT"
+
+    def process(self, key, rows, ctx):
+        ctx.value("n").update("many")
+
+
+class WrongCall(VectorizedProcessor):
+    state_schema = "n BIGINT"
+
+    def process_batch(self, batch):
+        return Result(state=pd.DataFrame({"n": [1]}))  # one row, whatever the number of keys
+
+
+@pytest.mark.parametrize("processor, message", [
+    (Undeclared(), r"state variable 'total' is not declared.*declared: \['n'\]"),
+    (WrongType(), r"state variable 'n' of key \(\d+,\): expected a value of type int64, found "
+                  r"str 'many'"),
+    (WrongCall(), r"expected Result.state to have one row per key of the call \(\d+\), found 1"),
+])
+def test_a_state_mistake_fails_the_batch_naming_the_variable_and_key(spark, tmp_path, processor,
+                                                                    message):
+    from spark_ckpt import PipelineFailedError, UserFunctionError
+
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "bad",
+                           settings=Settings(**BASE, state_parallelism=2))
+    ctx.generator_stream("gen", rows_per_batch=20, total_rows=20, keys=4).key_by("key") \
+        .process(processor, "key BIGINT", name="bad").write_parquet(str(tmp_path / "out"),
+                                                                    name="out")
+    with pytest.raises((PipelineFailedError, UserFunctionError)) as info:
+        ctx.process_available(timeout=300)
+    text = str(info.value) + str(info.value.__cause__ or "")
+    import re
+
+    assert re.search(message, text), text
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.parquet"))
+
+
+def test_a_vectorized_processor_without_a_state_schema_is_refused_when_defined(spark,
+                                                                               tmp_path):
+    from spark_ckpt import JobDefinitionError
+
+    class NoSchema(VectorizedProcessor):
+        def process_batch(self, batch):
+            return None
+
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "none", settings=Settings(**BASE))
+    gen = ctx.generator_stream("gen", rows_per_batch=20, total_rows=20, keys=4)
+    with pytest.raises(JobDefinitionError, match="declares no state_schema"):
+        gen.key_by("key").process(NoSchema(), "key BIGINT")
+
+
+def test_a_checkpoint_of_json_processor_state_is_refused_at_start(spark, tmp_path):
+    """A checkpoint written before typed state (its operator metadata has no state_schema)
+    stops the start with what to do; nothing runs."""
+    import json
+
+    from spark_ckpt import CheckpointError, PipelineFailedError
+
+    def pipeline(total: int):
+        ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "old",
+                               settings=Settings(**BASE, state_parallelism=2))
+        gen = ctx.generator_stream("gen", rows_per_batch=50, total_rows=total, keys=4)
+        gen.key_by("key").process(RunningPerKey(), "key BIGINT, n BIGINT, total DOUBLE",
+                                  name="run").write_parquet(str(tmp_path / "out"), name="out")
+        return ctx
+
+    pipeline(100).process_available(timeout=300)
+    for meta_file in (tmp_path / "ckpt" / "checkpoints").glob("chk-*/_metadata.json"):
+        meta = json.loads(meta_file.read_text())
+        for op in meta.get("operators", {}).values():
+            for key in ("state_schema", "key_schema", "state_format"):
+                op.pop(key, None)
+        meta_file.write_text(json.dumps(meta))
+    with pytest.raises((CheckpointError, PipelineFailedError), match="JSON documents"):
+        pipeline(200).process_available(timeout=300)

@@ -98,21 +98,41 @@ def _typed(values: list[Any], field: pa.Field, keys: list[tuple[Any, ...]],
 
 
 class _Grouped:
-    """A batch's data rows grouped by key."""
+    """A batch's data rows grouped by key: group ids in the order of each key's first row
+    (pandas' factorize for one integer key column, a dict of key tuples otherwise), and a
+    stable argsort of them, which keeps arrival order within a key."""
 
     def __init__(self, data: pa.Table, key_names: list[str]) -> None:
-        keys = key_tuples(data, key_names)
-        first: dict[tuple[Any, ...], int] = {}
-        setdefault = first.setdefault
-        gid = np.fromiter((setdefault(k, len(first)) for k in keys), dtype=np.int64,
-                          count=len(keys))
-        self.keys = list(first)
+        self.key_names = key_names
+        column = data.column(key_names[0])
+        self._keys: list[tuple[Any, ...]] | None = None
+        if len(key_names) == 1 and pa.types.is_integer(column.type) and column.null_count == 0:
+            import pandas as pd
+
+            codes, _uniques = pd.factorize(column.to_numpy())
+            gid = codes.astype(np.int64, copy=False)
+            count = len(_uniques)
+        else:
+            keys = key_tuples(data, key_names)
+            first: dict[tuple[Any, ...], int] = {}
+            setdefault = first.setdefault
+            gid = np.fromiter((setdefault(k, len(first)) for k in keys), dtype=np.int64,
+                              count=len(keys))
+            self._keys = list(first)
+            count = len(first)
         self.order = np.argsort(gid, kind="stable")
-        counts = np.bincount(gid, minlength=len(self.keys))
+        counts = np.bincount(gid, minlength=count)
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.group = gid[self.order]
         first_rows = self.order[self.offsets[:-1]]
         self.key_table = data.select([KG_COLUMN, *key_names]).take(pa.array(first_rows))
+
+    @property
+    def keys(self) -> list[tuple[Any, ...]]:
+        """Each key as a tuple of Python values (built on first use)."""
+        if self._keys is None:
+            self._keys = key_tuples(self.key_table, self.key_names)
+        return self._keys
 
 
 def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
@@ -159,7 +179,8 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             store.token = task.plan["token"]
             if store.backend == "rocksdb":
                 store.set_token(task.plan["token"] or "")
-            task.metrics.update(restored=True, restore_ms=int((time.perf_counter() - t0) * 1000))
+            task.metrics.update(restored=bool(task.chain),
+                                restore_ms=int((time.perf_counter() - t0) * 1000))
         run = _Batch(params, task, store, processor, schema, file_schema, out_schema,
                      key_names, vectorized)
         t0 = time.perf_counter()
@@ -229,7 +250,8 @@ class _Batch:
         self.watermark = params.get("watermark_ms")
         self.ttl = params.get("ttl_ms")
         self.changes: list[pa.Table] = []
-        self.rows_out: list[dict[str, Any]] = []
+        self.dicts_out: list[dict[str, Any]] = []
+        self.tuples_out: list[tuple[Any, ...]] = []
         self.tables_out: list[pa.Table] = []
         self.changed_keys = 0
         self.user_s = 0.0
@@ -237,13 +259,8 @@ class _Batch:
                             n not in key_names]
 
     # -- reading and writing state ----------------------------------------------------------
-    def _fetch(self, keys: list[tuple[Any, ...]], key_table: pa.Table) -> pa.Table:
-        if self.store.backend == "rocksdb":
-            return self.store.fetch_table(key_table)
-        return self.store.fetch(keys)
-
-    def _put(self, key_table: pa.Table, values: pa.Table, keys: list[tuple[Any, ...]]) -> None:
-        if not keys:
+    def _put(self, key_table: pa.Table, values: pa.Table) -> None:
+        if not key_table.num_rows:
             return
         rows = pa.Table.from_arrays([*key_table.columns, *values.columns],
                                     names=[*key_table.column_names, *values.column_names])
@@ -253,12 +270,12 @@ class _Batch:
         # retry of a task killed in between rebuilds the range instead of applying the batch
         # again on top of it.
         if self.store.backend == "rocksdb":
-            self.store.put(rows, keys, token="")
+            self.store.put(rows, token="")
         else:
             self.store.token = None
-            self.store.put(rows, keys)
+            self.store.put(rows)
         self.changes.append(rows)
-        self.changed_keys += len(keys)
+        self.changed_keys += rows.num_rows
 
     def _values_table(self, columns: dict[str, list[Any]], keys: list[tuple[Any, ...]]
                       ) -> pa.Table:
@@ -272,6 +289,10 @@ class _Batch:
     def _emit(self, result: Any) -> None:
         if result is None:
             return
+        if type(result) is list or hasattr(result, "__next__"):  # rows: tuples or dicts
+            for row in result:
+                (self.dicts_out if isinstance(row, dict) else self.tuples_out).append(row)
+            return
         if isinstance(result, pa.Table | pa.RecordBatch):
             self.tables_out.append(pa.Table.from_batches([result]) if
                                    isinstance(result, pa.RecordBatch) else result)
@@ -280,23 +301,55 @@ class _Batch:
             self.tables_out.append(pa.Table.from_pandas(
                 result[self.out_schema.names], schema=self.out_schema, preserve_index=False))
             return
-        names = self.out_schema.names
         for row in result:
-            self.rows_out.append(row if isinstance(row, dict) else dict(zip(names, row,
-                                                                            strict=True)))
+            (self.dicts_out if isinstance(row, dict) else self.tuples_out).append(row)
 
     def output(self) -> pa.Table | None:
         parts = [t.select(self.out_schema.names).cast(self.out_schema) for t in self.tables_out]
-        if self.rows_out:
-            parts.insert(0, pa.Table.from_pylist(self.rows_out, schema=self.out_schema))
+        names = self.out_schema.names
+        columns: list[list[Any]] = [[] for _ in names]
+        if self.tuples_out:
+            width = len(names)
+            bad = next((r for r in self.tuples_out if len(r) != width), None)
+            if bad is not None:
+                from spark_ckpt.errors import UserFunctionError
+
+                raise UserFunctionError(
+                    f"operator {self.params['operator']}: expected output rows of "
+                    f"{width} values ({', '.join(names)}), found {bad!r:.200}")
+            columns = [list(c) for c in zip(*self.tuples_out, strict=True)]
+        for row in self.dicts_out:
+            for j, name in enumerate(names):
+                columns[j].append(row.get(name))
+        if self.tuples_out or self.dicts_out:
+            parts.insert(0, pa.Table.from_arrays(
+                [self._out_column(c, f) for c, f in zip(columns, self.out_schema, strict=True)],
+                schema=self.out_schema))
         return pa.concat_tables(parts) if parts else None
+
+    def _out_column(self, values: list[Any], field: pa.Field) -> pa.Array:
+        """An output column from the rows' values: Python, numpy (a numpy datetime64 is UTC)."""
+        from spark_ckpt.errors import UserFunctionError
+
+        try:
+            return pa.array(values, field.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
+                ValueError, OverflowError) as exc:
+            try:
+                return pa.array(values).cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
+                    TypeError, ValueError, OverflowError):
+                raise UserFunctionError(
+                    f"operator {self.params['operator']}: output column {field.name!r}: "
+                    f"expected values of type {field.type}, found {exc}"
+                ) from None
 
     # -- the batch's rows --------------------------------------------------------------------
     def process(self, data: pa.Table) -> None:
         grouped = _Grouped(data, self.key_names)
         user_cols = [c for c in data.column_names if c not in _INTERNAL]
         rows = data.select(user_cols).take(pa.array(grouped.order))
-        state = self._fetch(grouped.keys, grouped.key_table)
+        state = self.store.fetch(grouped.key_table)
         if self.vectorized:
             self._vectorized(grouped, rows, state)
         else:
@@ -325,27 +378,40 @@ class _Batch:
             out[EXPIRES_COLUMN].append(ctx._expires or None)  # noqa: SLF001
 
     def _per_key(self, grouped: _Grouped, rows: pa.Table, state: pa.Table) -> None:
-        from spark_ckpt.state.processor import KeyContext
+        from spark_ckpt.state.processor import KeyContext, KeyRows, _BatchColumns
 
-        pdf = rows.to_pandas()
         offsets = grouped.offsets.tolist()
+        if getattr(self.processor, "rows_format", "numpy") == "pandas":
+            pdf = rows.to_pandas()
+
+            def rows_of(i: int) -> Any:
+                return pdf.iloc[offsets[i]:offsets[i + 1]]
+        else:
+            columns = _BatchColumns(rows)
+
+            def rows_of(i: int) -> Any:
+                return KeyRows(columns, offsets[i], offsets[i + 1])
         changed: list[int] = []
         out: dict[str, list[Any]] = {n: [] for n in self.value_names}
         process = self.processor.process
+        emit = self._emit
         t0 = time.perf_counter()
-        for i, (values, timers, expires) in enumerate(self._contexts(state)):
-            key = grouped.keys[i]
-            ctx = KeyContext(self.schema, values, timers, expires, processing_time_ms=self.now,
-                             watermark_ms=self.watermark, ttl_ms=self.ttl)
-            with _user_call(self.params, self.task, "process", key):
-                self._emit(process(key, pdf.iloc[offsets[i]:offsets[i + 1]], ctx))
-            if ctx._dirty:  # noqa: SLF001
-                changed.append(i)
-                self._record(out, ctx)
+        key: tuple[Any, ...] = ()
+        # one try around the loop (not a context manager per key): a raise names its key
+        with _user_call(self.params, self.task, "process", lambda: key):
+            for i, (values, timers, expires) in enumerate(self._contexts(state)):
+                key = grouped.keys[i]
+                ctx = KeyContext(self.schema, values, timers, expires,
+                                 processing_time_ms=self.now, watermark_ms=self.watermark,
+                                 ttl_ms=self.ttl)
+                emit(process(key, rows_of(i), ctx))
+                if ctx._dirty:  # noqa: SLF001
+                    changed.append(i)
+                    self._record(out, ctx)
         self.user_s += time.perf_counter() - t0
         keys = [grouped.keys[i] for i in changed]
         self._put(grouped.key_table.take(pa.array(changed, pa.int64())),
-                  self._values_table(out, keys), keys)
+                  self._values_table(out, keys))
 
     # -- timers ------------------------------------------------------------------------------
     def _due(self, ms: int, kind: str) -> bool:
@@ -358,11 +424,11 @@ class _Batch:
         due = self.store.due(limit)
         if due.num_rows == 0:
             return 0
-        keys = key_tuples(due, self.key_names)
         key_table = due.select([KG_COLUMN, *self.key_names])
         values = due.select(self.value_names)
         if self.vectorized:
-            return self._vectorized_timers(keys, key_table, values)
+            return self._vectorized_timers(key_table, values)
+        keys = key_tuples(due, self.key_names)
         from spark_ckpt.state.processor import KeyContext
 
         fired = 0
@@ -388,7 +454,7 @@ class _Batch:
                 changed.append(i)
                 self._record(out, ctx)
         ks = [keys[i] for i in changed]
-        self._put(key_table.take(pa.array(changed, pa.int64())), self._values_table(out, ks), ks)
+        self._put(key_table.take(pa.array(changed, pa.int64())), self._values_table(out, ks))
         return fired
 
     # -- the vectorized API ------------------------------------------------------------------
@@ -436,10 +502,9 @@ class _Batch:
         with _user_call(self.params, self.task, "process_batch", ("<all keys of the task>",)):
             result = self.processor.process_batch(batch)
         self.user_s += time.perf_counter() - t0
-        self._apply(result, grouped.keys, grouped.key_table, state, touched)
+        self._apply(result, grouped.key_table, state, touched)
 
-    def _vectorized_timers(self, keys: list[tuple[Any, ...]], key_table: pa.Table,
-                           values: pa.Table) -> int:
+    def _vectorized_timers(self, key_table: pa.Table, values: pa.Table) -> int:
         import pandas as pd
 
         from spark_ckpt.state.processor import KeyedBatch
@@ -483,18 +548,18 @@ class _Batch:
                 result = self.processor.on_timers(batch)
             self.user_s += time.perf_counter() - t0
             if result is not None:
-                result = _widen(result, with_timer, len(keys))
-        self._apply(result, keys, key_table, values, touched)
+                result = _widen(result, with_timer, key_table.num_rows)
+        self._apply(result, key_table, values, touched)
         return len(fired)
 
-    def _apply(self, result: Any, keys: list[tuple[Any, ...]], key_table: pa.Table,
-               values: pa.Table, touched: np.ndarray) -> None:
+    def _apply(self, result: Any, key_table: pa.Table, values: pa.Table,
+               touched: np.ndarray) -> None:
         """Write a vectorized call's result: ``values`` are the keys' rows before it (TTL
         applied), ``touched`` the rows that changed already (expired, timers fired)."""
         from spark_ckpt.errors import UserFunctionError
         from spark_ckpt.state.processor import Result
 
-        n = len(keys)
+        n = key_table.num_rows
         write = touched.copy()
         columns = {name: values.column(name) for name in self.value_names}
         if result is not None and not isinstance(result, Result):
@@ -556,7 +621,7 @@ class _Batch:
         table = pa.Table.from_arrays([pa.chunked_array([c]) if isinstance(c, pa.Array) else c
                                       for c in (columns[n] for n in self.value_names)],
                                      names=self.value_names).take(taken)
-        self._put(key_table.take(taken), table, [keys[i] for i in idx.tolist()])
+        self._put(key_table.take(taken), table)
 
     def _refresh_ttl(self, columns: dict[str, Any], changed: np.ndarray) -> tuple[Any, Any]:
         """Variables written (non-null in a changed row) expire ``ttl_ms`` from now; one TTL

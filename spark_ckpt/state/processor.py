@@ -53,8 +53,8 @@ if TYPE_CHECKING:
 
     from spark_ckpt.state.schema import StateSchema
 
-__all__ = ["KeyContext", "KeyedBatch", "KeyedProcessor", "ListState", "MapState", "Result",
-           "TimerService", "ValueState", "VectorizedProcessor"]
+__all__ = ["KeyContext", "KeyRows", "KeyedBatch", "KeyedProcessor", "ListState", "MapState",
+           "Result", "TimerService", "ValueState", "VectorizedProcessor"]
 
 
 class KeyedProcessor:
@@ -64,12 +64,14 @@ class KeyedProcessor:
     #: The state variables: a DDL string (``"n BIGINT, last STRUCT<ts: TIMESTAMP>"``), a
     #: StructType or a dict of name to type. ``json`` declares a JSON document variable.
     state_schema: ClassVar[Any] = None
+    #: What ``rows`` is: ``"numpy"`` (a :class:`KeyRows`, columns as numpy views: no copy and
+    #: no pandas per key) or ``"pandas"`` (a slice of one pandas frame of the batch).
+    rows_format: ClassVar[str] = "numpy"
 
-    def process(self, key: tuple[Any, ...], rows: pd.DataFrame,
+    def process(self, key: tuple[Any, ...], rows: KeyRows | pd.DataFrame,
                 ctx: KeyContext) -> Iterable[Any] | pd.DataFrame | None:
-        """Called once per batch for every key with rows in the batch (in arrival order; the
-        frame's index is not reset). Return or yield output rows (tuples or dicts in the output
-        schema) or a DataFrame."""
+        """Called once per batch for every key with rows in the batch (in arrival order).
+        Return or yield output rows (tuples or dicts in the output schema) or a DataFrame."""
         raise NotImplementedError
 
     def on_timer(self, key: tuple[Any, ...], timer_ms: int,
@@ -206,8 +208,8 @@ class KeyContext:
                  processing_time_ms: int, watermark_ms: int | None,
                  ttl_ms: int | None) -> None:
         self._schema = schema
-        self._json = {v.name: v.is_json for v in schema.vars}
-        self._kinds = {v.name: v.kind for v in schema.vars}
+        self._json = schema.json_flags
+        self._kinds = schema.kinds
         self._values = values
         self._timers = timers
         self._expires = expires
@@ -220,6 +222,9 @@ class KeyContext:
         self._expire()
 
     def _var(self, name: str, kind: str, declared: str | None) -> None:
+        known = self._kinds.get(name)
+        if declared is None and known is not None and (kind == "value" or known == kind):
+            return  # declared, of the right kind: the common case, checked once per call
         var = self._schema.by_name.get(name)
         if var is None:
             raise JobDefinitionError(
@@ -306,6 +311,69 @@ def _same_type(declared: str, var: Any) -> bool:
 
     spark_type = to_spark(pa.schema([pa.field("v", var.type)])).fields[0].dataType
     return _norm(declared) == _norm(spark_type.simpleString())
+
+
+class KeyRows:
+    """One key's rows of the batch, column by column (``KeyedProcessor.rows_format = "numpy"``,
+    the default): ``rows["amount"]`` is a numpy array, a view into the batch's column (strings
+    and nested values as objects, timestamps as ``datetime64[us]`` in UTC, integers with
+    nulls as floats with NaN, as Arrow's ``to_numpy`` gives them); ``len(rows)``,
+    ``rows.columns``, ``"amount" in rows``; ``rows.to_pandas()`` and ``rows.to_pylist()`` when
+    a frame or records are wanted. No copy and no pandas per key."""
+
+    __slots__ = ("_batch", "_start", "_end")
+
+    def __init__(self, batch: _BatchColumns, start: int, end: int) -> None:
+        self._batch = batch
+        self._start = start
+        self._end = end
+
+    def __getitem__(self, column: str) -> np.ndarray:
+        return self._batch.column(column)[self._start:self._end]
+
+    def __len__(self) -> int:
+        return self._end - self._start
+
+    def __contains__(self, column: object) -> bool:
+        return column in self._batch.names
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self._batch.names)
+
+    def to_pandas(self) -> pd.DataFrame:
+        """The rows as a pandas frame (a slice of the batch's frame, built once per batch)."""
+        return self._batch.frame().iloc[self._start:self._end]
+
+    def to_pylist(self) -> list[dict[str, Any]]:
+        return self._batch.table.slice(self._start, self._end - self._start).to_pylist()
+
+    def __repr__(self) -> str:
+        return f"KeyRows({len(self)} rows: {', '.join(self._batch.names)})"
+
+
+class _BatchColumns:
+    """The batch's rows, grouped by key, converted to numpy one column at a time on first use."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self.names = table.column_names
+        self._numpy: dict[str, np.ndarray] = {}
+        self._frame: pd.DataFrame | None = None
+
+    def column(self, name: str) -> np.ndarray:
+        array = self._numpy.get(name)
+        if array is None:
+            if name not in self.names:
+                raise KeyError(f"no column {name!r} in the rows; columns: {self.names}")
+            array = self.table.column(name).to_numpy()
+            self._numpy[name] = array
+        return array
+
+    def frame(self) -> pd.DataFrame:
+        if self._frame is None:
+            self._frame = self.table.to_pandas()
+        return self._frame
 
 
 # -- the vectorized API ---------------------------------------------------------------------

@@ -71,6 +71,8 @@ class StateSchema:
     def __init__(self, variables: list[StateVar]) -> None:
         self.vars = list(variables)
         self.by_name = {v.name: v for v in self.vars}
+        self.json_flags = {v.name: v.is_json for v in self.vars}
+        self.kinds = {v.name: v.kind for v in self.vars}
 
     @property
     def names(self) -> list[str]:

@@ -32,7 +32,8 @@ import pyarrow.compute as pc
 from spark_ckpt.errors import StateTooLargeError
 from spark_ckpt.state.schema import TIMERS_COLUMN, json_safe, json_unsafe
 
-__all__ = ["MemoryStore", "RocksStore", "empty_rows", "key_tuples", "next_timer"]
+__all__ = ["MemoryStore", "RocksStore", "empty_rows", "integer_key", "key_tuples",
+           "next_timer"]
 
 NO_TIMER = np.iinfo(np.int64).max
 _NAN = ("spark_ckpt", "NaN")  # NaN keys are one key, as in Spark's grouping
@@ -86,8 +87,20 @@ def next_timer(timers: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return out
 
 
+def integer_key(schema: pa.Schema, key_names: Sequence[str]) -> bool:
+    """Whether the key is one integer column: such keys are looked up in numpy and pandas
+    (hash tables in C) instead of a dict of Python tuples."""
+    return len(key_names) == 1 and pa.types.is_integer(schema.field(key_names[0]).type)
+
+
 class MemoryStore:
-    """A range's rows in the Python worker."""
+    """A range's rows in the Python worker.
+
+    The rows are one Arrow table growing by a chunk per ``put``, a ``live`` mask (a row
+    replaced by a later one, or deleted, is dead) and an index from key to row: for one integer
+    key column, the keys in a numpy array and a pandas index over the live ones (rebuilt after a
+    ``put``); for any other key, a dict of key tuples.
+    """
 
     backend = "memory"
 
@@ -99,69 +112,142 @@ class MemoryStore:
         self.max_rows = max_rows
         self.value_names = [n for n in schema.names if n != "_kg" and n not in self.key_names]
         self.token: str | None = None
+        self.integer = integer_key(schema, self.key_names)
         self.index: dict[tuple[Any, ...], int] = {}
         self.table = schema.empty_table()
         self.live = np.zeros(0, dtype=bool)
         self.next_ms = np.zeros(0, dtype=np.int64)
+        # integer keys: the key of every row (nulls as 0, flagged), and the live rows' index
+        self.int_keys = np.zeros(0, dtype=np.int64)
+        self.null_keys = np.zeros(0, dtype=bool)
+        self._lookup: tuple[Any, np.ndarray, int] | None = None
+        self._live_count = 0
 
     @property
     def rows(self) -> int:
-        return len(self.index)
+        return self._live_count if self.integer else len(self.index)
 
     def _combined(self) -> pa.Table:
         if self.table.column(0).num_chunks > 1:
             self.table = self.table.combine_chunks()
         return self.table
 
-    def fetch(self, keys: list[tuple[Any, ...]]) -> pa.Table:
-        """The value columns (variables, timers, expiries) of these keys, aligned with them."""
-        get = self.index.get
-        positions = pa.array([get(k) for k in keys], pa.int64())
-        return self._combined().select(self.value_names).take(positions)
+    # -- integer keys -------------------------------------------------------------------------
+    @staticmethod
+    def _ints(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool) \
+            if column.null_count else np.zeros(len(column), dtype=bool)
+        values = np.asarray(column.fill_null(0).cast(pa.int64()).to_numpy(), dtype=np.int64)
+        return values, nulls
 
-    def put(self, rows: pa.Table, keys: list[tuple[Any, ...]]) -> None:
+    def _positions(self, values: np.ndarray, nulls: np.ndarray) -> np.ndarray:
+        """Row of each key among the live rows (-1: none)."""
+        import pandas as pd
+
+        if self._lookup is None:
+            live_rows = np.flatnonzero(self.live & ~self.null_keys)
+            null_live = np.flatnonzero(self.live & self.null_keys)
+            self._lookup = (pd.Index(self.int_keys[live_rows]), live_rows,
+                            int(null_live[0]) if len(null_live) else -1)
+        index, live_rows, null_row = self._lookup
+        found = index.get_indexer(values) if len(live_rows) else \
+            np.full(len(values), -1, dtype=np.int64)
+        positions = np.full(len(values), -1, dtype=np.int64)
+        hit = found >= 0
+        positions[hit] = live_rows[found[hit]]
+        if nulls.any():
+            positions[nulls] = null_row
+        return positions
+
+    def _put_integer(self, rows: pa.Table, empty: np.ndarray) -> None:
+        import pandas as pd
+
+        values, nulls = self._ints(rows.column(self.key_names[0]))
+        old = self._positions(values, nulls)
+        self.live[old[old >= 0]] = False
+        # a key twice in ``rows``: only its last row counts (the null key apart from the rest)
+        last = np.ones(len(values), dtype=bool)
+        if len(values) > 1:
+            real = np.flatnonzero(~nulls)
+            last[real] = ~pd.Index(values[real]).duplicated(keep="last")
+            null_rows = np.flatnonzero(nulls)
+            last[null_rows[:-1]] = False
+        fresh = last & ~empty
+        self.live = np.concatenate([self.live, fresh])
+        self.int_keys = np.concatenate([self.int_keys, values])
+        self.null_keys = np.concatenate([self.null_keys, nulls])
+        self._lookup = None
+        self._live_count = int(self.live.sum())
+
+    # -- the store's calls --------------------------------------------------------------------
+    def fetch(self, key_table: pa.Table) -> pa.Table:
+        """The value columns (variables, timers, expiries) of the keys in ``key_table``,
+        aligned with them (a null row for a key with no state)."""
+        if self.integer:
+            positions = self._positions(*self._ints(key_table.column(self.key_names[0])))
+            taken = pa.array(positions, pa.int64(), mask=positions < 0)
+        else:
+            get = self.index.get
+            taken = pa.array([get(k) for k in key_tuples(key_table, self.key_names)],
+                             pa.int64())
+        return self._combined().select(self.value_names).take(taken)
+
+    def put(self, rows: pa.Table) -> None:
+        """The new rows of their keys; a row with no variable and no timer deletes its key."""
         if rows.num_rows == 0:
             return
         rows = rows.select(self.schema.names).cast(self.schema)
-        empty = empty_rows(rows, self.state_names).tolist()
+        empty = empty_rows(rows, self.state_names)
         start = self.table.num_rows
-        index = self.index
-        live = self.live
-        for i, key in enumerate(keys):
-            old = index.get(key)
-            if old is not None and old < start:
-                live[old] = False
-            if empty[i]:
-                index.pop(key, None)
-            else:
-                index[key] = start + i
-        fresh = np.zeros(len(keys), dtype=bool)  # only a key's last row in ``rows`` is live
-        for key in keys:
-            pos = index.get(key)
-            if pos is not None and pos >= start:
-                fresh[pos - start] = True
-        self.live = np.concatenate([live, fresh])
+        if self.integer:
+            self._put_integer(rows, empty)
+        else:
+            keys = key_tuples(rows, self.key_names)
+            empties = empty.tolist()
+            index = self.index
+            live = self.live
+            for i, key in enumerate(keys):
+                old = index.get(key)
+                if old is not None and old < start:
+                    live[old] = False
+                if empties[i]:
+                    index.pop(key, None)
+                else:
+                    index[key] = start + i
+            fresh = np.zeros(len(keys), dtype=bool)  # only a key's last row in ``rows`` lives
+            for key in keys:
+                pos = index.get(key)
+                if pos is not None and pos >= start:
+                    fresh[pos - start] = True
+            self.live = np.concatenate([live, fresh])
         self.next_ms = np.concatenate([self.next_ms, next_timer(rows.column(TIMERS_COLUMN))])
         self.table = pa.concat_tables([self.table, rows])
-        if len(index) > self.max_rows:
+        if self.rows > self.max_rows:
             raise StateTooLargeError(
                 f"the memory state backend holds at most spark.ckpt.state.memoryMaxRows="
-                f"{self.max_rows} keys per task; this task's range needs {len(index)}. Use "
+                f"{self.max_rows} keys per task; this task's range needs {self.rows}. Use "
                 "spark.ckpt.state.backend=rocksdb (state on local disk) or raise the keyed "
                 "operator's parallelism"
             )
 
     def compact(self) -> None:
         """Drop replaced and deleted rows when they outnumber the live ones."""
-        if self.table.num_rows <= 2 * len(self.index) + 4096:
+        if self.table.num_rows <= 2 * self.rows + 4096:
             return
         keep = np.flatnonzero(self.live)
         self.table = self._combined().take(pa.array(keep, pa.int64()))
         self.next_ms = self.next_ms[keep]
-        remap = np.full(len(self.live), -1, dtype=np.int64)
-        remap[keep] = np.arange(len(keep))
-        new_pos = remap.tolist()
-        self.index = {k: new_pos[p] for k, p in self.index.items()}
+        if self.integer:
+            self.int_keys = self.int_keys[keep]
+            self.null_keys = self.null_keys[keep]
+            self._lookup = None
+        else:
+            remap = np.full(len(self.live), -1, dtype=np.int64)
+            remap[keep] = np.arange(len(keep))
+            new_pos = remap.tolist()
+            self.index = {k: new_pos[p] for k, p in self.index.items()}
         self.live = np.ones(len(keep), dtype=bool)
 
     def due(self, limit_ms: int) -> pa.Table:
@@ -175,7 +261,8 @@ class MemoryStore:
     def load(self, tables: list[pa.Table] | pa.Table) -> None:
         """Rebuild from a snapshot and changelogs, oldest first (or a spilled snapshot)."""
         for table in [tables] if isinstance(tables, pa.Table) else tables:
-            self.put(table, key_tuples(table, self.key_names))
+            for start in range(0, table.num_rows, 1_000_000):
+                self.put(table.slice(start, 1_000_000))
         self.compact()
 
     def close(self) -> None:
@@ -225,13 +312,12 @@ class RocksStore:
         return pa.Table.from_arrays(arrays, schema=pa.schema(
             [self.schema.field(n) for n in self.value_names]))
 
-    def fetch_table(self, key_table: pa.Table) -> pa.Table:
+    def fetch(self, key_table: pa.Table) -> pa.Table:
         """The value columns of the keys in ``key_table`` (``_kg`` and the key columns)."""
         raw_keys = self._raw_keys(key_table)
         return self._decode(self.db.get(raw_keys) if raw_keys else [])
 
-    def put(self, rows: pa.Table, keys: list[tuple[Any, ...]] | None = None,
-            token: str | None = None) -> None:
+    def put(self, rows: pa.Table, token: str | None = None) -> None:
         from rocksdict import WriteBatch
 
         wb = WriteBatch(raw_mode=True)

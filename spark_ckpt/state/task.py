@@ -332,7 +332,7 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
                     state.apply(_internal(_read(f, task.range).select(file_schema.names)),
                                 replace=True)
                 state.set_token(task.plan["token"] or "")
-                task.metrics.update(restored=True,
+                task.metrics.update(restored=bool(task.chain),
                                     restore_ms=int((time.perf_counter() - t0) * 1000))
         if state is None:
             t0 = time.perf_counter()
@@ -344,7 +344,8 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
                 else:
                     state.apply(rows, replace=True)
             state.token = task.plan["token"]
-            task.metrics.update(restored=True, restore_ms=int((time.perf_counter() - t0) * 1000))
+            task.metrics.update(restored=bool(task.chain),
+                                restore_ms=int((time.perf_counter() - t0) * 1000))
         t0 = time.perf_counter()
         changelog = None
         if table is not None and table.num_rows:
@@ -416,14 +417,17 @@ def _newest(tables: list[pa.Table], keys: list[str]) -> pa.Table:
 
 @contextlib.contextmanager
 def _user_call(params: dict[str, Any], task: _Run, method: str,
-               key: tuple[Any, ...]) -> Iterator[None]:
+               key: Any) -> Iterator[None]:
     """Run a user callback; if it raises, fail the task once with the operator, partition,
-    key-group range and key, and the user's traceback, between markers the driver finds."""
+    key-group range and key (or a callable giving the key being processed), and the user's
+    traceback, between markers the driver finds."""
     from spark_ckpt.errors import UserFunctionError
 
     try:
         yield
     except Exception as exc:
+        if callable(key):
+            key = key()
         trace = "".join(traceback.format_exception(exc)).rstrip()
         raise RuntimeError(
             f"{UserFunctionError.MARK}\noperator {params['operator']}, partition {task.pid} "

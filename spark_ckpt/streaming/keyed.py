@@ -285,7 +285,8 @@ class StatefulStream(Stream):
             "alignment_ms": max((m["alignment_ms"] for m in metas), default=0),
             "tasks": {str(m["pid"]): {"executor": m["executor"], "worker": m["worker"],
                                       "restored": m["restored"], "cache": m.get("cache"),
-                                      "ms": m["total_ms"]} for m in metas},
+                                      "ms": m["total_ms"], "restore_ms": m.get("restore_ms"),
+                                      "rows": m["handle"].get("rows")} for m in metas},
         }
         return metas
 

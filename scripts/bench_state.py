@@ -23,7 +23,10 @@ Scenarios (flags; none given runs them all). Default sizes in ``SIZES`` (``--hel
                    keys): a ``VectorizedProcessor`` (one call per task and batch, ``ckpt_vec``)
                    and a ``KeyedProcessor`` (one call per key and batch, ``ckpt``) vs
                    ``applyInPandasWithState`` (and ``transformWithStateInPandas`` when the
-                   ``protobuf`` package it needs is installed and ``--tws`` is given).
+                   ``protobuf`` package it needs is installed and ``--tws`` is given), and
+                   with ``--pyflink PYTHON`` PyFlink's ``KeyedProcessFunction`` with
+                   ``ValueState`` (scripts/bench_pyflink.py; RocksDB, incremental checkpoints
+                   every 10 s, parallelism 2; the same rows as CSV).
 ``--tiny``         20 batches of 10 rows over 10 keys through the agg pipeline: median batch
                    duration after 2 warm-up batches (spark_ckpt ``durations_ms.total``, also
                    with allocation; Structured Streaming ``durationMs.triggerExecution``), and the
@@ -550,7 +553,55 @@ class Bench:
         run_child("gen", "spark", None, spec=path)
         return time.perf_counter() - t0
 
+    def run_flink(self, data: str) -> dict:
+        """The PyFlink arm (scripts/bench_pyflink.py in the --pyflink interpreter)."""
+        import pyarrow.csv as pacsv
+        import pyarrow.parquet as pq
+
+        d = self.data[data]
+        csv_dir = self.base / f"csv-{data}"
+        if not csv_dir.exists():  # the same rows, as CSV: PyFlink has no Parquet format jar
+            tmp = self.base / f"csv-{data}.tmp"
+            tmp.mkdir(parents=True, exist_ok=True)
+            for f in sorted(Path(d["input"]).glob("*.parquet")):
+                table = pq.read_table(f)
+                table = table.set_column(3, "event_time", table.column(3).cast("string"))
+                pacsv.write_csv(table, tmp / f"{f.stem}.csv",
+                                write_options=pacsv.WriteOptions(include_header=False))
+            tmp.rename(csv_dir)
+        work = self.base / "work" / f"{data}-flink"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        keys = self.sizes["process_keys"]
+        rows = self.sizes["process_files"] * self.sizes["process_rows_per_file"]
+        cmd = [self.args.pyflink, str(ROOT / "scripts" / "bench_pyflink.py"), "--csv",
+               str(csv_dir), "--work", str(work), "--rows-per-key", str(rows // keys),
+               "--rows", str(rows)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0 or "RESULT " not in proc.stdout:
+            raise ChildFailed(f"process/flink failed (exit {proc.returncode}):\n"
+                              f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}")
+        result = parse_result(proc.stdout)
+        import pandas as pd
+
+        parts = [pd.read_csv(f, header=None, names=["key", "n", "total"])
+                 for f in (work / "out").rglob("*") if f.is_file() and not f.name.startswith(".")]
+        out = pd.concat(parts) if parts else pd.DataFrame(columns=["key", "n", "total"])
+        expected = pd.read_parquet(d["expected"])
+        joined = out.merge(expected, on="key", how="outer", suffixes=("_o", "_e"))
+        bad = joined[joined.n_o.isna() | joined.n_e.isna() | (joined.n_o != joined.n_e) |
+                     ((joined.total_o - joined.total_e).abs() >
+                      TOLERANCE * joined.total_e.abs().clip(lower=1.0))]
+        result["check"] = {"output_rows": len(out), "keys": int(out.key.nunique()),
+                           "sum_n": int(out.n.sum()), "sum_total": float(out.total.sum()),
+                           "mismatches": len(bad),
+                           "examples": bad.head(3).astype(str).to_dict("records")}
+        result["code"] = "pyflink"
+        return result
+
     def run(self, scenario: str, system: str, data: str, **opts: Any) -> dict:
+        if system == "flink":
+            return self.run_flink(data)
         d = self.data[data]
         opts.setdefault("checkpoint_ms", 10000)
         opts.setdefault("batch_interval", 0.5)
@@ -614,6 +665,8 @@ class Bench:
 
     def process(self) -> dict:
         systems = ["ckpt_vec", "ckpt", "ss_apiws"]
+        if self.args.pyflink:
+            systems.append("flink")
         failures: dict[str, str] = {}
         if not self.args.tws:
             failures["ss_tws"] = "skipped (pass --tws)"
@@ -896,6 +949,9 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="toy sizes, to check the script")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--pyflink", default=None, metavar="PYTHON",
+                        help="add PyFlink to the process scenario: the interpreter of a "
+                        "virtualenv with apache-flink (see scripts/bench_pyflink.py)")
     parser.add_argument("--tws", action="store_true",
                         help="add transformWithStateInPandas to the process scenario")
     for key, (full, small) in SIZES.items():

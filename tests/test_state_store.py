@@ -125,8 +125,7 @@ def test_a_row_with_nothing_deletes_its_key_and_the_last_row_of_a_key_wins(kind,
     snap = store.snapshot()
     assert [(r["k"], r["s"]) for r in snap.to_pylist()] == [("a", "second")]
     assert store.due(1000).num_rows == 0  # a's new row has no timer, b is gone
-    if kind == "memory":
-        assert store.rows == 1
+    assert store.rows == 1
     store.close()
 
 
@@ -160,36 +159,43 @@ def test_the_memory_store_refuses_more_keys_than_its_limit(tmp_path):
         store.put(t.drop_columns(["_expires"]))
 
 
-def test_integer_keys_are_looked_up_like_any_other_key():
+def test_integer_keys_are_looked_up_like_any_other_key(tmp_path):
     """One integer key column takes the numpy/pandas index: nulls, duplicates within a put,
-    deletes, compaction and large ids behave as the dict of tuples does."""
+    deletes, timers, compaction and large ids behave as the dict of tuples (string keys) and
+    RocksDB do."""
     import random
 
     schema = StateSchema([StateVar("v", pa.int64())])
-    results = []
-    for key_type in (pa.int64(), pa.string()):  # string: the dict path, the reference
+    runs = {}
+    for name, key_type in (("integer", pa.int64()), ("dict", pa.string()),
+                           ("rocksdb", pa.int64())):
         fs = schema.file_schema([pa.field("k", key_type)], ttl=False)
-        store = MemoryStore(fs, ["k"], ["v"], max_rows=10_000)
-        assert store.integer == pa.types.is_integer(key_type)
+        store = RocksStore(str(tmp_path / "db"), fs, ["k"], ["v"], fresh=True) \
+            if name == "rocksdb" else MemoryStore(fs, ["k"], ["v"], max_rows=10_000)
+        assert getattr(store, "integer", True) == (name != "dict")
+        conv = (lambda k: None if k is None else str(k)) if name == "dict" else (lambda k: k)
         rng = random.Random(7)
         universe = [None, 0, -1, 2**62, -(2**63), *range(1, 40)]
+        seen = []
         for round_ in range(40):
             keys = [rng.choice(universe) for _ in range(rng.randint(1, 30))]
             values = [None if rng.random() < 0.2 else round_ * 100 + i
                       for i in range(len(keys))]  # None: delete the key
-            conv = (lambda k: None if k is None else str(k)) if key_type == pa.string() \
-                else (lambda k: k)
+            timers = [[{"ms": rng.randint(-10, 50), "kind": "event"}] if rng.random() < 0.3
+                      else None for _ in keys]
             rows = pa.Table.from_pydict(
                 {"_kg": [1] * len(keys), "k": [conv(k) for k in keys], "v": values,
-                 "_timers": [None] * len(keys)}, schema=fs)
+                 "_timers": timers}, schema=fs)
             store.put(rows)
-            if round_ % 7 == 0:
+            if round_ % 7 == 0 and name != "rocksdb":
                 store.compact()
             probe = pa.Table.from_pydict({"_kg": [1] * len(universe),
                                           "k": [conv(k) for k in universe]},
                                          schema=pa.schema([fs.field("_kg"), fs.field("k")]))
-            results.append((key_type, store.fetch(probe).column("v").to_pylist(), store.rows))
-    half = len(results) // 2
-    assert [r[1:] for r in results[:half]] == [r[1:] for r in results[half:]]
-    # a last check against a plain model
-    assert results[half - 1][2] == len(store.snapshot())
+            due = sorted(str(k) for k in store.due(20).column("k").to_pylist())
+            seen.append((store.fetch(probe).column("v").to_pylist(), store.rows, due,
+                         store.snapshot().num_rows))
+        runs[name] = seen
+        store.close()
+    assert runs["integer"] == runs["dict"] == runs["rocksdb"]
+    assert all(rows == snap for _v, rows, _d, snap in runs["integer"])

@@ -137,14 +137,14 @@ class RunningPerKey(KeyedProcessor):
 def test_vectorized_and_per_key_running_totals_equal_plain_spark(spark, tmp_path, backend):
     from test_keyed_state import generated
 
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "run",
+                           settings=Settings(**BASE, state_parallelism=3, state_backend=backend))
+    keyed = ctx.generator_stream("gen", rows_per_batch=300, total_rows=1500, keys=40) \
+        .key_by("key")
     for name, proc in (("vec", RunningVectorized()), ("per_key", RunningPerKey())):
-        ctx = StreamingContext(spark, 0.05, str(tmp_path / name), name,
-                               settings=Settings(**BASE, state_parallelism=3,
-                                                 state_backend=backend))
-        gen = ctx.generator_stream("gen", rows_per_batch=300, total_rows=1500, keys=40)
-        gen.key_by("key").process(proc, "key BIGINT, n BIGINT, total DOUBLE", name="run") \
-            .write_parquet(str(tmp_path / f"out-{name}"), name="out")
-        ctx.process_available(timeout=300)
+        keyed.process(proc, "key BIGINT, n BIGINT, total DOUBLE", name=name) \
+            .write_parquet(str(tmp_path / f"out-{name}"), name=f"out-{name}")
+    ctx.process_available(timeout=300)
     want = generated(spark, 0, 1500, 40).groupBy("key").agg(
         F.count("*").alias("n"), F.sum("value").alias("total")).toPandas() \
         .sort_values("key").reset_index(drop=True)
@@ -155,7 +155,7 @@ def test_vectorized_and_per_key_running_totals_equal_plain_spark(spark, tmp_path
         pd.testing.assert_frame_equal(last[["key", "n", "total"]], want, check_dtype=False,
                                       rtol=1e-9)
         assert len(got) == 5 * 40  # one row per key and batch
-        state = read_state(spark, str(tmp_path / name), "run").toPandas()
+        state = read_state(spark, str(tmp_path / "ckpt"), name).toPandas()
         pd.testing.assert_frame_equal(state.sort_values("key").reset_index(drop=True),
                                       want, check_dtype=False, rtol=1e-9)
 
@@ -218,14 +218,17 @@ def test_vectorized_timers_close_sessions_as_the_watermark_passes(spark, tmp_pat
 
 
 # -- the documented examples: vectorized and per-key, same answers as plain Spark -------------
-def run_example(spark, tmp_path, name, processor, schema, keyed_input, **kw):
+def run_example(spark, tmp_path, name, processors, schema, keyed_input, **kw):
+    """One pipeline with the example's vectorized and per-key processors side by side."""
     ctx = StreamingContext(spark, 0.05, str(tmp_path / name), name,
                            settings=Settings(**BASE, state_parallelism=2))
     gen = ctx.generator_stream("gen", rows_per_batch=100, total_rows=500, keys=50)
-    keyed_input(gen).key_by("key").process(processor, schema, name="op", **kw) \
-        .write_parquet(str(tmp_path / f"out-{name}"), name="out")
+    keyed = keyed_input(gen).key_by("key")
+    for api, processor in processors.items():
+        keyed.process(processor, schema, name=api, **kw) \
+            .write_parquet(str(tmp_path / f"out-{api}"), name=f"out-{api}")
     ctx.process_available(timeout=300)
-    return spark.read.parquet(str(tmp_path / f"out-{name}")), ctx
+    return {api: spark.read.parquet(str(tmp_path / f"out-{api}")) for api in processors}
 
 
 def late_keys(gen):
@@ -233,31 +236,31 @@ def late_keys(gen):
     return gen.filter((F.col("key") < 25) | (F.col("id") >= 200))
 
 
-@pytest.mark.parametrize("api", ["vectorized", "per_key"])
-def test_dedup_example_emits_each_key_once_from_its_first_batch(spark, tmp_path, api):
+def test_dedup_example_emits_each_key_once_from_its_first_batch(spark, tmp_path):
     import keyed_examples as ex
 
-    proc = ex.Dedup() if api == "vectorized" else ex.DedupPerKey()
-    out, _ = run_example(spark, tmp_path, "dedup", proc,
-                         "id BIGINT, key BIGINT, value DOUBLE, event_time TIMESTAMP", late_keys)
-    rows = out.toPandas()
-    assert sorted(rows.key) == list(range(50))  # once each
+    outs = run_example(spark, tmp_path, "dedup",
+                       {"vectorized": ex.Dedup(), "per_key": ex.DedupPerKey()},
+                       "id BIGINT, key BIGINT, value DOUBLE, event_time TIMESTAMP", late_keys)
     first_batch = {k: 0 if k < 25 else 2 for k in range(50)}
-    assert all(i // 100 == first_batch[k] and i % 50 == k
-               for k, i in zip(rows.key, rows.id, strict=True))
+    for out in outs.values():
+        rows = out.toPandas()
+        assert sorted(rows.key) == list(range(50))  # once each
+        assert all(i // 100 == first_batch[k] and i % 50 == k
+                   for k, i in zip(rows.key, rows.id, strict=True))
 
 
-@pytest.mark.parametrize("api", ["vectorized", "per_key"])
-def test_top_n_example_keeps_the_n_largest_values_per_key(spark, tmp_path, api):
+def test_top_n_example_keeps_the_n_largest_values_per_key(spark, tmp_path):
     import keyed_examples as ex
     from test_keyed_state import generated
 
-    proc = ex.TopN() if api == "vectorized" else ex.TopNPerKey()
-    run_example(spark, tmp_path, "top", proc, "key BIGINT, top ARRAY<DOUBLE>", late_keys)
+    run_example(spark, tmp_path, "top", {"vectorized": ex.TopN(), "per_key": ex.TopNPerKey()},
+                "key BIGINT, top ARRAY<DOUBLE>", late_keys)
     want = late_keys(generated(spark, 0, 500, 50)).groupBy("key").agg(
         F.slice(F.sort_array(F.collect_list("value"), False), 1, ex.TOP_N).alias("top"))
-    got = read_state(spark, str(tmp_path / "top"), "op")
-    assert sorted(map(tuple, got.collect())) == sorted(map(tuple, want.collect()))
+    for api in ("vectorized", "per_key"):
+        got = read_state(spark, str(tmp_path / "top"), api)
+        assert sorted(map(tuple, got.collect())) == sorted(map(tuple, want.collect()))
 
 
 def test_sessions_examples_give_the_same_sessions_in_both_apis(spark, tmp_path):
@@ -266,15 +269,14 @@ def test_sessions_examples_give_the_same_sessions_in_both_apis(spark, tmp_path):
     quiet = lambda gen: gen.filter(  # noqa: E731 - keys 1 and 2 go quiet: their sessions close
         F.col("id") < F.when(F.col("key") == 1, 150).when(F.col("key") == 2, 250)
         .otherwise(10**9))
-    schema = "key BIGINT, n BIGINT, start_ms BIGINT, end_ms BIGINT"
-    outs = {}
-    for api, proc in (("vectorized", ex.Sessions()), ("per_key", ex.SessionsPerKey())):
-        out, _ = run_example(spark, tmp_path, f"sess-{api}", proc, schema, quiet,
-                             event_time="event_time")
-        outs[api] = sorted(map(tuple, out.collect()))
+    outs = run_example(spark, tmp_path, "sess",
+                       {"vectorized": ex.Sessions(), "per_key": ex.SessionsPerKey()},
+                       "key BIGINT, n BIGINT, start_ms BIGINT, end_ms BIGINT", quiet,
+                       event_time="event_time")
     epoch = 1_767_225_600_000
-    assert outs["vectorized"] == outs["per_key"] == [
-        (1, 3, epoch + 1, epoch + 101), (2, 5, epoch + 2, epoch + 202)]
+    for out in outs.values():
+        assert sorted(map(tuple, out.collect())) == [
+            (1, 3, epoch + 1, epoch + 101), (2, 5, epoch + 2, epoch + 202)]
 
 
 # -- what a user gets wrong is named -----------------------------------------------------------

@@ -32,7 +32,13 @@ from spark_ckpt.state.schema import (
     TIMERS_COLUMN,
     StateSchema,
 )
-from spark_ckpt.state.store import MemoryStore, RocksStore, empty_rows, key_tuples
+from spark_ckpt.state.store import (
+    MemoryStore,
+    RocksStore,
+    empty_rows,
+    key_tuples,
+    user_key,
+)
 from spark_ckpt.state.task import (
     CHANNEL_COLUMN,
     MARKER_COLUMN,
@@ -53,12 +59,20 @@ def schema_id(file_schema: pa.Schema) -> str:
     return hashlib.sha256(file_schema.serialize().to_pybytes()).hexdigest()[:12]
 
 
-def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
-    """``table`` with ``schema``'s columns: columns of variables declared since are null."""
+def conform(table: pa.Table, schema: pa.Schema, what: str,
+            required: list[str] | None = None) -> pa.Table:
+    """``table`` with ``schema``'s columns: columns of variables declared since are null; a
+    ``required`` column (a key) that is missing stops the restore."""
     from spark_ckpt.errors import CheckpointError
 
     arrays = []
     for field in schema:
+        if field.name not in table.column_names and field.name in (required or []):
+            raise CheckpointError(
+                f"{what}: expected the key column {field.name!r}, found the columns "
+                f"{table.column_names}; the key of a stateful operator cannot change under a "
+                "checkpoint (keep the old key or start a new checkpoint directory)"
+            )
         if field.name not in table.column_names:
             arrays.append(pa.nulls(table.num_rows, field.type))
             continue
@@ -175,7 +189,8 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             if store is None:
                 store = memory()
             store.load([conform(_read(f, task.range, STATE_FORMAT_TYPED), file_schema,
-                                f"state file {f.path}") for f in task.chain])
+                                f"state file {f.path}", [KG_COLUMN, *key_names])
+                        for f in task.chain])
             store.token = task.plan["token"]
             if store.backend == "rocksdb":
                 store.set_token(task.plan["token"] or "")
@@ -208,7 +223,8 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             uri, size = _write(out, f"{params['output_dir'].rstrip('/')}/b{task.batch:012d}",
                                f"{task.range.label}-{task.token}.parquet")
             out_file = {"path": uri, "rows": out.num_rows, "bytes": size}
-        changelog = pa.concat_tables(run.changes) if run.changes else None
+        changelog = None if not run.changes else run.changes[0] if len(run.changes) == 1 \
+            else _last_per_key(pa.concat_tables(run.changes), key_names)
         yield from task.finish(store, changelog, store.snapshot, file_schema, {
             "input_rows": rows_in, "changed": run.changed_keys, "apply_ms": apply_ms,
             "sync_ms": sync_ms, "alignment_ms": align, "channels": channels,
@@ -216,6 +232,25 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             "user_ms": int(run.user_s * 1000)}, fmt=STATE_FORMAT_TYPED)
 
     return run
+
+
+def _last_per_key(rows: pa.Table, key_names: list[str]) -> pa.Table:
+    """Each key's last row (a key written by the batch's rows and again by a timer): a
+    changelog holds one row per key, so a reader's newest-row-per-key has one answer."""
+    column = rows.column(key_names[0])
+    if len(key_names) == 1 and pa.types.is_integer(column.type) and column.null_count == 0:
+        import pandas as pd
+
+        keep = ~pd.Index(column.to_numpy()).duplicated(keep="last")
+    else:
+        seen: set[tuple[Any, ...]] = set()
+        keep = np.zeros(rows.num_rows, dtype=bool)
+        keys = key_tuples(rows, key_names)
+        for i in range(rows.num_rows - 1, -1, -1):
+            if keys[i] not in seen:
+                seen.add(keys[i])
+                keep[i] = True
+    return rows if keep.all() else rows.filter(pa.array(keep))
 
 
 def _max_event_ms(column: pa.ChunkedArray) -> int | None:
@@ -400,7 +435,7 @@ class _Batch:
         # one try around the loop (not a context manager per key): a raise names its key
         with _user_call(self.params, self.task, "process", lambda: key):
             for i, (values, timers, expires) in enumerate(self._contexts(state)):
-                key = grouped.keys[i]
+                key = user_key(grouped.keys[i])
                 ctx = KeyContext(self.schema, values, timers, expires,
                                  processing_time_ms=self.now, watermark_ms=self.watermark,
                                  ttl_ms=self.ttl)
@@ -435,7 +470,7 @@ class _Batch:
         changed: list[int] = []
         out: dict[str, list[Any]] = {n: [] for n in self.value_names}
         for i, (vals, timers, expires) in enumerate(self._contexts(values)):
-            key = keys[i]
+            key = user_key(keys[i])
             ctx = KeyContext(self.schema, vals, timers, expires, processing_time_ms=self.now,
                              watermark_ms=self.watermark, ttl_ms=self.ttl)
             for ms, kind in sorted(timers):
@@ -481,8 +516,7 @@ class _Batch:
                     row[name] = None
                     del exp[name]
             row[EXPIRES_COLUMN] = exp or None
-            row[TIMERS_COLUMN] = [t for t in row[TIMERS_COLUMN] or []
-                                  if not (t["kind"] == "ttl" and t["ms"] <= self.now)] or None
+            row[TIMERS_COLUMN] = _ttl_timer(row[TIMERS_COLUMN], exp)
         fixed = pa.Table.from_pylist(rows, schema=values.schema)
         return _replace_rows(values, idx, fixed), touched
 
@@ -491,9 +525,9 @@ class _Batch:
 
         state, touched = self._expired(state)
         batch = KeyedBatch(
-            keys=grouped.key_table.select(self.key_names).to_pandas(),
-            rows=rows.to_pandas(), offsets=grouped.offsets, group=grouped.group,
-            state=state.select(self.schema.names).to_pandas(),
+            keys=_pandas(grouped.key_table.select(self.key_names)),
+            rows=_pandas(rows), offsets=grouped.offsets, group=grouped.group,
+            state=_pandas(state.select(self.schema.names)),
             exists=~empty_rows(state, self.schema.names),
             processing_time_ms=self.now, watermark_ms=self.watermark,
             arrow_keys=grouped.key_table.select(self.key_names), arrow_rows=rows,
@@ -532,10 +566,10 @@ class _Batch:
             sub = values.take(pa.array(with_timer))
             empty_rows_frame = pd.DataFrame(columns=[])
             batch = KeyedBatch(
-                keys=key_table.select(self.key_names).take(pa.array(with_timer)).to_pandas(),
+                keys=_pandas(key_table.select(self.key_names).take(pa.array(with_timer))),
                 rows=empty_rows_frame, offsets=np.zeros(len(with_timer) + 1, dtype=np.int64),
                 group=np.zeros(0, dtype=np.int64),
-                state=sub.select(self.schema.names).to_pandas(),
+                state=_pandas(sub.select(self.schema.names)),
                 exists=~empty_rows(sub, self.schema.names),
                 processing_time_ms=self.now, watermark_ms=self.watermark,
                 timers=pd.DataFrame({"key": [at[f[0]] for f in fired],
@@ -570,7 +604,7 @@ class _Batch:
         if result is not None:
             self._emit(result.emit)
             changed = np.ones(n, dtype=bool) if result.changed is None else \
-                np.asarray(result.changed, dtype=bool)
+                _mask(result.changed, self.params["operator"])
             if len(changed) != n:
                 raise UserFunctionError(
                     f"operator {self.params['operator']}: Result.changed has {len(changed)} "
@@ -613,7 +647,7 @@ class _Batch:
                 write |= timer_rows
             if self.ttl is not None and result.state is not None:
                 columns[EXPIRES_COLUMN], columns[TIMERS_COLUMN] = self._refresh_ttl(
-                    columns, changed)
+                    columns, changed, new.column_names)
         idx = np.flatnonzero(write)
         if not len(idx):
             return
@@ -623,29 +657,49 @@ class _Batch:
                                      names=self.value_names).take(taken)
         self._put(key_table.take(taken), table)
 
-    def _refresh_ttl(self, columns: dict[str, Any], changed: np.ndarray) -> tuple[Any, Any]:
-        """Variables written (non-null in a changed row) expire ``ttl_ms`` from now; one TTL
-        timer per key at the latest deadline."""
+    def _refresh_ttl(self, columns: dict[str, Any], changed: np.ndarray,
+                     written: list[str]) -> tuple[Any, Any]:
+        """The variables a call wrote (non-null in a changed row's ``Result.state`` columns)
+        expire ``ttl_ms`` from now; the others keep their deadline. One TTL timer per key, at
+        its earliest deadline."""
         deadline = self.now + int(self.ttl)
-        expires = columns[EXPIRES_COLUMN].to_pylist() if hasattr(columns[EXPIRES_COLUMN],
-                                                                  "to_pylist") else None
+        expires = columns[EXPIRES_COLUMN].to_pylist()
         timers = columns[TIMERS_COLUMN].to_pylist()
         present = {name: np.asarray(pc.is_valid(columns[name]).to_numpy(
-            zero_copy_only=False), dtype=bool) for name in self.schema.names}
+            zero_copy_only=False), dtype=bool) for name in written}
         for i in np.flatnonzero(changed).tolist():
-            exp = dict(expires[i] or []) if expires is not None else {}
-            for name in self.schema.names:
+            exp = dict(expires[i] or [])
+            for name in written:
                 if present[name][i]:
                     exp[name] = deadline
                 else:
                     exp.pop(name, None)
             expires[i] = exp or None
-            rest = [t for t in timers[i] or [] if t["kind"] != "ttl"]
-            if exp:
-                rest.append({"ms": max(exp.values()), "kind": "ttl"})
-            timers[i] = sorted(rest, key=lambda t: (t["ms"], t["kind"])) or None
+            timers[i] = _ttl_timer(timers[i], exp)
         return (pa.array(expires, self.file_schema.field(EXPIRES_COLUMN).type),
                 pa.array(timers, self.file_schema.field(TIMERS_COLUMN).type))
+
+
+def _ttl_timer(timers: list[dict[str, Any]] | None,
+               expires: dict[str, int]) -> list[dict[str, Any]] | None:
+    """A key's timers with one TTL clean-up, at its earliest deadline (none without one)."""
+    rest = [t for t in timers or [] if t["kind"] != "ttl"]
+    if expires:
+        rest.append({"ms": min(expires.values()), "kind": "ttl"})
+    return sorted(rest, key=lambda t: (t["ms"], t["kind"])) or None
+
+
+_NULLABLE_INTS: dict[pa.DataType, str] = {
+    pa.int8(): "Int8", pa.int16(): "Int16", pa.int32(): "Int32", pa.int64(): "Int64"}
+
+
+def _pandas(table: pa.Table) -> Any:
+    """A table as pandas, integers as pandas' nullable integers: a BIGINT with a null stays
+    exact (numpy would make it a float and lose values past 2**53)."""
+    import pandas as pd
+
+    return table.to_pandas(types_mapper=lambda t: pd.api.types.pandas_dtype(
+        _NULLABLE_INTS[t]) if t in _NULLABLE_INTS else None)
 
 
 def _as_table(frame: Any) -> pa.Table:
@@ -668,19 +722,41 @@ def _replace_rows(table: pa.Table, idx: np.ndarray, rows: pa.Table) -> pa.Table:
     return combined.take(pa.array(np.argsort(position), pa.int64()))
 
 
+def _mask(values: Any, operator: str) -> np.ndarray:
+    """Result.changed as booleans; a null or a non-boolean is refused, not guessed."""
+    from spark_ckpt.errors import UserFunctionError
+
+    array = np.asarray(values)
+    if array.dtype != bool:
+        raise UserFunctionError(
+            f"operator {operator}: expected Result.changed to be booleans (a numpy bool array "
+            f"or a list of True/False, no nulls), found dtype {array.dtype}"
+        )
+    return array
+
+
 def _widen(result: Any, rows: list[int], n: int) -> Any:
     """A Result of a call over some of ``n`` keys, as one over all ``n`` (others unchanged)."""
     import dataclasses
 
     import pandas as pd
 
+    from spark_ckpt.errors import UserFunctionError
+
     changed = np.zeros(n, dtype=bool)
     sub = np.ones(len(rows), dtype=bool) if result.changed is None else \
-        np.asarray(result.changed, dtype=bool)
+        _mask(result.changed, "on_timers")
+    if len(sub) != len(rows):
+        raise UserFunctionError(
+            f"on_timers: Result.changed has {len(sub)} entries for {len(rows)} keys")
     changed[rows] = sub
     state = None
     if result.state is not None:
         table = _as_table(result.state)
+        if table.num_rows != len(rows):
+            raise UserFunctionError(
+                f"on_timers: expected Result.state to have one row per key of the call "
+                f"({len(rows)}), found {table.num_rows}")
         position = np.full(n, -1, dtype=np.int64)
         position[rows] = np.arange(len(rows))
         state = table.take(pa.array(np.where(position >= 0, position, 0)))

@@ -157,7 +157,8 @@ class MapState(_Var):
 
     def remove(self, key: Any) -> None:
         items = dict(self._map())
-        if items.pop(key, None) is not None:
+        if key in items:
+            del items[key]
             self._set(items)
 
     def contains(self, key: Any) -> bool:
@@ -269,23 +270,26 @@ class KeyContext:
     def _touched(self, name: str) -> None:
         self._dirty = True
         if self._ttl_ms is not None:
-            expires = self.processing_time_ms + self._ttl_ms
-            self._expires[name] = expires
-            self.timers._add(expires, "ttl")  # noqa: SLF001
+            self._expires[name] = self.processing_time_ms + self._ttl_ms
+            self._ttl_timer()
+
+    def _ttl_timer(self) -> None:
+        """One TTL clean-up timer per key, at its earliest deadline."""
+        self._timers = [t for t in self._timers if t[1] != "ttl"]
+        if self._expires:
+            self._timers.append((min(self._expires.values()), "ttl"))
+            self._timers.sort()
 
     def _expire(self) -> None:
-        if self._expires:
-            for name, deadline in list(self._expires.items()):
-                if deadline <= self.processing_time_ms:
-                    self._values[name] = None
-                    del self._expires[name]
-                    self._dirty = True
-        if self._timers and any(k == "ttl" for _m, k in self._timers):
-            kept = [t for t in self._timers
-                    if not (t[1] == "ttl" and t[0] <= self.processing_time_ms)]
-            if len(kept) != len(self._timers):
-                self._timers = kept
-                self._dirty = True
+        expired = [n for n, deadline in self._expires.items()
+                   if deadline <= self.processing_time_ms]
+        for name in expired:
+            self._values[name] = None
+            del self._expires[name]
+        due_ttl = any(k == "ttl" and m <= self.processing_time_ms for m, k in self._timers)
+        if expired or due_ttl:
+            self._ttl_timer()
+            self._dirty = True
 
 
 _SYNONYMS = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint",

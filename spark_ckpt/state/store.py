@@ -33,12 +33,23 @@ from spark_ckpt.errors import StateTooLargeError
 from spark_ckpt.state.schema import TIMERS_COLUMN, json_safe, json_unsafe
 
 __all__ = ["MemoryStore", "RocksStore", "empty_rows", "integer_key", "key_tuples",
-           "next_timer"]
+           "next_timer", "user_key"]
 
 NO_TIMER = np.iinfo(np.int64).max
 _NAN = ("spark_ckpt", "NaN")  # NaN keys are one key, as in Spark's grouping
 TOKEN_KEY = b"\xfe__token__"
+ROWS_KEY = b"\xfe__rows__"  # the exact number of keys (RocksDB's estimate counts timers too)
 TIMER_PREFIX = b"\xff"
+
+
+def _timer_key(ms: int, raw_key: bytes) -> bytes:
+    """A timer's index entry: the time with its sign bit flipped, so that the bytes sort as
+    the times do (times before 1970 first)."""
+    return TIMER_PREFIX + struct.pack(">Q", (int(ms) + (1 << 63)) & 0xFFFFFFFFFFFFFFFF) + raw_key
+
+
+def _timer_ms(raw: bytes) -> int:
+    return struct.unpack(">Q", raw[1:9])[0] - (1 << 63)
 
 
 def key_tuples(table: pa.Table, names: Sequence[str]) -> list[tuple[Any, ...]]:
@@ -52,6 +63,13 @@ def key_tuples(table: pa.Table, names: Sequence[str]) -> list[tuple[Any, ...]]:
             values = [_NAN if (v is not None and v != v) else v for v in values]
         columns.append(values)
     return list(zip(*columns, strict=True)) if columns else []
+
+
+def user_key(key: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A key tuple as the user sees it (the NaN stand-in back to NaN)."""
+    if _NAN in key:
+        return tuple(float("nan") if v is _NAN else v for v in key)
+    return key
 
 
 def empty_rows(table: pa.Table, state_names: Sequence[str]) -> np.ndarray:
@@ -291,14 +309,21 @@ class RocksStore:
         self.db = open_rocks(path, fresh=fresh)
         raw = self.db.get(TOKEN_KEY)
         self.token: str | None = raw.decode() if raw else None
+        count = self.db.get(ROWS_KEY)
+        self._rows = int(count.decode()) if count else 0
 
     @property
     def rows(self) -> int:
-        return int(self.db.property_int_value("rocksdb.estimate-num-keys") or 0)
+        return self._rows
 
     def _raw_keys(self, table: pa.Table) -> list[bytes]:
         kgs = table.column("_kg").to_pylist()
-        columns = [json_safe(table.column(n)) for n in self.key_names]
+        columns = []
+        for n in self.key_names:
+            column = table.column(n)
+            if pa.types.is_floating(column.type):  # -0.0 is 0.0, as in Spark's grouping
+                column = pc.if_else(pc.equal(column, 0.0), pa.scalar(0.0, column.type), column)
+            columns.append(json_safe(column))
         return [_kg_key(g, json.dumps(list(k), separators=(",", ":"), allow_nan=True))
                 for g, k in zip(kgs, zip(*columns, strict=True), strict=True)]
 
@@ -321,6 +346,7 @@ class RocksStore:
         from rocksdict import WriteBatch
 
         wb = WriteBatch(raw_mode=True)
+        count = self._rows
         if rows.num_rows:
             rows = rows.select(self.schema.names).cast(self.schema)
             raw_keys = self._raw_keys(rows)
@@ -333,19 +359,23 @@ class RocksStore:
                 old = written[raw_key] if raw_key in written else \
                     (json.loads(olds[i]) if olds[i] is not None else None)
                 for t in (old[timer_at] or []) if old is not None else []:
-                    wb.delete(TIMER_PREFIX + struct.pack(">q", int(t["ms"])) + raw_key)
+                    wb.delete(_timer_key(t["ms"], raw_key))
                 if empty[i]:
                     wb.delete(raw_key)
                     written[raw_key] = None
+                    count -= old is not None
                     continue
+                count += old is None
                 value = [c[i] for c in columns]
                 wb.put(raw_key, json.dumps(value, separators=(",", ":")).encode())
                 for t in value[timer_at] or []:
-                    wb.put(TIMER_PREFIX + struct.pack(">q", int(t["ms"])) + raw_key, b"")
+                    wb.put(_timer_key(t["ms"], raw_key), b"")
                 written[raw_key] = value
+            wb.put(ROWS_KEY, str(count).encode())
         if token is not None:
             wb.put(TOKEN_KEY, token.encode())
         self.db.write(wb)
+        self._rows = count
         if token is not None:
             self.token = token
 
@@ -368,7 +398,7 @@ class RocksStore:
         it.seek(TIMER_PREFIX)
         while it.valid():
             raw = it.key()
-            if not raw.startswith(TIMER_PREFIX) or struct.unpack(">q", raw[1:9])[0] > limit_ms:
+            if not raw.startswith(TIMER_PREFIX) or _timer_ms(raw) > limit_ms:
                 break
             keys[raw[9:]] = None
             it.next()

@@ -539,6 +539,26 @@ class ProcessedStream(StatefulStream):
                 "documents (spark_ckpt before typed state); expected typed state. Start the "
                 "pipeline in a new checkpoint directory"
             )
+        restored_keys = self.restored_describe.get("key_schema")
+        if restored_keys is not None:
+            import json
+
+            from pyspark.sql.types import StructType
+
+            from spark_ckpt.arrowtypes import to_spark
+
+            def fields(schema: Any) -> list[tuple[str, str]]:
+                return [(f.name, f.dataType.simpleString()) for f in schema.fields]
+
+            before = fields(StructType.fromJson(json.loads(restored_keys)))
+            now = fields(to_spark(key_schema))
+            if before != now:
+                raise CheckpointError(
+                    f"operator {self.operator}: the checkpoint's state is keyed by {before}, "
+                    f"the pipeline keys it by {now}; the key of a stateful operator cannot "
+                    "change under a checkpoint (keep the old key or start a new checkpoint "
+                    "directory)"
+                )
 
     def state_view(self, checkpoint_id: int | None = None) -> DataFrame:
         """Every key's state now (or at a retained checkpoint): the key columns and one column

@@ -363,3 +363,24 @@ def test_a_checkpoint_of_json_processor_state_is_refused_at_start(spark, tmp_pat
         meta_file.write_text(json.dumps(meta))
     with pytest.raises((CheckpointError, PipelineFailedError), match="JSON documents"):
         pipeline(200).process_available(timeout=300)
+
+
+def test_a_changed_key_is_refused_at_start(spark, tmp_path):
+    """Keyed by ``key``, then by the same values under another name: refused before anything
+    runs (restored rows would otherwise all land on the null key)."""
+    from spark_ckpt import CheckpointError, PipelineFailedError
+
+    def pipeline(total: int, key: str):
+        ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "rekey",
+                               settings=Settings(**BASE, state_parallelism=2))
+        gen = ctx.generator_stream("gen", rows_per_batch=50, total_rows=total, keys=4)
+        gen.transform(lambda df: df.withColumnRenamed("key", key), name="renamed") \
+            .key_by(key).process(RunningVectorized(), f"{key} BIGINT, n BIGINT, total DOUBLE",
+                                 name="run") \
+            .write_parquet(str(tmp_path / "out"), name="out")
+        return ctx
+
+    pipeline(100, "key").process_available(timeout=300)
+    with pytest.raises((CheckpointError, PipelineFailedError),
+                       match=r"keyed by \[\('key', 'bigint'\)\].*\[\('user', 'bigint'\)\]"):
+        pipeline(200, "user").process_available(timeout=300)

@@ -711,15 +711,11 @@ def _as_table(frame: Any) -> pa.Table:
 
 
 def _replace_rows(table: pa.Table, idx: np.ndarray, rows: pa.Table) -> pa.Table:
-    """``table`` with its rows at ``idx`` replaced by ``rows``."""
-    order = np.arange(table.num_rows)
-    keep = np.ones(table.num_rows, dtype=bool)
-    keep[idx] = False
-    rest = np.flatnonzero(keep)
-    combined = pa.concat_tables([table.take(pa.array(rest, pa.int64())), rows])
-    position = np.empty(table.num_rows, dtype=np.int64)
-    position[np.concatenate([rest, idx])] = order
-    return combined.take(pa.array(np.argsort(position), pa.int64()))
+    """``table`` with its rows at ``idx`` replaced by ``rows`` (one ``take``)."""
+    n = table.num_rows
+    position = np.arange(n, dtype=np.int64)
+    position[idx] = n + np.arange(len(idx), dtype=np.int64)
+    return pa.concat_tables([table, rows.cast(table.schema)]).take(pa.array(position))
 
 
 def _mask(values: Any, operator: str) -> np.ndarray:

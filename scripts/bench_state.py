@@ -19,6 +19,15 @@ Scenarios (flags; none given runs them all). Default sizes in ``SIZES`` (``--hel
                    checkpoint every 10 s); Structured Streaming: ``groupBy("key").agg(...)``,
                    update mode, ``foreachBatch`` appending to Parquet. Input rows per second over
                    the query's wall time (and from the second batch on, without the cold first).
+``--totals``       keyed running totals of 5,000 keys, 30 batches of 10 files x 1,000 rows (daily
+                   files; both systems take 10 files per batch), keyed by a string and an integer
+                   column ``(carrier, key)``, count + sum + max, merged into a Delta table by
+                   key. spark_ckpt: ``key_by("carrier", "key").agg(...)`` into
+                   ``write_delta(merge_keys=[...])`` (two-phase, checkpoint every 10 s);
+                   Structured Streaming: ``groupBy(...).agg(...)``, update mode, RocksDB,
+                   ``foreachBatch`` turning the batch into Arrow and merging it with delta-rs
+                   (the batch id as the table's app transaction). The output is the Delta table,
+                   read with delta-rs and checked row by row.
 ``--process``      running per-key n/total in Python (4 files x 1,000,000 rows over 1,000,000
                    keys): a ``VectorizedProcessor`` (one call per task and batch, ``ckpt_vec``)
                    and a ``KeyedProcessor`` (one call per key and batch, ``ckpt``) vs
@@ -81,15 +90,20 @@ if str(ROOT) not in sys.path:
 from spark_ckpt.state.processor import KeyedProcessor, Result, VectorizedProcessor  # noqa: E402
 
 SCHEMA = "id BIGINT, key BIGINT, value DOUBLE, event_time TIMESTAMP"
+# the totals input: a string column too, and the pipelines key by (carrier, key)
+TOTALS_SCHEMA = SCHEMA + ", carrier STRING"
+CARRIERS = 20
 OUT_SCHEMA = "key BIGINT, n BIGINT, total DOUBLE"
 EPOCH_MS = 1767225600000
 TINY_WARMUP = 2
 TOLERANCE = 1e-6
-SCENARIOS = ("agg", "process", "tiny", "interval", "incremental", "restart")
+SCENARIOS = ("agg", "totals", "process", "tiny", "interval", "incremental", "restart")
 
 # size knobs: (full default, --small default)
 SIZES: dict[str, tuple[int, int]] = {
     "files": (12, 3), "rows_per_file": (250_000, 2000), "keys": (1_000_000, 1000),
+    "totals_files": (30, 4), "totals_rows_per_file": (10_000, 1000), "totals_keys": (5_000, 100),
+    "totals_files_per_batch": (10, 2),
     "process_files": (4, 3), "process_rows_per_file": (1_000_000, 2000),
     "process_keys": (1_000_000, 1000),
     "tiny_files": (20, 8), "tiny_rows": (10, 10), "tiny_keys": (10, 10),
@@ -202,13 +216,32 @@ def child_generate(args: argparse.Namespace) -> dict:
         target = Path(ds["dir"])
         target.mkdir(parents=True, exist_ok=True)
         tmp = Path(ds["dir"] + ".tmp")
-        base_mtime = time.time() - 60 - len(ds["ranges"])
+        split = ds.get("split", 1)
+        base_mtime = time.time() - 60 - len(ds["ranges"]) * split
         for i, (start, end) in enumerate(ds["ranges"]):
-            generated(spark, start, end, ds["keys"]).write.mode("overwrite").parquet(str(tmp))
+            rows = generated(spark, start, end, ds["keys"])
+            if ds.get("carrier"):
+                rows = rows.withColumn("carrier", F.format_string(
+                    "C%02d", F.pmod(F.col("key"), F.lit(CARRIERS))))
+            rows.write.mode("overwrite").parquet(str(tmp))
             part = next(tmp.glob("part-*.parquet"))
-            dst = target / f"part-{i:05d}.parquet"
-            os.replace(part, dst)
-            os.utime(dst, (base_mtime + i, base_mtime + i))  # strictly increasing: batch order
+            if split == 1:
+                pieces = [part]
+            else:  # a batch of several files (daily files): the rows cut into `split` files
+                import pyarrow.parquet as pq
+
+                table = pq.read_table(part)
+                step = -(-table.num_rows // split)
+                pieces = []
+                for j in range(split):
+                    piece = tmp / f"piece-{j:03d}.parquet"
+                    pq.write_table(table.slice(j * step, step), piece)
+                    pieces.append(piece)
+            for j, piece in enumerate(pieces):
+                n = i * split + j
+                dst = target / f"part-{n:05d}.parquet"
+                os.replace(piece, dst)
+                os.utime(dst, (base_mtime + n, base_mtime + n))  # strictly increasing: order
         shutil.rmtree(tmp, ignore_errors=True)
         (spark.read.schema(SCHEMA).parquet(str(target)).groupBy("key")
          .agg(F.count(F.lit(1)).alias("n"), F.sum("value").alias("total"))
@@ -235,6 +268,26 @@ def check_output(spark, out_dir: str, expected_dir: str) -> dict:  # noqa: ANN00
             "mismatches": bad.count(), "examples": [r.asDict() for r in bad.limit(3).collect()]}
 
 
+def check_delta(out_dir: str, expected_dir: str) -> dict:
+    """A Delta table merged by key (one row per key) against the expected totals."""
+    import pandas as pd
+    from deltalake import DeltaTable
+
+    table = DeltaTable(out_dir).to_pandas()
+    carriers = table.key % CARRIERS
+    wrong_carrier = int((table.carrier != carriers.map(lambda c: f"C{c:02d}")).sum())
+    out = table[["key", "n", "total"]]
+    expected = pd.read_parquet(expected_dir)
+    joined = out.merge(expected, on="key", how="outer", suffixes=("_o", "_e"))
+    bad = joined[joined.n_o.isna() | joined.n_e.isna() | (joined.n_o != joined.n_e) |
+                 ((joined.total_o - joined.total_e).abs() >
+                  TOLERANCE * joined.total_e.abs().clip(lower=1.0))]
+    return {"output_rows": len(out), "keys": int(out.key.nunique()),
+            "sum_n": int(out.n.sum()), "sum_total": float(out.total.sum()),
+            "mismatches": len(bad) + wrong_carrier,
+            "examples": bad.head(3).astype(str).to_dict("records")}
+
+
 def ckpt_settings(interval_ms: int):  # noqa: ANN201
     from spark_ckpt import Settings
 
@@ -251,17 +304,22 @@ def ss_conf(spark) -> None:  # noqa: ANN001
 
 def child_ckpt(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001, C901
     from spark_ckpt import StreamingContext
-    from spark_ckpt.state.aggregates import count, sum_
+    from spark_ckpt.state.aggregates import count, max_, sum_
 
     work = Path(args.work)
     out = str(work / "out")
     ctx = StreamingContext(spark, args.batch_interval, str(work / "ckpt"), "bench",
                            settings=ckpt_settings(args.checkpoint_ms))
-    src = ctx.file_stream("in", args.input, "parquet", schema=SCHEMA, max_files_per_batch=1)
+    schema = TOTALS_SCHEMA if args.scenario == "totals" else SCHEMA
+    src = ctx.file_stream("in", args.input, "parquet", schema=schema,
+                          max_files_per_batch=args.files_per_batch)
     if args.scenario == "process":
         processor = RunningVec() if args.system == "ckpt_vec" else Running()
         src.key_by("key").process(processor, OUT_SCHEMA, name="running") \
             .write_parquet(out, name="running")
+    elif args.scenario == "totals":
+        src.key_by("carrier", "key").agg(n=count(), total=sum_("value"), top=max_("value")) \
+            .write_delta(out, name="totals", merge_keys=["carrier", "key"])
     else:
         src.key_by("key").agg(n=count(), total=sum_("value")).write_parquet(out, name="totals")
     print(f"READY {time.time():.3f}", flush=True)
@@ -303,8 +361,14 @@ def child_ss(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001
     ss_conf(spark)
     work = Path(args.work)
     out = str(work / "out")
-    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(args.input)
-    if args.system == "ss":
+    schema = TOTALS_SCHEMA if args.scenario == "totals" else SCHEMA
+    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", args.files_per_batch) \
+        .parquet(args.input)
+    if args.scenario == "totals":
+        result = stream.groupBy("carrier", "key").agg(
+            F.count(F.lit(1)).alias("n"), F.sum("value").alias("total"),
+            F.max("value").alias("top"))
+    elif args.system == "ss":
         result = stream.groupBy("key").agg(F.count(F.lit(1)).alias("n"),
                                            F.sum("value").alias("total"))
     elif args.system == "ss_apiws":
@@ -318,7 +382,28 @@ def child_ss(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001
     def append(df, batch_id: int) -> None:  # noqa: ANN001
         df.write.mode("append").parquet(out)
 
-    writer = (result.writeStream.outputMode("update").foreachBatch(append)
+    def merge(df, batch_id: int) -> None:  # noqa: ANN001
+        """What a careful user writes: the batch's rows to Arrow, a delta-rs merge by key, the
+        batch id as the table's app transaction (a replayed batch is not merged twice)."""
+        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+        rows = df.toArrow()
+        app = "bench-totals"
+        if not DeltaTable.is_deltatable(out):
+            write_deltalake(out, rows, commit_properties=CommitProperties(
+                app_transactions=[Transaction(app_id=app, version=batch_id)]))
+            return
+        table = DeltaTable(out)
+        done = table.transaction_version(app)
+        if done is not None and done >= batch_id:
+            return
+        table.merge(rows, "t.carrier = s.carrier AND t.key = s.key", source_alias="s", target_alias="t",
+                    commit_properties=CommitProperties(app_transactions=[
+                        Transaction(app_id=app, version=batch_id)])) \
+            .when_matched_update_all().when_not_matched_insert_all().execute()
+
+    sink = merge if args.scenario == "totals" else append
+    writer = (result.writeStream.outputMode("update").foreachBatch(sink)
               .option("checkpointLocation", str(work / "ckpt")).trigger(availableNow=True))
     print(f"READY {time.time():.3f}", flush=True)
     t0 = time.perf_counter()
@@ -399,7 +484,9 @@ def child(args: argparse.Namespace) -> None:
             result = child_ckpt(args, spark)
         else:
             result = child_ss(args, spark)
-        if args.system != "floor":
+        if args.system != "floor" and args.scenario == "totals":
+            result["check"] = check_delta(str(Path(args.work) / "out"), args.expected)
+        elif args.system != "floor":
             result["check"] = check_output(spark, str(Path(args.work) / "out"), args.expected)
     result["code"] = code
     print("RESULT " + json.dumps(result), flush=True)
@@ -522,6 +609,9 @@ class Bench:
 
         if {"agg", "interval"} & set(scenarios):
             spec["agg"] = (uniform(s["files"], s["rows_per_file"]), s["keys"])
+        if "totals" in scenarios:
+            spec["totals"] = (uniform(s["totals_files"], s["totals_rows_per_file"]),
+                              s["totals_keys"])
         if "restart" in scenarios:
             spec["restart"] = (uniform(s["restart_files"], s["rows_per_file"]), s["keys"])
         if "process" in scenarios:
@@ -539,7 +629,9 @@ class Bench:
         out = []
         for name, (ranges, keys) in spec.items():
             d = {"dir": str(self.base / "input" / name),
-                 "expected": str(self.base / "expected" / name), "ranges": ranges, "keys": keys}
+                 "expected": str(self.base / "expected" / name), "ranges": ranges, "keys": keys,
+                 "split": s["totals_files_per_batch"] if name == "totals" else 1,
+                 "carrier": name == "totals"}
             self.data[name] = {"input": d["dir"], "expected": d["expected"],
                                "rows": str(sum(e - b for b, e in ranges))}
             out.append(d)
@@ -662,6 +754,32 @@ class Bench:
             "ss_steady_rows_per_s": ss_steady, "ckpt_steady_rows_per_s": ck_steady,
             "steady_throughput_ratio_ckpt_over_ss": ratio(med(_known(ck_steady)),
                                                           med(_known(ss_steady)))}}
+
+    def totals(self) -> dict:
+        """Keyed running totals of a few thousand keys merged into Delta by key."""
+        runs: dict[str, list[dict]] = {"ss": [], "ckpt": []}
+        for rep in range(self.args.reps):
+            for system in orders(["ss", "ckpt"], rep):
+                r = self.run("totals", system, "totals",
+                             files_per_batch=self.sizes["totals_files_per_batch"])
+                runs[system].append(r)
+                self.report(f"rep {rep + 1} totals {system}", r)
+        check_digests("totals", runs, self.errors)
+        ss = [rate(r) for r in runs["ss"]]
+        ck = [rate(r) for r in runs["ckpt"]]
+        ss_b = [med(r["batch_ms"][1:]) for r in runs["ss"]]
+        ck_b = [med(r["batch_ms"][1:]) for r in runs["ckpt"]]
+        ss_steady = [steady_rate(r) for r in runs["ss"]]
+        ck_steady = [steady_rate(r) for r in runs["ckpt"]]
+        return {"runs": runs, "summary": {
+            "ss_rows_per_s": ss, "ckpt_rows_per_s": ck,
+            "ss_seconds": [r["seconds"] for r in runs["ss"]],
+            "ckpt_seconds": [r["seconds"] for r in runs["ckpt"]],
+            "throughput_ratio_ckpt_over_ss": ratio(med(ck), med(ss)),
+            "ss_steady_rows_per_s": ss_steady, "ckpt_steady_rows_per_s": ck_steady,
+            "steady_throughput_ratio_ckpt_over_ss": ratio(med(_known(ck_steady)),
+                                                          med(_known(ss_steady))),
+            "ss_batch_ms_median": ss_b, "ckpt_batch_ms_median": ck_b}}
 
     def process(self) -> dict:
         systems = ["ckpt_vec", "ckpt", "ss_apiws"]
@@ -963,6 +1081,7 @@ def main() -> None:
         parser.add_argument(f"--{option}", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint-ms", type=int, default=10000, help=argparse.SUPPRESS)
     parser.add_argument("--batch-interval", type=float, default=0.5, help=argparse.SUPPRESS)
+    parser.add_argument("--files-per-batch", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)

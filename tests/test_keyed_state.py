@@ -288,6 +288,26 @@ def test_memory_backend_fails_clearly_past_its_limit_and_rocksdb_takes_it(spark,
     same(agg.state_view().toPandas(), want)
 
 
+def test_delta_merge_by_a_string_and_an_integer_key_with_nulls(spark, tmp_path):
+    """Merge keys of two columns, one a string with nulls: one row per key, Spark's totals
+    (delta-rs once parsed the joined predicate as one comparison against a boolean)."""
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "two-keys", settings=settings())
+    gen = ctx.generator_stream("gen", rows_per_batch=300, total_rows=1500, keys=40)
+    carrier = F.when(F.col("key") % 7 == 0, F.lit(None)).otherwise(
+        F.format_string("C%d", F.col("key") % 3))
+    agg = gen.with_column("carrier", carrier).key_by("carrier", "key").agg(
+        name="totals", n=count(), total=sum_("value"))
+    agg.write_delta(str(tmp_path / "out"), name="out", merge_keys=["carrier", "key"])
+    ctx.process_available(timeout=300)
+    want = generated(spark, 0, 1500, 40).withColumn("carrier", carrier) \
+        .groupBy("carrier", "key").agg(F.count("*").alias("n"),
+                                       F.sum("value").alias("total")).toPandas()
+    got = read_delta(str(tmp_path / "out")).to_pandas()
+    assert len(got) == len(want) == 40
+    assert got["carrier"].isna().sum() == 6  # keys 0, 7, ..., 35: one row each, not one per batch
+    same(got, want)
+
+
 def test_checkpoints_align_two_inputs_of_very_different_speeds(spark, tmp_path):
     ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "align",
                            settings=settings(checkpoint_retained=20))

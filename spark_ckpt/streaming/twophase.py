@@ -341,7 +341,9 @@ class DeltaTwoPhaseSink(_FileTwoPhaseSink):
         rows = rows.take(last.column("__seq_max")).drop_columns(["__seq"])
         table = DeltaTable(sink.uri)
         rows = rows.cast(pa.schema(table.schema()))
-        predicate = " AND ".join(f"t.`{k}` IS NOT DISTINCT FROM s.`{k}`"  # null keys match
+        # null keys match; each comparison in parentheses (delta-rs parses
+        # `a IS NOT DISTINCT FROM b AND c ...` as `a IS NOT DISTINCT FROM (b AND c ...)`)
+        predicate = " AND ".join(f"(t.`{k}` IS NOT DISTINCT FROM s.`{k}`)"
                                  for k in self.merge_keys)
         (table.merge(rows, predicate, source_alias="s", target_alias="t",
                      commit_properties=CommitProperties(custom_metadata=meta, app_transactions=[

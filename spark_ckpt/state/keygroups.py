@@ -74,8 +74,11 @@ def key_group_column(keys: Sequence[str], max_parallelism: int) -> Column:
     return F.pmod(F.xxhash64(*keys), F.lit(max_parallelism)).cast("int")
 
 
-def partition_column(max_parallelism: int, parallelism: int) -> Column:
-    """Task index of a row's key group: ``kg * P // max_parallelism``."""
+def partition_column(max_parallelism: int, parallelism: int,
+                     key_group: Column | None = None) -> Column:
+    """Task index of a row's key group: ``kg * P // max_parallelism`` (``key_group``: the key
+    group's expression, when it is not yet a column)."""
     from pyspark.sql import functions as F
 
-    return ((F.col(KG_COLUMN) * F.lit(parallelism)) / F.lit(max_parallelism)).cast("int")
+    kg = F.col(KG_COLUMN) if key_group is None else key_group
+    return ((kg * F.lit(parallelism)) / F.lit(max_parallelism)).cast("int")

@@ -40,6 +40,14 @@ CHANNEL_COLUMN = "_ch"
 MARKER_COLUMN = "_marker"
 META_SCHEMA = "pid INT, meta STRING"
 
+
+def meta_schema() -> Any:
+    """META_SCHEMA as a StructType, built without the JVM (a DDL string is parsed by a round
+    trip to it on every ``mapInArrow``)."""
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+    return StructType([StructField("pid", IntegerType()), StructField("meta", StringType())])
+
 # (pipeline id, operator, range) -> backend, per Python worker process
 _CACHE: dict[tuple[str, ...], Any] = {}
 

@@ -40,8 +40,8 @@ from spark_ckpt.state.processor import KeyedProcessor, VectorizedProcessor
 from spark_ckpt.state.task import (
     CHANNEL_COLUMN,
     MARKER_COLUMN,
-    META_SCHEMA,
     agg_task,
+    meta_schema,
 )
 from spark_ckpt.storage import join
 from spark_ckpt.streaming.stream import Stream, union_by_name
@@ -198,6 +198,18 @@ class StatefulStream(Stream):
 
     # -- per batch ---------------------------------------------------------------------------
     def _inputs(self, run: BatchRun) -> DataFrame | None:
+        """The batch's input with its routing columns (key group, task)."""
+        df = self._unrouted(run)
+        return None if df is None else df.withColumns(self._route())
+
+    def _route(self) -> dict[str, Any]:
+        if self._routing is None:  # the same expressions every batch: built once
+            self._routing = {
+                KG_COLUMN: key_group_column(self.keys, self.max_parallelism),
+                PID_COLUMN: partition_column(self.max_parallelism, self.parallelism)}
+        return self._routing
+
+    def _unrouted(self, run: BatchRun) -> DataFrame | None:
         if run.batch_id != run.stats.batch_id:
             raise JobDefinitionError(
                 f"operator {self.operator}: a window over a stateful stream would apply "
@@ -217,11 +229,7 @@ class StatefulStream(Stream):
                 f"operator {self.operator}: key columns {missing} are not in its input; "
                 f"columns: {df.columns}"
             )
-        if self._routing is None:  # the same expressions every batch: built once
-            self._routing = {
-                KG_COLUMN: key_group_column(self.keys, self.max_parallelism),
-                PID_COLUMN: partition_column(self.max_parallelism, self.parallelism)}
-        return df.withColumns(self._routing)
+        return df
 
     def _read_back_needed(self, run: BatchRun) -> bool:
         """Whether any stream or output reads this batch's update stream from the files the
@@ -253,7 +261,7 @@ class StatefulStream(Stream):
         if not partitioned:
             df = df.repartitionById(self.parallelism, PID_COLUMN)
         try:
-            rows = df.mapInArrow(fn, META_SCHEMA).collect()
+            rows = df.mapInArrow(fn, meta_schema()).collect()
         except Exception as exc:
             from spark_ckpt.errors import UserFunctionError
 
@@ -332,7 +340,7 @@ class AggregatedStream(StatefulStream):
         from spark_ckpt.arrowtypes import to_arrow
         from spark_ckpt.streaming.sinks import _FileSink
 
-        df = self._inputs(run)
+        df = self._unrouted(run)  # routed below: one analysis of the plan fewer per batch
         if df is None:
             return None
         spec = self._spec(df)
@@ -342,15 +350,19 @@ class AggregatedStream(StatefulStream):
             run.stats.state[self.operator] = {"tasks_run": 0, "input_rows": 0,
                                               "changed_keys": 0}
             return self._empty_view()
-        group = [PID_COLUMN, KG_COLUMN, *self.keys]
-        if CHANNEL_COLUMN in df.columns:
-            group.append(CHANNEL_COLUMN)
+        route = self._route()
+        others = [*self.keys, *([CHANNEL_COLUMN] if CHANNEL_COLUMN in df.columns else [])]
         single = self._small(df)
-        # small: one stage, one task updating every range in turn; else one task per range
-        spread = df.coalesce(1) if single else df.repartitionById(self.parallelism, PID_COLUMN)
         if self._partials is None:
             self._partials = spec.partial_columns()
-        partials = spread.groupBy(*group).agg(*self._partials)
+        if single:  # one stage, one task updating every range in turn
+            kg = route[KG_COLUMN]
+            pid = partition_column(self.max_parallelism, self.parallelism, key_group=kg)
+            partials = df.coalesce(1).groupBy(kg.alias(KG_COLUMN), *others).agg(
+                pid.alias(PID_COLUMN), *self._partials)
+        else:  # one task per range
+            partials = df.withColumns(route).repartitionById(self.parallelism, PID_COLUMN) \
+                .groupBy(PID_COLUMN, KG_COLUMN, *others).agg(*self._partials)
         chained = self._chain(run, self._empty_view())
         params = self._params(run) | {
             "file_schema": to_arrow(schema).serialize().to_pybytes().hex(),

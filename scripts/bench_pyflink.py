@@ -1,4 +1,4 @@
-"""PyFlink arm of ``bench_state.py --process``: the same per-key running count and sum in a
+"""PyFlink arm of ``bench_state.py --process`` (and, with ``--agg``, of ``--agg``): the same per-key running count and sum in a
 Python ``KeyedProcessFunction`` with ``ValueState``, on Flink's RocksDB state backend with
 incremental checkpoints every 10 s, parallelism 2, over the same rows.
 
@@ -28,6 +28,9 @@ def main() -> None:
     parser.add_argument("--work", required=True)
     parser.add_argument("--rows-per-key", type=int, required=True)
     parser.add_argument("--rows", type=int, required=True)
+    parser.add_argument("--agg", action="store_true",
+                        help="the keyed count/sum in Flink SQL (GROUP BY) instead of the "
+                        "Python KeyedProcessFunction")
     parser.add_argument("--cache-size", type=int, default=1_000_000,
                         help="python.state.cache-size (keys cached in the Python worker)")
     args = parser.parse_args()
@@ -50,8 +53,11 @@ def main() -> None:
     t_env.execute_sql(f"""CREATE TABLE src (id BIGINT, `key` BIGINT, `value` DOUBLE,
         event_time STRING) WITH ('connector' = 'filesystem', 'path' = 'file://{args.csv}',
         'format' = 'csv')""")
-    rows = t_env.to_data_stream(t_env.sql_query("SELECT `key`, `value` FROM src"))
     target = args.rows_per_key
+    if args.agg:
+        run_agg(t_env, args)
+        return
+    rows = t_env.to_data_stream(t_env.sql_query("SELECT `key`, `value` FROM src"))
 
     class Running(KeyedProcessFunction):
         def open(self, ctx: RuntimeContext) -> None:
@@ -75,6 +81,23 @@ def main() -> None:
     print(f"READY {time.time():.3f}", flush=True)
     t0 = time.perf_counter()
     t_env.execute_sql("INSERT INTO sink SELECT * FROM totals").wait()
+    seconds = time.perf_counter() - t0
+    print("RESULT " + json.dumps({"seconds": seconds, "rows": args.rows, "batches": 1}),
+          flush=True)
+
+
+def run_agg(t_env, args: argparse.Namespace) -> None:  # noqa: ANN001
+    """What a PyFlink user writes for a keyed count/sum: a SQL GROUP BY (Flink's own operator
+    in the JVM; the state in RocksDB). Its update stream is filtered to each key's final row
+    (every key has ``rows_per_key`` rows) and printed by the ``print`` connector, which takes
+    updates (the filesystem sink takes only appends); the parent parses those lines."""
+    t_env.execute_sql("""CREATE TABLE sink (`key` BIGINT, n BIGINT, total DOUBLE)
+        WITH ('connector' = 'print', 'print-identifier' = 'OUT')""")
+    print(f"READY {time.time():.3f}", flush=True)
+    t0 = time.perf_counter()
+    t_env.execute_sql(f"""INSERT INTO sink SELECT `key`, n, total FROM (
+        SELECT `key`, COUNT(*) AS n, SUM(`value`) AS total FROM src GROUP BY `key`)
+        WHERE n = {args.rows_per_key}""").wait()
     seconds = time.perf_counter() - t0
     print("RESULT " + json.dumps({"seconds": seconds, "rows": args.rows, "batches": 1}),
           flush=True)

@@ -19,6 +19,9 @@ Scenarios (flags; none given runs them all). Default sizes in ``SIZES`` (``--hel
                    checkpoint every 10 s); Structured Streaming: ``groupBy("key").agg(...)``,
                    update mode, ``foreachBatch`` appending to Parquet. Input rows per second over
                    the query's wall time (and from the second batch on, without the cold first).
+                   With ``--pyflink PYTHON``: Flink SQL's ``GROUP BY`` (RocksDB, incremental
+                   checkpoints every 10 s, parallelism 2) over the same rows as CSV, each key's
+                   final row printed and checked.
 ``--totals``       keyed running totals of 5,000 keys, 30 batches of 10 files x 1,000 rows (daily
                    files; both systems take 10 files per batch), keyed by a string and an integer
                    column ``(carrier, key)``, count + sum + max, merged into a Delta table by
@@ -664,21 +667,29 @@ class Bench:
         work = self.base / "work" / f"{data}-flink"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        keys = self.sizes["process_keys"]
-        rows = self.sizes["process_files"] * self.sizes["process_rows_per_file"]
+        agg = data == "agg"
+        keys = self.sizes["keys" if agg else "process_keys"]
+        rows = int(d["rows"])
         cmd = [self.args.pyflink, str(ROOT / "scripts" / "bench_pyflink.py"), "--csv",
                str(csv_dir), "--work", str(work), "--rows-per-key", str(rows // keys),
-               "--rows", str(rows)]
+               "--rows", str(rows), *(["--agg"] if agg else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if proc.returncode != 0 or "RESULT " not in proc.stdout:
-            raise ChildFailed(f"process/flink failed (exit {proc.returncode}):\n"
+            raise ChildFailed(f"{data}/flink failed (exit {proc.returncode}):\n"
                               f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}")
         result = parse_result(proc.stdout)
         import pandas as pd
 
-        parts = [pd.read_csv(f, header=None, names=["key", "n", "total"])
-                 for f in (work / "out").rglob("*") if f.is_file() and not f.name.startswith(".")]
-        out = pd.concat(parts) if parts else pd.DataFrame(columns=["key", "n", "total"])
+        if agg:  # the print connector's lines: "OUT:1> +U[key, n, total]"
+            found = [li.split("[", 1)[1].rstrip("]").split(", ")
+                     for li in proc.stdout.splitlines() if li.startswith("OUT:")]
+            out = pd.DataFrame([(int(k), int(n), float(t)) for k, n, t in found],
+                               columns=["key", "n", "total"])
+        else:
+            parts = [pd.read_csv(f, header=None, names=["key", "n", "total"])
+                     for f in (work / "out").rglob("*")
+                     if f.is_file() and not f.name.startswith(".")]
+            out = pd.concat(parts) if parts else pd.DataFrame(columns=["key", "n", "total"])
         expected = pd.read_parquet(d["expected"])
         joined = out.merge(expected, on="key", how="outer", suffixes=("_o", "_e"))
         bad = joined[joined.n_o.isna() | joined.n_e.isna() | (joined.n_o != joined.n_e) |
@@ -723,11 +734,14 @@ class Bench:
             configs["ckpt"] = ("ckpt", 10000)
             if "interval" in self.scenarios:
                 configs["ckpt_final_only"] = ("ckpt", 0)
+            if "agg" in self.scenarios and self.args.pyflink:
+                configs["flink"] = ("flink", 10000)
             runs: dict[str, list[dict]] = {k: [] for k in configs}
             for rep in range(self.args.reps):
                 for name in orders(list(configs), rep):
                     system, interval_ms = configs[name]
-                    r = self.run("agg", system, "agg", checkpoint_ms=interval_ms, tag=name)
+                    r = self.run("agg", system, "agg", checkpoint_ms=interval_ms, tag=name) \
+                        if system != "flink" else self.run_flink("agg")
                     if system == "ckpt":
                         r["completed_checkpoints"] = sum(1 for c in r["checkpoints"]
                                                          if c["status"] == "completed")
@@ -740,6 +754,14 @@ class Bench:
     def agg(self) -> dict:
         family = self.agg_family()
         runs = {"ss": family["ss"], "ckpt": family["ckpt"]}
+        extra: dict[str, Any] = {}
+        if "flink" in family:
+            runs["flink"] = family["flink"]
+            fl = [rate(r) for r in family["flink"]]
+            extra = {"flink_rows_per_s": fl, "flink_rows_per_s_median": med(fl),
+                     "flink_seconds": [r["seconds"] for r in family["flink"]],
+                     "throughput_ratio_ckpt_over_flink": ratio(
+                         med([rate(r) for r in runs["ckpt"]]), med(fl))}
         ss = [rate(r) for r in runs["ss"]]
         ck = [rate(r) for r in runs["ckpt"]]
         ss_steady = [steady_rate(r) for r in runs["ss"]]
@@ -753,7 +775,7 @@ class Bench:
             # from the second batch's start to the end: without the cold first batch
             "ss_steady_rows_per_s": ss_steady, "ckpt_steady_rows_per_s": ck_steady,
             "steady_throughput_ratio_ckpt_over_ss": ratio(med(_known(ck_steady)),
-                                                          med(_known(ss_steady)))}}
+                                                          med(_known(ss_steady)))} | extra}
 
     def totals(self) -> dict:
         """Keyed running totals of a few thousand keys merged into Delta by key."""

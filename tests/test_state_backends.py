@@ -144,3 +144,52 @@ def test_a_state_file_of_an_unknown_format_is_refused(tmp_path):
     new = StateFile(str(tmp_path / "new.parquet"), "snapshot", 0, 1, 1, "kg00000-00004")
     with pytest.raises(FormatVersionError, match="expected spark_ckpt.state format 1, found 9"):
         _read(new, KeyGroupRange(0, 4))
+
+
+def _retyped(table: pa.Table, key_type: pa.DataType) -> pa.Table:
+    """The partials with key 0 as the null key and the key column of another type."""
+    ks = [None if k == 0 else (str(k) if pa.types.is_string(key_type) else k)
+          for k in table.column("k").to_pylist()]
+    return table.set_column(1, "k", pa.array(ks, key_type))
+
+
+@pytest.mark.parametrize("key_type", [pa.int64(), pa.int32(), pa.int8(), pa.string()],
+                         ids=["int64", "int32", "int8", "string"])
+def test_integer_and_other_keys_with_a_null_key_merge_alike(key_type, tmp_path):
+    """One integer key column takes the numpy/pandas index, others the dict; both, and
+    RocksDB, merge every batch (the null key included) as the reference does, and a snapshot
+    reloads with the declared key type."""
+    rng = random.Random(11)
+    batches = [_retyped(partials(rng, 100, rng.randint(1, 90)), key_type) for _ in range(10)]
+    memory = MemoryAggState(["k"], [key_type], COLUMNS, max_rows=10_000)
+    rocks = RocksAggState(str(tmp_path / "db"), ["k"], [key_type], COLUMNS, fresh=True)
+    assert memory.integer == pa.types.is_integer(key_type)
+    for i, batch in enumerate(batches):
+        want = reference(batches[:i + 1])
+        for state in (memory, rocks):
+            got = as_dict(state.apply(batch))
+            close(got, {k: want[k] for k in got})
+        assert (i, memory.rows, rocks.rows) == (i, len(want), len(want))
+    snap = memory.snapshot()
+    assert snap.schema.field("k").type == key_type
+    close(as_dict(snap), reference(batches))
+    close(as_dict(rocks.snapshot()), reference(batches))
+    again = MemoryAggState(["k"], [key_type], COLUMNS, max_rows=10_000)
+    again.load(snap)
+    extra = _retyped(partials(rng, 100, 50), key_type)
+    close(as_dict(again.apply(extra)), {k: v for k, v in reference([*batches, extra]).items()
+                                         if k in as_dict(extra)})
+    assert again.rows == len(reference([*batches, extra]))
+    rocks.close()
+
+
+@pytest.mark.parametrize("key_type", [pa.int64(), pa.string()], ids=["int64", "string"])
+def test_a_key_twice_in_one_update_is_refused_and_changes_nothing(key_type):
+    state = MemoryAggState(["k"], [key_type], COLUMNS, max_rows=10_000)
+    first = _retyped(partials(random.Random(2), 50, 20), key_type)
+    state.apply(first)
+    before = as_dict(state.snapshot())
+    twice = pa.concat_tables([first.slice(0, 3), first.slice(2, 1)])
+    with pytest.raises(ValueError, match="one partial per key"):
+        state.apply(twice)
+    assert as_dict(state.snapshot()) == before

@@ -2,7 +2,8 @@
 
 Two backends with the trade-off of seeds 000/001:
 
-* ``memory``: columns in numpy arrays and a dict from key to slot, in the Python worker.
+* ``memory``: columns in numpy arrays and an index from key to slot, in the Python worker (a
+  pandas index over a numpy array for one integer key column, a dict otherwise).
   Fast; bounded by ``spark.ckpt.state.memoryMaxRows`` rows per task, past which the task
   fails with :class:`~spark_ckpt.errors.StateTooLargeError` (use ``rocksdb``).
 * ``rocksdb``: an embedded RocksDB (``rocksdict``) on the executor's local disk, for state
@@ -33,10 +34,12 @@ import pyarrow as pa
 from spark_ckpt.errors import StateTooLargeError
 from spark_ckpt.state.aggregates import merge, to_numpy
 from spark_ckpt.state.keygroups import KG_COLUMN
+from spark_ckpt.state.store import int_values, integer_key
 
 __all__ = ["MemoryAggState", "RocksAggState", "open_rocks"]
 
 TOKEN_KEY = b"\xfe__token__"
+ROWS_KEY = b"\xfe__rows__"  # the exact number of keys, in the same WriteBatch as the changes
 TIMER_PREFIX = b"\xff"
 
 
@@ -70,10 +73,66 @@ class MemoryAggState:
         self.kg = np.zeros(0, dtype=np.int32)
         self.values: dict[str, np.ndarray] = {}
         self.valid: dict[str, np.ndarray] = {}
+        # one integer key column: the keys in numpy (a null key flagged, its value 0) and a
+        # pandas index over the non-null ones (hash tables in C, not a dict of Python ints)
+        self.integer = integer_key(pa.schema([pa.field(n, t) for n, t in
+                                              zip(self.key_names, self.key_types,
+                                                  strict=True)]), self.key_names)
+        self.n = 0
+        self.int_keys = np.zeros(0, dtype=np.int64)
+        self.null_keys = np.zeros(0, dtype=bool)
+        self._index: tuple[Any, np.ndarray, int] | None = None
 
     @property
     def rows(self) -> int:
-        return len(self.keys)
+        return self.n if self.integer else len(self.keys)
+
+    def _int_slots(self, column: pa.ChunkedArray, kg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        import pandas as pd
+
+        values, nulls = int_values(column)
+        real = values[~nulls]
+        if nulls.sum() > 1 or not pd.Index(real).is_unique:
+            dup = "null" if nulls.sum() > 1 else \
+                real[pd.Index(real).duplicated()][0].item()
+            raise ValueError(f"internal error: expected one partial per key in a state update, "
+                             f"found key {dup!r} twice (no state was changed)")
+        if self._index is None:
+            n = self.n
+            rows = np.flatnonzero(~self.null_keys[:n])
+            null_rows = np.flatnonzero(self.null_keys[:n])
+            self._index = (pd.Index(self.int_keys[rows]), rows,
+                           int(null_rows[0]) if len(null_rows) else -1)
+        index, rows, null_slot = self._index
+        slots = np.full(len(values), -1, dtype=np.int64)
+        if len(rows):
+            found = index.get_indexer(values)
+            hit = (found >= 0) & ~nulls
+            slots[hit] = rows[found[hit]]
+        if null_slot >= 0:
+            slots[nulls] = null_slot
+        fresh = np.flatnonzero(slots < 0)
+        if len(fresh):
+            start = self.n
+            self._check_size(start + len(fresh))
+            new_slots = np.arange(start, start + len(fresh))
+            self._grow(start + len(fresh))
+            self.int_keys[new_slots] = values[fresh]
+            self.null_keys[new_slots] = nulls[fresh]
+            self.kg[new_slots] = kg[fresh]
+            self.n = start + len(fresh)
+            self._index = None
+            slots[fresh] = new_slots
+        return slots, fresh
+
+    def _check_size(self, rows: int) -> None:
+        if rows > self.max_rows:
+            raise StateTooLargeError(
+                f"the memory state backend holds at most spark.ckpt.state.memoryMaxRows="
+                f"{self.max_rows} keys per task; this task's range needs "
+                f"{rows}. Use spark.ckpt.state.backend=rocksdb (state on local "
+                "disk) or raise the parallelism of the keyed operator"
+            )
 
     def _slots_for(self, keys: list[Any], kg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         get = self.slots.get
@@ -87,13 +146,7 @@ class MemoryAggState:
                              f"found key {twice!r} twice (no state was changed)")
         if len(fresh):
             start = len(self.keys)
-            if start + len(fresh) > self.max_rows:
-                raise StateTooLargeError(
-                    f"the memory state backend holds at most spark.ckpt.state.memoryMaxRows="
-                    f"{self.max_rows} keys per task; this task's range needs "
-                    f"{start + len(fresh)}. Use spark.ckpt.state.backend=rocksdb (state on local "
-                    "disk) or raise the parallelism of the keyed operator"
-                )
+            self._check_size(start + len(fresh))
             new_slots = np.arange(start, start + len(fresh))
             for i, slot in zip(fresh.tolist(), new_slots.tolist(), strict=True):
                 self.slots[keys[i]] = slot
@@ -108,6 +161,9 @@ class MemoryAggState:
             return
         cap = max(n, 2 * len(self.kg), 1024)
         self.kg = np.resize(self.kg, cap)
+        if self.integer:
+            self.int_keys = np.resize(self.int_keys, cap)
+            self.null_keys = np.resize(self.null_keys, cap)
         for name, _kind, _t in self.columns:
             if name in self.values:
                 old = self.values[name]
@@ -131,9 +187,9 @@ class MemoryAggState:
         changed rows (the changelog) in internal types."""
         if table.num_rows == 0:
             return table
-        keys = _keys(table, self.key_names)
         kg = np.asarray(table.column(KG_COLUMN).to_numpy(), dtype=np.int32)
-        slots, fresh = self._slots_for(keys, kg)
+        slots, fresh = self._int_slots(table.column(self.key_names[0]), kg) if self.integer \
+            else self._slots_for(_keys(table, self.key_names), kg)
         new = {name: to_numpy(table.column(name).combine_chunks())
                for name, _k, _t in self.columns}
         out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -162,15 +218,16 @@ class MemoryAggState:
 
     def load(self, table: pa.Table) -> None:
         """Replace the whole state by ``table`` (a snapshot: one row per key), in bulk."""
-        keys = _keys(table, self.key_names)
-        if len(keys) > self.max_rows:
-            raise StateTooLargeError(
-                f"the memory state backend holds at most spark.ckpt.state.memoryMaxRows="
-                f"{self.max_rows} keys per task; this task's range has {len(keys)}. Use "
-                "spark.ckpt.state.backend=rocksdb or raise the keyed operator's parallelism"
-            )
-        self.keys = keys
-        self.slots = dict(zip(keys, range(len(keys)), strict=True))
+        self._check_size(table.num_rows)
+        if self.integer:
+            values, nulls = int_values(table.column(self.key_names[0]))
+            self.int_keys, self.null_keys = values.copy(), nulls.copy()
+            self.n = len(values)
+            self._index = None
+        else:
+            keys = _keys(table, self.key_names)
+            self.keys = keys
+            self.slots = dict(zip(keys, range(len(keys)), strict=True))
         self.kg = np.asarray(table.column(KG_COLUMN).to_numpy(), dtype=np.int32).copy()
         for name, _kind, _t in self.columns:
             values, valid = to_numpy(table.column(name).combine_chunks())
@@ -178,9 +235,12 @@ class MemoryAggState:
             self.valid[name] = valid.copy()
 
     def snapshot(self) -> pa.Table:
-        n = len(self.keys)
-        arrays = [pa.array(self.kg[:n], type=pa.int32()),
-                  *_key_arrays(self.keys, self.key_names, self.key_types)]
+        n = self.rows
+        if self.integer:
+            keys = [pa.array(self.int_keys[:n], mask=self.null_keys[:n]).cast(self.key_types[0])]
+        else:
+            keys = _key_arrays(self.keys, self.key_names, self.key_types)
+        arrays = [pa.array(self.kg[:n], type=pa.int32()), *keys]
         for name, _kind, t in self.columns:
             if name in self.values:
                 arrays.append(pa.array(self.values[name][:n], mask=~self.valid[name][:n],
@@ -236,6 +296,8 @@ class RocksAggState(_Rocks):
         self.key_names = list(key_names)
         self.key_types = list(key_types)
         self.columns = list(columns)
+        raw = self.db.get(ROWS_KEY)  # written with the changes: exact, unlike RocksDB's estimate
+        self._rows = int(raw) if raw else sum(1 for _ in self._items())
 
     def apply(self, table: pa.Table, *, replace: bool = False,
               token: str | None = None) -> pa.Table:
@@ -247,11 +309,12 @@ class RocksAggState(_Rocks):
                                                                                     strict=True)]
         out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         new = {n: to_numpy(table.column(n).combine_chunks()) for n, _k, _t in self.columns}
+        found = self.db.get(raw_keys) if raw_keys else []
+        added = sum(1 for v in found if v is None)  # keys new to the state: the exact count
         if replace:
             out = new
         else:
-            olds = [json.loads(v) if v is not None else None for v in self.db.get(raw_keys)] \
-                if raw_keys else []
+            olds = [json.loads(v) if v is not None else None for v in found]
             old = {}
             for i, (name, _kind, t) in enumerate(self.columns):
                 values = [o[i] if o is not None else None for o in olds]
@@ -267,6 +330,9 @@ class RocksAggState(_Rocks):
         columns = [a.to_pylist() for a in arrays]
         for i, key in enumerate(raw_keys):
             wb.put(key, json.dumps([c[i] for c in columns], separators=(",", ":")).encode())
+        if added:
+            self._rows += added
+            wb.put(ROWS_KEY, str(self._rows).encode())
         if token is not None:
             wb.put(TOKEN_KEY, token.encode())
         self.db.write(wb)
@@ -291,7 +357,7 @@ class RocksAggState(_Rocks):
 
     @property
     def rows(self) -> int:
-        return int(self.db.property_int_value("rocksdb.estimate-num-keys") or 0)
+        return self._rows
 
     def snapshot(self) -> pa.Table:
         kgs, keys, values = [], [], []

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from spark_ckpt.errors import StateTooLargeError
 from spark_ckpt.state.schema import TIMERS_COLUMN, json_safe, json_unsafe
 
-__all__ = ["MemoryStore", "RocksStore", "empty_rows", "integer_key", "key_tuples",
+__all__ = ["MemoryStore", "RocksStore", "empty_rows", "int_values", "integer_key", "key_tuples",
            "next_timer", "user_key"]
 
 NO_TIMER = np.iinfo(np.int64).max
@@ -111,6 +111,16 @@ def integer_key(schema: pa.Schema, key_names: Sequence[str]) -> bool:
     return len(key_names) == 1 and pa.types.is_integer(schema.field(key_names[0]).type)
 
 
+def int_values(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """An integer column as int64 values (nulls as 0) and its null flags."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool) \
+        if column.null_count else np.zeros(len(column), dtype=bool)
+    values = np.asarray(column.fill_null(0).cast(pa.int64()).to_numpy(), dtype=np.int64)
+    return values, nulls
+
+
 class MemoryStore:
     """A range's rows in the Python worker.
 
@@ -153,12 +163,7 @@ class MemoryStore:
     # -- integer keys -------------------------------------------------------------------------
     @staticmethod
     def _ints(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-        if isinstance(column, pa.ChunkedArray):
-            column = column.combine_chunks()
-        nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool) \
-            if column.null_count else np.zeros(len(column), dtype=bool)
-        values = np.asarray(column.fill_null(0).cast(pa.int64()).to_numpy(), dtype=np.int64)
-        return values, nulls
+        return int_values(column)
 
     def _positions(self, values: np.ndarray, nulls: np.ndarray) -> np.ndarray:
         """Row of each key among the live rows (-1: none)."""

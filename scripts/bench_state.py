@@ -52,6 +52,11 @@ Scenarios (flags; none given runs them all). Default sizes in ``SIZES`` (``--hel
                    each, a checkpoint after every batch (``checkpoint_interval_ms=1``): the first
                    full checkpoint's bytes versus later incremental bytes, p99 checkpoint
                    duration (trigger to end, and barrier to end), largest synchronous part.
+``--big``          20,000,000 keys in the rocksdb backend (8 files of 2,500,000 rows, every key
+                   once; spark_ckpt only): rows per second, checkpoint bytes; then one more
+                   file on the same checkpoint twice: with the executor's RocksDB copies (found
+                   locally) and with them deleted (restored from the durable chain), with the
+                   tasks' restore times. The last run's output is checked.
 ``--restart``      the agg pipeline (6 files) in a driver SIGKILLed once 3 outputs are committed
                    (spark_ckpt: Parquet commit markers marked committed, checkpoint every 1 s;
                    Structured Streaming: commit log entries), then started again: wall time from
@@ -100,7 +105,7 @@ OUT_SCHEMA = "key BIGINT, n BIGINT, total DOUBLE"
 EPOCH_MS = 1767225600000
 TINY_WARMUP = 2
 TOLERANCE = 1e-6
-SCENARIOS = ("agg", "totals", "process", "tiny", "interval", "incremental", "restart")
+SCENARIOS = ("agg", "totals", "process", "tiny", "interval", "incremental", "restart", "big")
 
 # size knobs: (full default, --small default)
 SIZES: dict[str, tuple[int, int]] = {
@@ -112,6 +117,7 @@ SIZES: dict[str, tuple[int, int]] = {
     "tiny_files": (20, 8), "tiny_rows": (10, 10), "tiny_keys": (10, 10),
     "incr_keys": (1_000_000, 1000), "incr_load_files": (4, 1), "incr_batches": (10, 4),
     "incr_touch": (10_000, 10),
+    "big_keys": (20_000_000, 20_000), "big_files": (8, 4), "big_extra_rows": (100_000, 1000),
     "restart_files": (6, 10), "restart_kill_after": (3, 2), "restart_checkpoint_ms": (1000, 1000),
 }
 
@@ -311,8 +317,14 @@ def child_ckpt(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001, C901
 
     work = Path(args.work)
     out = str(work / "out")
+    settings = ckpt_settings(args.checkpoint_ms)
+    if args.scenario == "big":  # state on local disk; the executor's copies kept in work/local
+        import dataclasses
+
+        settings = dataclasses.replace(settings, state_backend="rocksdb",
+                                       state_local_dir=str(work / "local"))
     ctx = StreamingContext(spark, args.batch_interval, str(work / "ckpt"), "bench",
-                           settings=ckpt_settings(args.checkpoint_ms))
+                           settings=settings)
     schema = TOTALS_SCHEMA if args.scenario == "totals" else SCHEMA
     src = ctx.file_stream("in", args.input, "parquet", schema=schema,
                           max_files_per_batch=args.files_per_batch)
@@ -342,7 +354,12 @@ def child_ckpt(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001, C901
             "batch_ms": [p["durations_ms"]["total"] for p in progress],
             "allocation_ms": [p["durations_ms"]["allocation"] for p in progress],
             "state_ms": [p["durations_ms"].get("state") for p in progress],
-            "checkpoints": checkpoints, "state_tasks": _task_cache(progress)}
+            "checkpoints": checkpoints, "state_tasks": _task_cache(progress),
+            "restore_ms": [max([t.get("restore_ms") or 0 for op in (p.get("state") or {}).values()
+                                for t in (op.get("tasks") or {}).values()], default=0)
+                           for p in progress],
+            "state_rows": [sum(op.get("state_rows") or 0 for op in (p.get("state") or {}).values())
+                           for p in progress]}
 
 
 def _task_cache(progress: list[dict]) -> dict[str, int]:
@@ -487,7 +504,9 @@ def child(args: argparse.Namespace) -> None:
             result = child_ckpt(args, spark)
         else:
             result = child_ss(args, spark)
-        if args.system != "floor" and args.scenario == "totals":
+        if args.skip_check:
+            pass
+        elif args.system != "floor" and args.scenario == "totals":
             result["check"] = check_delta(str(Path(args.work) / "out"), args.expected)
         elif args.system != "floor":
             result["check"] = check_output(spark, str(Path(args.work) / "out"), args.expected)
@@ -511,7 +530,8 @@ def child_cmd(scenario: str, system: str, **opts: Any) -> list[str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--scenario", scenario,
            "--system", system]
     for key, value in opts.items():
-        cmd += [f"--{key.replace('_', '-')}", str(value)]
+        cmd += [f"--{key.replace('_', '-')}"] if value is True else \
+            [f"--{key.replace('_', '-')}", str(value)]
     return cmd
 
 
@@ -615,6 +635,12 @@ class Bench:
         if "totals" in scenarios:
             spec["totals"] = (uniform(s["totals_files"], s["totals_rows_per_file"]),
                               s["totals_keys"])
+        if "big" in scenarios:  # every key once, then two files touching a few of them
+            k, n = s["big_keys"], s["big_files"]
+            bounds = [round(k * i / n) for i in range(n + 1)]
+            extra = s["big_extra_rows"]
+            spec["big"] = ([(bounds[i], bounds[i + 1]) for i in range(n)] +
+                           [(k + j * extra, k + (j + 1) * extra) for j in range(2)], k)
         if "restart" in scenarios:
             spec["restart"] = (uniform(s["restart_files"], s["rows_per_file"]), s["keys"])
         if "process" in scenarios:
@@ -944,6 +970,64 @@ class Bench:
             "checkpoint_after_barrier_ms_p99": [f["after_barrier_ms_p99"] for f in per_rep],
             "sync_ms_max": [f["sync_ms_max"] for f in per_rep]}}
 
+    def big(self) -> dict:
+        """20,000,000 keys in the rocksdb backend: load them (every key once), then two runs
+        on the same checkpoint with one more file each: the first finds the executor's RocksDB
+        copies, the second has them deleted (a range moved to another executor) and restores
+        from the durable chain. Rows per second, checkpoint bytes, restore times."""
+        d = self.data["big"]
+        work = self.base / "work" / "big"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        files = sorted(Path(d["input"]).glob("*.parquet"))
+        held = self.base / "held-big"
+        held.mkdir(exist_ok=True)
+        for f in files[-2:]:  # the two later files wait outside the input directory
+            os.replace(f, held / f.name)
+        opts = {"work": work, "input": d["input"], "expected": d["expected"],
+                "checkpoint_ms": 10000, "batch_interval": 0.5}
+        runs: dict[str, list[dict]] = {}
+        for label, extra in (("load", None), ("restart_local", files[-2]),
+                             ("restart_durable", files[-1])):
+            if extra is not None:
+                os.replace(held / extra.name, extra)
+            if label == "restart_durable":
+                shutil.rmtree(work / "local", ignore_errors=True)
+            cmd = child_cmd("big", "ckpt", **opts,
+                            **({"skip_check": True} if label != "restart_durable" else {}))
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, cwd=ROOT)
+            if proc.returncode != 0 or "RESULT " not in proc.stdout:
+                raise ChildFailed(f"big/{label} failed (exit {proc.returncode}):\n"
+                                  f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}")
+            r = parse_result(proc.stdout)
+            r["process_seconds"] = time.perf_counter() - t0
+            r["checkpoint_dir_bytes"] = _tree_bytes(work / "ckpt")
+            r["local_dir_bytes"] = _tree_bytes(work / "local")
+            runs[label] = [r]
+            self.report(f"big {label}", r | {"restore_ms": r["restore_ms"],
+                                              "state_rows": r["state_rows"][-1:]})
+        check_digests("big", {"restart_durable": runs["restart_durable"]}, self.errors)
+        load = runs["load"][0]
+        done = [c for c in load["checkpoints"] if c["status"] == "completed"]
+        return {"runs": runs, "summary": {
+            "keys": runs["restart_durable"][0]["check"]["keys"],
+            "load_rows_per_s": rate(load), "load_seconds": load["seconds"],
+            "load_batch_ms": load["batch_ms"],
+            "load_checkpoints": len(done),
+            "load_checkpoint_full_bytes": [c["full_bytes"] for c in done],
+            "load_checkpoint_incremental_bytes": [c["incremental_bytes"] for c in done],
+            "load_checkpoint_duration_ms": [c["duration_ms"] for c in done],
+            "checkpoint_dir_bytes": load["checkpoint_dir_bytes"],
+            "local_rocksdb_bytes": load["local_dir_bytes"],
+            "restart_local_batch_ms": runs["restart_local"][0]["batch_ms"],
+            "restart_local_restore_ms": runs["restart_local"][0]["restore_ms"],
+            "restart_local_tasks": runs["restart_local"][0]["state_tasks"],
+            "restart_durable_batch_ms": runs["restart_durable"][0]["batch_ms"],
+            "restart_durable_restore_ms": runs["restart_durable"][0]["restore_ms"],
+            "restart_durable_tasks": runs["restart_durable"][0]["state_tasks"],
+            "restart_durable_seconds": runs["restart_durable"][0]["seconds"]}}
+
     def restart(self) -> dict:
         runs: dict[str, list[dict]] = {"ss": [], "ckpt": []}
         for rep in range(self.args.reps):
@@ -1035,6 +1119,10 @@ class Bench:
                 "code": result["code"]}
 
 
+def _tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
 def _period(starts: list[int]) -> float | None:
     """Milliseconds from one batch's start to the next, after the warm-up batches."""
     steady = starts[TINY_WARMUP:]
@@ -1104,6 +1192,7 @@ def main() -> None:
     parser.add_argument("--checkpoint-ms", type=int, default=10000, help=argparse.SUPPRESS)
     parser.add_argument("--batch-interval", type=float, default=0.5, help=argparse.SUPPRESS)
     parser.add_argument("--files-per-batch", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--skip-check", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)

@@ -1,6 +1,7 @@
-"""PyFlink arm of ``bench_state.py --process`` (and, with ``--agg``, of ``--agg``): the same per-key running count and sum in a
+"""PyFlink arm of ``bench_state.py --process``: the same per-key running count and sum in a
 Python ``KeyedProcessFunction`` with ``ValueState``, on Flink's RocksDB state backend with
-incremental checkpoints every 10 s, parallelism 2, over the same rows.
+incremental checkpoints every 10 s, parallelism 2, over the same rows. With ``--agg``, the arm
+of ``bench_state.py --agg``: the keyed count/sum as a Flink SQL ``GROUP BY``.
 
 Run by bench_state.py with the interpreter of a virtualenv that has ``apache-flink`` (PyFlink
 bundles Flink's jars and runs a local mini-cluster on Java 17)::

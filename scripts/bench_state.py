@@ -417,8 +417,8 @@ def child_ss(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001
         done = table.transaction_version(app)
         if done is not None and done >= batch_id:
             return
-        table.merge(rows, "t.carrier = s.carrier AND t.key = s.key", source_alias="s", target_alias="t",
-                    commit_properties=CommitProperties(app_transactions=[
+        table.merge(rows, "t.carrier = s.carrier AND t.key = s.key", source_alias="s",
+                    target_alias="t", commit_properties=CommitProperties(app_transactions=[
                         Transaction(app_id=app, version=batch_id)])) \
             .when_matched_update_all().when_not_matched_insert_all().execute()
 
@@ -707,8 +707,11 @@ class Bench:
         import pandas as pd
 
         if agg:  # the print connector's lines: "OUT:1> +U[key, n, total]"
-            found = [li.split("[", 1)[1].rstrip("]").split(", ")
-                     for li in proc.stdout.splitlines() if li.startswith("OUT:")]
+            import re
+
+            printed = re.compile(r"^OUT(:\d+)?> [+-][IU]\[(.*)\]$")  # "OUT>" at parallelism 1
+            found = [m.group(2).split(", ") for m in map(printed.match, proc.stdout.splitlines())
+                     if m]
             out = pd.DataFrame([(int(k), int(n), float(t)) for k, n, t in found],
                                columns=["key", "n", "total"])
         else:
@@ -987,6 +990,17 @@ class Bench:
         opts = {"work": work, "input": d["input"], "expected": d["expected"],
                 "checkpoint_ms": 10000, "batch_interval": 0.5}
         runs: dict[str, list[dict]] = {}
+        try:
+            self._big_runs(work, held, files, opts, runs)
+        finally:  # the input as it was generated, whatever happened
+            for f in files[-2:]:
+                if (held / f.name).exists():
+                    os.replace(held / f.name, f)
+        check_digests("big", {"restart_durable": runs["restart_durable"]}, self.errors)
+        return self._big_summary(runs)
+
+    def _big_runs(self, work: Path, held: Path, files: list[Path], opts: dict[str, Any],
+                  runs: dict[str, list[dict]]) -> None:
         for label, extra in (("load", None), ("restart_local", files[-2]),
                              ("restart_durable", files[-1])):
             if extra is not None:
@@ -1007,7 +1021,9 @@ class Bench:
             runs[label] = [r]
             self.report(f"big {label}", r | {"restore_ms": r["restore_ms"],
                                               "state_rows": r["state_rows"][-1:]})
-        check_digests("big", {"restart_durable": runs["restart_durable"]}, self.errors)
+
+    @staticmethod
+    def _big_summary(runs: dict[str, list[dict]]) -> dict:
         load = runs["load"][0]
         done = [c for c in load["checkpoints"] if c["status"] == "completed"]
         return {"runs": runs, "summary": {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pytest
 
 from spark_ckpt.errors import StateTooLargeError
@@ -168,6 +169,7 @@ def test_integer_and_other_keys_with_a_null_key_merge_alike(key_type, tmp_path):
         want = reference(batches[:i + 1])
         for state in (memory, rocks):
             got = as_dict(state.apply(batch))
+            assert set(got) == set(batch.column("k").to_pylist())  # every key of the batch
             close(got, {k: want[k] for k in got})
         assert (i, memory.rows, rocks.rows) == (i, len(want), len(want))
     snap = memory.snapshot()
@@ -183,13 +185,85 @@ def test_integer_and_other_keys_with_a_null_key_merge_alike(key_type, tmp_path):
     rocks.close()
 
 
+def test_integer_keys_at_the_edges_and_key_zero_beside_the_null_key(tmp_path):
+    """Key 0 and the null key are two keys; keys past 2**53 and at int64's ends stay apart;
+    many batches adding a few keys each (the side index) and one adding many (the main index
+    rebuilt) find every earlier key."""
+    edges = [0, None, -1, 2**53, 2**53 + 1, -2**63, 2**63 - 1]
+    memory = MemoryAggState(["k"], [pa.int64()], COLUMNS, max_rows=10**6)
+    rocks = RocksAggState(str(tmp_path / "db"), ["k"], [pa.int64()], COLUMNS, fresh=True)
+    rng = random.Random(5)
+
+    def batch(keys):
+        t = partials(rng, len(keys), len(keys))
+        t = t.set_column(0, KG_COLUMN, pa.array([0 if k is None else k % 7 for k in keys],
+                                                pa.int32()))
+        return t.set_column(1, "k", pa.array(keys, pa.int64()))
+
+    batches = [batch(edges)]
+    batches += [batch(list(range(10 * i, 10 * i + 15))) for i in range(30)]  # overlapping
+    batches += [batch(list(range(1000, 200_000, 3)))]  # the main index rebuilt
+    batches += [batch([*edges, 5, 1000, 199_999 - 1, 7_777_777])]
+    for i, b in enumerate(batches):
+        got_m, got_r = as_dict(memory.apply(b)), as_dict(rocks.apply(b))
+        want = reference(batches[:i + 1])
+        assert set(got_m) == set(got_r) == set(b.column("k").to_pylist())
+        if len(b) < 1000:
+            close(got_m, {k: want[k] for k in got_m})
+            close(got_r, {k: want[k] for k in got_r})
+        assert memory.rows == rocks.rows == len(want), i
+    final = reference(batches)
+    snap = as_dict(memory.snapshot())
+    assert 0 in snap and None in snap and len(snap) == len(final)
+    close(snap, final)
+    close(as_dict(rocks.snapshot()), final)
+    rocks.close()
+
+
 @pytest.mark.parametrize("key_type", [pa.int64(), pa.string()], ids=["int64", "string"])
-def test_a_key_twice_in_one_update_is_refused_and_changes_nothing(key_type):
-    state = MemoryAggState(["k"], [key_type], COLUMNS, max_rows=10_000)
-    first = _retyped(partials(random.Random(2), 50, 20), key_type)
+@pytest.mark.parametrize("which", ["existing", "new", "null"])
+@pytest.mark.parametrize("backend_name", ["memory", "rocksdb"])
+def test_a_key_twice_in_one_update_is_refused_and_changes_nothing(key_type, which,
+                                                                  backend_name, tmp_path):
+    state = MemoryAggState(["k"], [key_type], COLUMNS, max_rows=10_000) \
+        if backend_name == "memory" else \
+        RocksAggState(str(tmp_path / "db"), ["k"], [key_type], COLUMNS, fresh=True)
+    rng = random.Random(2)
+    first = _retyped(partials(rng, 50, 20), key_type)
+    first = first.filter(pa.compute.is_valid(first.column("k")))
     state.apply(first)
-    before = as_dict(state.snapshot())
-    twice = pa.concat_tables([first.slice(0, 3), first.slice(2, 1)])
+    before, rows = as_dict(state.snapshot()), state.rows
+    other = partials(rng, 1000, 3)
+    other = other.set_column(1, "k", pa.array([None, None, None] if which == "null" else
+                                              [str(k) if pa.types.is_string(key_type) else k
+                                               for k in [900, 901, 902]], key_type))
+    if which == "existing":
+        twice = pa.concat_tables([first.slice(0, 3), first.slice(2, 1)])
+    elif which == "new":
+        twice = pa.concat_tables([other.slice(0, 2), other.slice(1, 1)])
+    else:  # the null key's key group is one (the hash of null)
+        twice = other.slice(0, 2).set_column(0, KG_COLUMN, pa.array([3, 3], pa.int32()))
     with pytest.raises(ValueError, match="one partial per key"):
         state.apply(twice)
-    assert as_dict(state.snapshot()) == before
+    assert as_dict(state.snapshot()) == before and state.rows == rows
+    state.close()
+
+
+def test_rocksdb_count_of_a_copy_written_before_the_count_was_kept(tmp_path):
+    """A local copy with no count key is counted once, and the count is written with the next
+    change even when it adds no key."""
+    from spark_ckpt.state.backends import ROWS_KEY
+
+    path = str(tmp_path / "db")
+    state = RocksAggState(path, ["k"], [pa.int64()], COLUMNS, fresh=True)
+    first = partials(random.Random(4), 100, 40)
+    state.apply(first, token="v1")
+    state.db.delete(ROWS_KEY)
+    state.close()
+    again = RocksAggState(path, ["k"], [pa.int64()], COLUMNS, fresh=False)
+    assert again.rows == 40
+    again.apply(first.slice(0, 5), token="v2")  # existing keys only
+    again.close()
+    third = RocksAggState(path, ["k"], [pa.int64()], COLUMNS, fresh=False)
+    assert third.db.get(ROWS_KEY) == b"40" and third.rows == 40 and third.token == "v2"
+    third.close()

@@ -81,7 +81,9 @@ class MemoryAggState:
         self.n = 0
         self.int_keys = np.zeros(0, dtype=np.int64)
         self.null_keys = np.zeros(0, dtype=bool)
-        self._index: tuple[Any, np.ndarray, int] | None = None
+        # (main index, its slots, its end, (side index, its slots, its end) | None)
+        self._index: tuple[Any, np.ndarray, int, Any] | None = None
+        self.null_slot = -1
 
     @property
     def rows(self) -> int:
@@ -97,20 +99,7 @@ class MemoryAggState:
                 real[pd.Index(real).duplicated()][0].item()
             raise ValueError(f"internal error: expected one partial per key in a state update, "
                              f"found key {dup!r} twice (no state was changed)")
-        if self._index is None:
-            n = self.n
-            rows = np.flatnonzero(~self.null_keys[:n])
-            null_rows = np.flatnonzero(self.null_keys[:n])
-            self._index = (pd.Index(self.int_keys[rows]), rows,
-                           int(null_rows[0]) if len(null_rows) else -1)
-        index, rows, null_slot = self._index
-        slots = np.full(len(values), -1, dtype=np.int64)
-        if len(rows):
-            found = index.get_indexer(values)
-            hit = (found >= 0) & ~nulls
-            slots[hit] = rows[found[hit]]
-        if null_slot >= 0:
-            slots[nulls] = null_slot
+        slots = self._int_lookup(values, nulls)
         fresh = np.flatnonzero(slots < 0)
         if len(fresh):
             start = self.n
@@ -121,9 +110,41 @@ class MemoryAggState:
             self.null_keys[new_slots] = nulls[fresh]
             self.kg[new_slots] = kg[fresh]
             self.n = start + len(fresh)
-            self._index = None
             slots[fresh] = new_slots
+            if nulls[fresh].any():
+                self.null_slot = int(new_slots[nulls[fresh]][0])
         return slots, fresh
+
+    def _int_lookup(self, values: np.ndarray, nulls: np.ndarray) -> np.ndarray:
+        """Slot of each key (-1: none). Two indexes over the non-null keys: the main one over
+        slots ``[0, m)`` and a side one over the keys added since (``[m, n)``), so a batch
+        that adds a few keys rebuilds only the side index; the main one is rebuilt when the
+        side one outgrows an eighth of it."""
+        import pandas as pd
+
+        def build(lo: int, hi: int) -> tuple[Any, np.ndarray]:
+            rows = lo + np.flatnonzero(~self.null_keys[lo:hi])
+            return pd.Index(self.int_keys[rows]), rows
+
+        n = self.n
+        main_end = self._index[2] if self._index is not None else 0
+        if self._index is None or n - main_end > max(main_end // 8, 65536):
+            self._index = (*build(0, n), n, None)
+            main_end = n
+        main, main_rows, _m, side = self._index
+        if side is None or side[2] != n:
+            side = (*build(main_end, n), n)
+            self._index = (main, main_rows, main_end, side)
+        slots = np.full(len(values), -1, dtype=np.int64)
+        for index, rows in ((main, main_rows), (side[0], side[1])):
+            miss = np.flatnonzero(slots < 0)
+            if not len(rows) or not len(miss):
+                continue
+            found = index.get_indexer(values[miss])
+            hit = found >= 0
+            slots[miss[hit]] = rows[found[hit]]
+        slots[nulls] = self.null_slot  # -1 while the null key has no slot
+        return slots
 
     def _check_size(self, rows: int) -> None:
         if rows > self.max_rows:
@@ -224,6 +245,8 @@ class MemoryAggState:
             self.int_keys, self.null_keys = values.copy(), nulls.copy()
             self.n = len(values)
             self._index = None
+            null_rows = np.flatnonzero(nulls)
+            self.null_slot = int(null_rows[0]) if len(null_rows) else -1
         else:
             keys = _keys(table, self.key_names)
             self.keys = keys
@@ -297,7 +320,7 @@ class RocksAggState(_Rocks):
         self.key_types = list(key_types)
         self.columns = list(columns)
         raw = self.db.get(ROWS_KEY)  # written with the changes: exact, unlike RocksDB's estimate
-        self._rows = int(raw) if raw else sum(1 for _ in self._items())
+        self._rows: int | None = int(raw) if raw else None  # None: counted when first needed
 
     def apply(self, table: pa.Table, *, replace: bool = False,
               token: str | None = None) -> pa.Table:
@@ -307,6 +330,11 @@ class RocksAggState(_Rocks):
         kgs = table.column(KG_COLUMN).to_pylist()
         raw_keys = [_kg_key(g, json.dumps(k, separators=(",", ":"))) for g, k in zip(kgs, keys,
                                                                                     strict=True)]
+        if len(set(raw_keys)) != len(raw_keys):
+            seen: set[bytes] = set()
+            twice = next(k for k in raw_keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+            raise ValueError(f"internal error: expected one partial per key in a state update, "
+                             f"found key {twice[2:].decode()} twice (no state was changed)")
         out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         new = {n: to_numpy(table.column(n).combine_chunks()) for n, _k, _t in self.columns}
         found = self.db.get(raw_keys) if raw_keys else []
@@ -330,12 +358,13 @@ class RocksAggState(_Rocks):
         columns = [a.to_pylist() for a in arrays]
         for i, key in enumerate(raw_keys):
             wb.put(key, json.dumps([c[i] for c in columns], separators=(",", ":")).encode())
-        if added:
-            self._rows += added
-            wb.put(ROWS_KEY, str(self._rows).encode())
+        rows = self.rows + added
+        if added or self.db.get(ROWS_KEY) is None:
+            wb.put(ROWS_KEY, str(rows).encode())
         if token is not None:
             wb.put(TOKEN_KEY, token.encode())
         self.db.write(wb)
+        self._rows = rows
         return pa.Table.from_arrays(
             [table.column(KG_COLUMN).combine_chunks(),
              *[table.column(n).combine_chunks() for n in self.key_names], *arrays],
@@ -357,6 +386,8 @@ class RocksAggState(_Rocks):
 
     @property
     def rows(self) -> int:
+        if self._rows is None:  # a copy written before the count was kept: count it once
+            self._rows = sum(1 for _ in self._items())
         return self._rows
 
     def snapshot(self) -> pa.Table:

@@ -34,16 +34,14 @@ from spark_ckpt.state.aggregates import from_internal, to_internal
 from spark_ckpt.state.chain import StateFile, StateHandle
 from spark_ckpt.state.keygroups import KG_COLUMN, PID_COLUMN, KeyGroupRange
 
-__all__ = ["CHANNEL_COLUMN", "MARKER_COLUMN", "META_SCHEMA", "agg_task"]
+__all__ = ["CHANNEL_COLUMN", "MARKER_COLUMN", "agg_task", "meta_schema"]
 
 CHANNEL_COLUMN = "_ch"
 MARKER_COLUMN = "_marker"
-META_SCHEMA = "pid INT, meta STRING"
-
-
 def meta_schema() -> Any:
-    """META_SCHEMA as a StructType, built without the JVM (a DDL string is parsed by a round
-    trip to it on every ``mapInArrow``)."""
+    """The schema of a stateful task's result rows, ``pid INT, meta STRING``, as a StructType
+    built without the JVM (a DDL string is parsed by a round trip to it on every
+    ``mapInArrow``)."""
     from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
     return StructType([StructField("pid", IntegerType()), StructField("meta", StringType())])

@@ -306,8 +306,24 @@ class _Rocks:
         self.db.close()
 
 
+_KG = struct.Struct(">H").pack
+# built once: json.dumps(..., separators=...) makes an encoder per call; the output is the same
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_ENCODE = _ENCODER.encode
+_ITERENCODE = _ENCODER.iterencode
+_SCAN = json.JSONDecoder().scan_once  # the C scanner: our values have no surrounding space
+
+
+def _encode_row(row: tuple[Any, ...]) -> bytes:
+    return "".join(_ITERENCODE(row, True)).encode()
+
+
+def _decode(raw: bytes) -> Any:
+    return _SCAN(raw.decode(), 0)[0]
+
+
 def _kg_key(kg: int, key_json: str) -> bytes:
-    return struct.pack(">H", kg) + key_json.encode()
+    return _KG(kg) + key_json.encode()
 
 
 class RocksAggState(_Rocks):
@@ -328,8 +344,12 @@ class RocksAggState(_Rocks):
             return table
         keys = _keys(table, self.key_names)
         kgs = table.column(KG_COLUMN).to_pylist()
-        raw_keys = [_kg_key(g, json.dumps(k, separators=(",", ":"))) for g, k in zip(kgs, keys,
-                                                                                    strict=True)]
+        if len(self.key_names) == 1 and pa.types.is_integer(self.key_types[0]):
+            # JSON of a Python int is its str: the same bytes, without the encoder per key
+            raw_keys = [_KG(g) + (b"null" if k is None else str(k).encode())
+                        for g, k in zip(kgs, keys, strict=True)]
+        else:
+            raw_keys = [_KG(g) + _ENCODE(k).encode() for g, k in zip(kgs, keys, strict=True)]
         if len(set(raw_keys)) != len(raw_keys):
             seen: set[bytes] = set()
             twice = next(k for k in raw_keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
@@ -342,7 +362,7 @@ class RocksAggState(_Rocks):
         if replace:
             out = new
         else:
-            olds = [json.loads(v) if v is not None else None for v in found]
+            olds = [_decode(v) if v is not None else None for v in found]
             old = {}
             for i, (name, _kind, t) in enumerate(self.columns):
                 values = [o[i] if o is not None else None for o in olds]
@@ -356,8 +376,9 @@ class RocksAggState(_Rocks):
         arrays = [pa.array(out[n][0], mask=~out[n][1], type=t) for n, _k, t in self.columns]
         wb = self._batch()
         columns = [a.to_pylist() for a in arrays]
-        for i, key in enumerate(raw_keys):
-            wb.put(key, json.dumps([c[i] for c in columns], separators=(",", ":")).encode())
+        put = wb.put
+        for key, row in zip(raw_keys, zip(*columns, strict=True), strict=True):
+            put(key, _encode_row(row))  # a tuple encodes as the JSON list json.dumps gave
         rows = self.rows + added
         if added or self.db.get(ROWS_KEY) is None:
             wb.put(ROWS_KEY, str(rows).encode())
@@ -394,9 +415,9 @@ class RocksAggState(_Rocks):
         kgs, keys, values = [], [], []
         for key, value in self._items():
             kgs.append(struct.unpack(">H", key[:2])[0])
-            k = json.loads(key[2:])
+            k = _decode(key[2:])
             keys.append(tuple(k) if isinstance(k, list) else k)
-            values.append(json.loads(value))
+            values.append(_decode(value))
         arrays = [pa.array(kgs, type=pa.int32()),
                   *_key_arrays(keys, self.key_names, self.key_types)]
         for i, (_n, _k, t) in enumerate(self.columns):

@@ -491,6 +491,20 @@ def child_floor(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001
     return {"batches": len(files), "batch_ms": batch_ms}
 
 
+def child_cold_floor(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001
+    """The least a restarted driver does before its first output, in a fresh process: one
+    Spark job with a Python task over one input file, writing one Parquet file (no state, no
+    checkpoint). The parent times it from the process's start to the file."""
+    def passthrough(batches):  # noqa: ANN001, ANN202
+        yield from batches
+
+    first = sorted(str(p) for p in Path(args.input).glob("*.parquet"))[0]
+    t0 = time.perf_counter()
+    spark.read.schema(SCHEMA).parquet(first).coalesce(1).mapInArrow(passthrough, SCHEMA) \
+        .write.parquet(str(Path(args.work) / "out"))
+    return {"job_s": time.perf_counter() - t0}
+
+
 def child(args: argparse.Namespace) -> None:
     code = code_version()
     if args.scenario == "gen":
@@ -498,7 +512,9 @@ def child(args: argparse.Namespace) -> None:
     else:
         spark = session(f"bench-state-{args.scenario}-{args.system}")
         os.makedirs(args.work, exist_ok=True)
-        if args.system == "floor":
+        if args.system == "floor" and args.scenario == "restart":
+            result = child_cold_floor(args, spark)
+        elif args.system == "floor":
             result = child_floor(args, spark)
         elif args.system in ("ckpt", "ckpt_vec"):
             result = child_ckpt(args, spark)
@@ -1052,6 +1068,28 @@ class Bench:
                 runs[system].append(r)
                 self.report(f"rep {rep + 1} restart {system}", r)
         check_digests("restart", runs, self.errors)
+        floor = []  # the floor: a fresh driver's first Python job writing a file
+        for rep in range(self.args.reps):
+            work = self.base / "work" / "restart-floor"
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            t0 = time.time()
+            proc = subprocess.Popen(child_cmd("restart", "floor", work=work,
+                                              input=self.data["restart"]["input"],
+                                              expected="-", skip_check=True),
+                                    env=child_env(), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+            out_dir = work / "out"
+            first = None
+            while proc.poll() is None and first is None:
+                if any(out_dir.glob("part-*")):
+                    first = time.time() - t0
+                time.sleep(0.01)
+            stdout = proc.communicate()[0]
+            if proc.returncode != 0:
+                raise ChildFailed(f"restart/floor failed: {stdout[-4000:]}")
+            floor.append(first if first is not None else time.time() - t0)
+            print(f"  rep {rep + 1} restart floor: {floor[-1]:.2f} s", flush=True)
         ss = [r["first_output_s"] for r in runs["ss"]]
         ck = [r["first_output_s"] for r in runs["ckpt"]]
         ss_r = [r["first_output_after_ready_s"] for r in runs["ss"]]
@@ -1061,7 +1099,9 @@ class Bench:
             "ss_first_output_s_median": med(ss), "ckpt_first_output_s_median": med(ck),
             "first_output_ratio_ckpt_over_ss": ratio(med(ck), med(ss)),
             "ss_first_output_after_session_s": ss_r, "ckpt_first_output_after_session_s": ck_r,
-            "first_output_after_session_ratio_ckpt_over_ss": ratio(med(ck_r), med(ss_r))}}
+            "first_output_after_session_ratio_ckpt_over_ss": ratio(med(ck_r), med(ss_r)),
+            "floor_first_output_s": floor,
+            "floor_ratio_over_ss": ratio(med(floor), med(ss))}}
 
     def restart_once(self, system: str, rep: int) -> dict:
         """SIGKILL the driver after a few committed outputs, start it again, time the first

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 import time
 import traceback
@@ -112,6 +113,21 @@ def _external(table: pa.Table, schema: pa.Schema) -> pa.Table:
                                  for f in schema], schema=schema)
 
 
+def _dead(pid: str) -> bool:
+    """Whether ``pid`` (a file name's suffix) names a process of this host that no longer
+    runs: its leftovers can go. Anything else (not a number, alive, ours, not ours to signal)
+    is kept."""
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False
+    return False
+
+
 def _local_dir(params: dict[str, Any]) -> str:
     base = params.get("local_dir") or os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] \
         or tempfile.gettempdir()
@@ -198,10 +214,12 @@ class _Run:
             writer.write_table(table)
         os.replace(tmp, path)
         for name in os.listdir(directory):  # older versions of this range
-            if name.startswith(self.range.label + "-") and not path.endswith(name) \
-                    and ".tmp-" not in name:
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(directory, name))
+            if not name.startswith(self.range.label + "-") or path.endswith(name):
+                continue
+            if ".tmp-" in name and not _dead(name.rsplit(".tmp-", 1)[1]):
+                continue  # another worker writing it now
+            with contextlib.suppress(OSError):  # a directory (a RocksDB copy) is not unlinked
+                os.unlink(os.path.join(directory, name))
 
     def rocks_path(self) -> str:
         return os.path.join(_local_dir(self.params), self.range.label)
@@ -211,6 +229,11 @@ class _Run:
         worker, or an earlier run, left it); else a fresh one to rebuild from the chain."""
         path = self.rocks_path()
         token = self.plan["token"]
+        parent, base = os.path.split(path)
+        for name in os.listdir(parent) if os.path.isdir(parent) else []:
+            # private copies (below) of workers that died: nothing will open them again
+            if name.startswith(base + "-") and _dead(name[len(base) + 1:]):
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
         try:
             state = make(path, fresh=False)
         except Exception:  # noqa: BLE001 - locked by a zombie attempt: a private copy
@@ -272,6 +295,9 @@ class _Run:
         if getattr(state, "backend", "") == "rocksdb":
             state.close()
             _CACHE.pop(self.key, None)
+            if getattr(state, "path", None) and state.path != self.rocks_path():
+                # a private copy (the executor's was locked): never opened again
+                shutil.rmtree(state.path, ignore_errors=True)
         elif getattr(state, "load", None) is not None and state.token and \
                 self.params.get("local_spill", True) and \
                 not os.path.exists(self.spill_path(state.token)):  # unchanged: spilled already

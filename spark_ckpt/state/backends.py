@@ -56,6 +56,17 @@ def _key_arrays(keys: list[Any], names: Sequence[str],
     return [pa.array(list(c), type=t) for c, t in zip(cols, types, strict=True)]
 
 
+def _repeated(items: Sequence[Any]) -> Any:
+    """The first item seen a second time."""
+    seen: set[Any] = set()
+    return next(k for k in items if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+
+
+def _twice(key: str) -> ValueError:
+    return ValueError(f"internal error: expected one partial per key in a state update, found "
+                      f"key {key} twice (no state was changed)")
+
+
 class MemoryAggState:
     """Aggregation state of one key-group range in numpy arrays."""
 
@@ -97,8 +108,7 @@ class MemoryAggState:
         if nulls.sum() > 1 or not pd.Index(real).is_unique:
             dup = "null" if nulls.sum() > 1 else \
                 real[pd.Index(real).duplicated()][0].item()
-            raise ValueError(f"internal error: expected one partial per key in a state update, "
-                             f"found key {dup!r} twice (no state was changed)")
+            raise _twice(repr(dup))
         slots = self._int_lookup(values, nulls)
         fresh = np.flatnonzero(slots < 0)
         if len(fresh):
@@ -161,10 +171,7 @@ class MemoryAggState:
         fresh = np.flatnonzero(slots < 0)
         if len({keys[i] for i in fresh}) != len(fresh) or \
                 len(np.unique(slots[slots >= 0])) != len(slots) - len(fresh):
-            seen: set[Any] = set()
-            twice = next(k for k in keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-            raise ValueError(f"internal error: expected one partial per key in a state update, "
-                             f"found key {twice!r} twice (no state was changed)")
+            raise _twice(repr(_repeated(keys)))
         if len(fresh):
             start = len(self.keys)
             self._check_size(start + len(fresh))
@@ -322,10 +329,6 @@ def _decode(raw: bytes) -> Any:
     return _SCAN(raw.decode(), 0)[0]
 
 
-def _kg_key(kg: int, key_json: str) -> bytes:
-    return _KG(kg) + key_json.encode()
-
-
 class RocksAggState(_Rocks):
     """Aggregation state of one key-group range in RocksDB: key -> JSON list of state values."""
 
@@ -351,10 +354,7 @@ class RocksAggState(_Rocks):
         else:
             raw_keys = [_KG(g) + _ENCODE(k).encode() for g, k in zip(kgs, keys, strict=True)]
         if len(set(raw_keys)) != len(raw_keys):
-            seen: set[bytes] = set()
-            twice = next(k for k in raw_keys if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-            raise ValueError(f"internal error: expected one partial per key in a state update, "
-                             f"found key {twice[2:].decode()} twice (no state was changed)")
+            raise _twice(_repeated(raw_keys)[2:].decode())
         out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         new = {n: to_numpy(table.column(n).combine_chunks()) for n, _k, _t in self.columns}
         found = self.db.get(raw_keys) if raw_keys else []

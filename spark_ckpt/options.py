@@ -127,6 +127,24 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         minimum=0,
     ),
     _opt(
+        "spark.ckpt.batch.cuts",
+        "choice",
+        "auto",
+        "Where a batch job becomes durable for vertices declared without durable=: auto "
+        "(cost-aware: wide intermediates chained, an aggregating consumer's partial aggregates "
+        "durable; see BatchJob.explain), all (every such vertex durable), sinks (only vertices "
+        "with sinks).",
+        choices=("auto", "all", "sinks"),
+    ),
+    _opt(
+        "spark.ckpt.batch.cutMaxPercent",
+        "int",
+        10,
+        "auto cuts: a vertex's output (or its consumer's partial aggregates) is a durable cut "
+        "when a sample split's output is at most this percent of its input's size.",
+        minimum=0,
+    ),
+    _opt(
         "spark.ckpt.batch.concurrentWaves",
         "int",
         2,
@@ -380,6 +398,8 @@ class Settings:
     event_log_write_retries: int = 5
     event_log_retry_backoff_ms: int = 200
     batch_partitions_per_wave: int = 0
+    batch_cuts: str = "auto"
+    batch_cut_max_percent: int = 10
     batch_concurrent_waves: int = 2
     batch_poll_interval_ms: int = 300
     batch_cleanup_on_success: bool = True

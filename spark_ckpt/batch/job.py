@@ -32,6 +32,7 @@ from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex, SinkSpec
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from spark_ckpt.batch.cuts import CutPlan
     from spark_ckpt.batch.runner import JobResult
     from spark_ckpt.options import Settings
 
@@ -141,7 +142,7 @@ class BatchJob:
     # -- transformations -------------------------------------------------------------------
     def vertex(self, name: str, fn: Callable[..., DataFrame], *inputs: VertexRef | Input,
                parallelism: int | None = None, key: tuple[str, ...] | list[str] = (),
-               version: str = "", durable: bool = True) -> VertexRef:
+               version: str = "", durable: bool | None = None) -> VertexRef:
         """A vertex computing ``fn(*input_dataframes)`` per partition.
 
         Args:
@@ -152,9 +153,13 @@ class BatchJob:
             key: output columns that identify a row's partition; defaults to the columns of
                 the first hash input. Needed when ``fn`` shuffles.
             version: change it when ``fn`` changes, so earlier finished work is not reused.
-            durable: False runs the vertex inside each consumer, with no result partitions
-                and no events (it re-runs with them), like a chained operator in Flink. A job
-                whose only durable vertices are its sink vertices runs as plain Spark would.
+            durable: None (the default) lets the planner choose where the job becomes
+                durable (batch.cuts; see ``explain()``): a vertex with sinks always is; a wide
+                intermediate is chained into its consumer as Spark pipelines it; an
+                aggregating consumer's map-side partial aggregates are the cut. True makes the
+                vertex's output durable; False runs it inside each consumer, with no result
+                partitions and no events (it re-runs with them), like a chained operator in
+                Flink.
         """
         if not inputs:
             raise JobDefinitionError(f"vertex {name} has no inputs; use read_files or source")
@@ -189,7 +194,8 @@ class BatchJob:
                     )
             edges.append(Edge(spec.vertex.id, kind, tuple(columns)))
         self.graph.add(JobVertex(name, parallelism, inputs=tuple(edges), fn=fn, key=key,
-                                 version=version, durable=durable,
+                                 version=version, durable=durable is not False,
+                                 declared_durable=durable,
                                  auto_parallelism=inherits is not None, inherits=inherits))
         return VertexRef(self, name)
 
@@ -244,19 +250,33 @@ class BatchJob:
         self.graph.vertices[vertex.id].sinks.append(spec)
 
     # -- running ---------------------------------------------------------------------------
+    def _runner(self, what: str):  # noqa: ANN202
+        from spark_ckpt.batch.runner import JobRunner
+        from spark_ckpt.options import Settings
+        from spark_ckpt.session import get_or_create_session, require_classic
+
+        spark = require_classic(
+            self._spark or get_or_create_session(f"spark_ckpt:{self.run_id}"), what)
+        settings = self._settings or Settings.from_conf(spark.conf)
+        if self._work_dir:
+            settings = dataclasses.replace(settings, work_dir=self._work_dir)
+        return JobRunner(self, spark, settings)
+
+    def explain(self, *, show: bool = True) -> CutPlan:
+        """Where the job becomes durable and why, as ``run()`` would decide now: each vertex
+        durable, chained or a source, the sampled size ratio and estimated bytes of each cut,
+        and the Spark exchanges each vertex's job keeps. Runs a sample of one input split
+        (Spark jobs) when no earlier attempt recorded the decisions; writes nothing.
+        Prints the plan unless ``show=False``; returns it (``str(plan)`` is the text)."""
+        plan = self._runner("BatchJob.explain").explain()
+        if show:
+            print(plan)
+        return plan
+
     def run(self, *, fresh: bool = False) -> JobResult:
         """Run the job; resume from the event log when this job id ran before.
 
         Args:
             fresh: archive any earlier event log and results of this job id and start over.
         """
-        from spark_ckpt.batch.runner import JobRunner
-        from spark_ckpt.options import Settings
-        from spark_ckpt.session import get_or_create_session, require_classic
-
-        spark = require_classic(
-            self._spark or get_or_create_session(f"spark_ckpt:{self.run_id}"), "BatchJob.run")
-        settings = self._settings or Settings.from_conf(spark.conf)
-        if self._work_dir:
-            settings = dataclasses.replace(settings, work_dir=self._work_dir)
-        return JobRunner(self, spark, settings).run(fresh=fresh)
+        return self._runner("BatchJob.run").run(fresh=fresh)

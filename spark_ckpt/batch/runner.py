@@ -23,11 +23,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from spark_ckpt.batch.cuts import CutPlan, plan_cuts, planner_sampler
 from spark_ckpt.batch.progress import JobProgress
 from spark_ckpt.batch.recovery import plan_recovery
 from spark_ckpt.batch.sinks import Sink, make_sink, micros_timestamps
 from spark_ckpt.batch.sources import FileSource, decode_splits
-from spark_ckpt.batch.vertex_runner import VertexRunner
+from spark_ckpt.batch.vertex_runner import VertexRunner, exchanges
 from spark_ckpt.errors import JobFencedError
 from spark_ckpt.fencing import Fence
 from spark_ckpt.eventlog.events import Event, EventType
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from spark_ckpt.batch.job import BatchJob
+    from spark_ckpt.execution.graph import JobVertex
     from spark_ckpt.options import Settings
 
 __all__ = ["JobResult", "JobRunner", "VertexSummary", "job_paths"]
@@ -96,7 +98,7 @@ def job_paths(storage: Storage, job_id: str) -> dict[str, str]:
 class JobRunner:
     def __init__(self, job: BatchJob, spark: SparkSession, settings: Settings) -> None:
         self.job = job
-        self.graph = job.graph
+        self.graph = job.graph.copy()  # a run decides parallelism and cuts on its own copy
         self.spark = spark
         self.settings = settings
         self.storage = Storage(settings.work_dir)
@@ -112,6 +114,7 @@ class JobRunner:
         self.source_schemas: dict[str, Any] = {}
         self.changed_inputs: set[tuple[str, int]] = set()
         self.deferred_events: list[Event] = []
+        self.cut_plan: CutPlan | None = None
         self.fence = Fence(self.storage, self.paths["job"], f"job {job.run_id}")
 
     # -- attempt claim and fencing ---------------------------------------------------------
@@ -318,45 +321,22 @@ class JobRunner:
 
     def _initialize_vertices(self, history: JobHistory) -> dict[str, list[Any]]:
         """Log JobVertexInitialized for new or changed vertices; decide file source splits
-        and schemas (Spark infers a schema once, at the first attempt; later ones reuse it)."""
-        from pyspark.sql.types import StructType
-
+        and schemas (Spark infers a schema once, at the first attempt; later ones reuse it),
+        then where the job becomes durable (batch.cuts; recorded with each vertex)."""
         splits: dict[str, list[Any]] = {}
+        states: dict[str, dict[str, Any]] = {}
+        deferred: set[str] = set()
+        for vertex in self.graph.live_vertices():
+            if isinstance(vertex.source, FileSource):
+                states[vertex.id], changed = self._source_state(vertex, history, splits)
+                if changed:
+                    deferred.add(vertex.id)
+        self.cut_plan = self._plan_cuts(history, splits)
         for vertex in self.graph.live_vertices():
             fingerprint = vertex.fingerprint()
-            deferred = False
             recorded = history.vertices.get(vertex.id)
-            same = recorded is not None and recorded.get("fingerprint") == fingerprint
-            state: dict[str, Any] = {"checkpoint_id": -1}
-            if isinstance(vertex.source, FileSource):
-                if same and recorded is not None:
-                    splits[vertex.id] = decode_splits(recorded["coordinator_state"]["splits"])
-                    changed = vertex.source.changed_splits(vertex.id, splits[vertex.id])
-                    if changed:  # replaced files: what read them runs again, nothing else
-                        log.warning("Job %s: input files of source %s changed since they were "
-                                    "recorded (splits %s); the partitions that read them and "
-                                    "everything downstream run again", self.job.run_id,
-                                    vertex.id, sorted(changed))
-                        self.changed_inputs |= {(vertex.id, j) for j in changed}
-                        same = False  # log the splits again, with the new sizes, but only
-                        deferred = True  # after the resets they cause (see _run_attempt)
-                else:
-                    declared = vertex.declared_parallelism
-                    splits[vertex.id] = vertex.source.discover(
-                        declared if isinstance(declared, int) else None)
-                if vertex.auto_parallelism:
-                    self.graph.set_parallelism(vertex.id, len(splits[vertex.id]))
-                state["splits"] = splits[vertex.id]
-                schema = (recorded or {}).get("coordinator_state", {}).get("schema") \
-                    if recorded is not None and recorded.get("fingerprint") == fingerprint \
-                    else None
-                if schema:
-                    self.source_schemas[vertex.id] = StructType.fromJson(json.loads(schema))
-                else:
-                    self.source_schemas[vertex.id] = vertex.source.resolve(
-                        self.spark, vertex.id, splits[vertex.id])
-                state["schema"] = self.source_schemas[vertex.id].json()
-            same = same and recorded is not None and \
+            same = recorded is not None and recorded.get("fingerprint") == fingerprint \
+                and vertex.id not in deferred and \
                 recorded.get("parallelism") == vertex.parallelism
             if same:
                 continue
@@ -364,19 +344,115 @@ class JobRunner:
                 log.warning("Job %s: vertex %s changed since attempt that recorded it; its "
                             "finished partitions and everything downstream will run again",
                             self.job.run_id, vertex.id)
-            event = Event(
-                EventType.JOB_VERTEX_INITIALIZED,
-                {"fingerprint": fingerprint, "parallelism": vertex.parallelism,
-                 "descriptor": vertex.descriptor(), "coordinator_state": state},
-                vertex_id=vertex.id,
-            )
-            if deferred:
+            payload: dict[str, Any] = {
+                "fingerprint": fingerprint, "parallelism": vertex.parallelism,
+                "descriptor": vertex.descriptor(),
+                "coordinator_state": states.get(vertex.id, {"checkpoint_id": -1}),
+            }
+            if vertex.id in self.cut_plan.cuts:
+                payload["cut"] = self.cut_plan.cuts[vertex.id].record()
+            event = Event(EventType.JOB_VERTEX_INITIALIZED, payload, vertex_id=vertex.id)
+            if vertex.id in deferred:
                 self.deferred_events.append(event)
             else:
                 self._emit(event)
         assert self.writer is not None
         self.writer.flush()
         return splits
+
+    def _source_state(self, vertex: JobVertex, history: JobHistory,
+                      splits: dict[str, list[Any]]) -> tuple[dict[str, Any], bool]:
+        """A file source's splits and schema (recorded, or decided now); True when its files
+        were replaced since they were recorded."""
+        from pyspark.sql.types import StructType
+
+        assert isinstance(vertex.source, FileSource)
+        fingerprint = vertex.fingerprint()
+        recorded = history.vertices.get(vertex.id)
+        same = recorded is not None and recorded.get("fingerprint") == fingerprint
+        changed_files = False
+        if same and recorded is not None:
+            splits[vertex.id] = decode_splits(recorded["coordinator_state"]["splits"])
+            changed = vertex.source.changed_splits(vertex.id, splits[vertex.id])
+            if changed:  # replaced files: what read them runs again, nothing else
+                log.warning("Job %s: input files of source %s changed since they were "
+                            "recorded (splits %s); the partitions that read them and "
+                            "everything downstream run again", self.job.run_id,
+                            vertex.id, sorted(changed))
+                self.changed_inputs |= {(vertex.id, j) for j in changed}
+                # the splits are logged again, with the new sizes, but only after the
+                # resets they cause (see _run_attempt)
+                changed_files = True
+        else:
+            declared = vertex.declared_parallelism
+            splits[vertex.id] = vertex.source.discover(
+                declared if isinstance(declared, int) else None)
+        if vertex.auto_parallelism:
+            self.graph.set_parallelism(vertex.id, len(splits[vertex.id]))
+        state: dict[str, Any] = {"checkpoint_id": -1, "splits": splits[vertex.id]}
+        schema = (recorded or {}).get("coordinator_state", {}).get("schema") if same else None
+        if schema:
+            self.source_schemas[vertex.id] = StructType.fromJson(json.loads(schema))
+        else:
+            self.source_schemas[vertex.id] = vertex.source.resolve(
+                self.spark, vertex.id, splits[vertex.id])
+        state["schema"] = self.source_schemas[vertex.id].json()
+        return state, changed_files
+
+    def _plan_cuts(self, history: JobHistory, splits: dict[str, list[Any]]) -> CutPlan:
+        """Decide every vertex's durability (batch.cuts), reusing the decisions recorded for
+        unchanged vertices; samples run as Spark jobs of their own group."""
+        t0 = time.perf_counter()
+        recorded = {}
+        for vid, entry in history.vertices.items():
+            vertex = self.graph.vertices.get(vid)
+            if "cut" in entry and (vertex is None  # an inserted partial: its figures
+                                   or entry.get("fingerprint") == vertex.fingerprint()):
+                recorded[vid] = entry["cut"]
+        planner = VertexRunner(self, splits, self.source_schemas, {}, None)  # type: ignore[arg-type]
+        planner.planning = "inline"
+        sc = self.spark.sparkContext
+        sc.setJobGroup(f"spark_ckpt-{self.job.run_id}-a{self.attempt}-plan",
+                       f"spark_ckpt job {self.job.run_id}: sampling for durable cuts")
+        try:
+            plan = plan_cuts(self.graph, planner_sampler(planner, splits),
+                             max_ratio=self.settings.batch_cut_max_percent / 100.0,
+                             mode=self.settings.batch_cuts, recorded=recorded,
+                             consumer_output=lambda vid: planner.compute_inline(vid, None))
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+        self.graph.validate()
+        log.info("Job %s attempt %d: planned durable cuts in %.1f s\n%s", self.job.run_id,
+                 self.attempt, time.perf_counter() - t0, plan.text(list(self.graph.ids())))
+        return plan
+
+    def explain(self) -> CutPlan:
+        """Plan the job as ``run()`` would (reading, never writing, its event log) and list
+        the Spark exchanges each vertex's job keeps."""
+        self.graph.validate()
+        try:
+            table, _version, _problems = read_table(self.storage, self.paths["events"])
+            history = replay_table(table)
+        except EventLogUnreadable:
+            history = JobHistory()
+        splits: dict[str, list[Any]] = {}
+        for vertex in self.graph.live_vertices():
+            if isinstance(vertex.source, FileSource):
+                self._source_state(vertex, history, splits)
+        plan = self._plan_cuts(history, splits)
+        runner = VertexRunner(self, splits, self.source_schemas, {}, None)  # type: ignore[arg-type]
+        runner.planning = "explain"
+        for vertex in self.graph.live_vertices():
+            cut = plan.cuts.get(vertex.id)
+            if cut is None or self.graph.is_virtual(vertex.id):
+                continue
+            try:
+                df = runner.arranged(vertex, list(range(vertex.parallelism)))
+                cut.exchanges = exchanges(df)
+            except Exception as exc:  # a definition error shows where run() would fail
+                cut.exchanges = [f"(cannot plan: {exc})"]
+        plan.order = list(self.graph.ids())
+        return plan
 
     # -- partitions finishing (called from poller and wave threads) ------------------------
     def partition_finished(self, result: PartitionResult) -> bool:

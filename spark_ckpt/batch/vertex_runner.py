@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from spark_ckpt.batch.progress import JobProgress
     from spark_ckpt.batch.runner import JobRunner
 
-__all__ = ["VertexRunner", "plan_shuffles"]
+__all__ = ["VertexRunner", "exchanges", "plan_shuffles"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,20 @@ def plan_shuffles(df: DataFrame) -> bool:
     """True when the physical plan moves rows between partitions (broadcasts do not)."""
     plan = df._jdf.queryExecution().executedPlan().toString()  # noqa: SLF001
     return bool(_SHUFFLE.search(plan))
+
+
+def exchanges(df: DataFrame) -> list[str]:
+    """The exchanges in the physical plan, without expression ids: what Spark moves."""
+    plan = df._jdf.queryExecution().executedPlan().toString()  # noqa: SLF001
+    out = []
+    for line in plan.splitlines():
+        if "Exchange " not in line:
+            continue
+        text = line[line.index("Exchange ") - (9 if "BroadcastExchange " in line else 0):]
+        text = re.sub(r"#\d+L?", "", text)
+        text = re.sub(r",? ?\[plan_id=\d+\]", "", text).strip()
+        out.append(text)
+    return out
 
 
 def _ends_hash_partitioned(df: DataFrame, key: tuple[str, ...], parallelism: int) -> bool:
@@ -124,6 +138,10 @@ class VertexRunner:
         self.schemas: dict[str, str] = {}
         self._prepared: set[str] = set()
         self._prepare_lock = threading.Lock()
+        # Planning (batch.cuts): "inline" computes every vertex from the sources (samples,
+        # the consumer's output); "explain" reads a durable vertex as an empty frame of its
+        # schema, so a vertex's plan shows its own exchanges only. Nothing is written.
+        self.planning: str | None = None
 
     # -- modes -----------------------------------------------------------------------------
     def hash_mode(self, vertex: JobVertex) -> bool:
@@ -161,7 +179,11 @@ class VertexRunner:
                 self.schemas[vertex_id] = recorded
             else:  # plan (not run) the vertex to learn its schema
                 vertex = self.graph.vertices[vertex_id]
-                self.schemas[vertex_id] = self._compute(vertex, None).schema.json()
+                mode, self.planning = self.planning, self.planning and "inline"
+                try:
+                    self.schemas[vertex_id] = self._compute(vertex, None).schema.json()
+                finally:
+                    self.planning = mode
         return StructType.fromJson(json.loads(self.schemas[vertex_id]))
 
     # -- the rows of a vertex's partitions, as a DataFrame ---------------------------------
@@ -170,9 +192,18 @@ class VertexRunner:
         vertex = self.graph.vertices[vertex_id]
         if vertex.is_source and not vertex.sinks:
             return self._source_frame(vertex, parts)
-        if not vertex.durable:
+        if not vertex.durable or self.planning == "inline":
             return self._compute(vertex, parts)
+        if self.planning == "explain":
+            return self.spark.createDataFrame([], self.output_schema(vertex_id))
         return self._read_results(vertex, parts)
+
+    def compute_inline(self, vertex_id: str, parts: list[int] | None) -> DataFrame:
+        """The vertex's output for ``parts`` (None: all), computed from where it reads."""
+        vertex = self.graph.vertices[vertex_id]
+        if vertex.is_source:
+            return self._source_frame(vertex, parts)
+        return self._compute(vertex, parts)
 
     def _source_frame(self, vertex: JobVertex, parts: list[int] | None) -> DataFrame:
         from pyspark.sql import functions as F
@@ -238,7 +269,8 @@ class VertexRunner:
         if vertex.is_source:
             return self._source_frame(vertex, parts)
         assert vertex.fn is not None
-        out = vertex.fn(*[self._input(edge, vertex, parts) for edge in vertex.inputs])
+        fn = vertex.fn_final or vertex.fn  # a consumer of partial aggregates merges them
+        out = fn(*[self._input(edge, vertex, parts) for edge in vertex.inputs])
         if out is None or not hasattr(out, "schema"):
             raise JobDefinitionError(
                 f"vertex {vertex.id}: expected its function to return a DataFrame, found "
@@ -317,10 +349,12 @@ class VertexRunner:
     def _waves(self, vertex: JobVertex, parts: list[int]) -> list[list[int]]:
         size = self.job.settings.batch_partitions_per_wave
         if size <= 0:
-            size = max(1, math.ceil(vertex.parallelism / 4))
+            # Partial aggregates are small and their waves the unit a killed job keeps:
+            # finer waves for them.
+            size = max(1, math.ceil(vertex.parallelism / (8 if vertex.partial_of else 4)))
         return [parts[i:i + size] for i in range(0, len(parts), size)]
 
-    def _arranged(self, vertex: JobVertex, parts: list[int]) -> DataFrame:
+    def arranged(self, vertex: JobVertex, parts: list[int]) -> DataFrame:
         """The output of ``parts``, laid out so Spark partition *j* is partition *j* (hash
         mode) or in any layout (split mode, whose wave is one unit)."""
         from pyspark.sql import functions as F
@@ -328,7 +362,7 @@ class VertexRunner:
         whole = len(parts) == vertex.parallelism
         df = self._compute(vertex, None if whole else parts)
         if not self.hash_mode(vertex):
-            if plan_shuffles(df):
+            if vertex.partial_of is None and plan_shuffles(df):
                 raise JobDefinitionError(
                     f"vertex {vertex.id}: its function shuffles rows (a groupBy, a join of "
                     f"non-broadcast inputs, a distinct, a window), so each output row must "
@@ -350,7 +384,7 @@ class VertexRunner:
         executions = {p: job.registry.create(job.attempt, vertex.id, p) for p in parts}
         for execution in executions.values():
             execution.machine.move_to(ExecutionState.DEPLOYING)
-        df = self._arranged(vertex, parts)
+        df = self.arranged(vertex, parts)
         self.schemas[vertex.id] = df.schema.json()
         writes = self._writes(vertex, number)
         with self._prepare_lock:  # waves run in threads; a sink is prepared once

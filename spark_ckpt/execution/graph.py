@@ -84,7 +84,11 @@ class JobVertex:
         sinks: sinks fed with this vertex's output.
         version: user-chosen code version; changing it invalidates earlier finished work.
         durable: False runs the vertex inside each consumer (no result partitions, no events;
-            it re-runs with its consumer), like an operator chained in Flink.
+            it re-runs with its consumer), like an operator chained in Flink. The effective
+            value, decided at run time (batch.cuts) unless ``declared_durable`` is set.
+        declared_durable: what the user declared: True, False, or None (the planner decides).
+        partial_of: set on a vertex the planner inserted: the map-side partial aggregates of
+            this consumer, which then merges them with ``fn_final``.
     """
 
     id: str
@@ -103,6 +107,9 @@ class JobVertex:
     auto_parallelism: bool = False
     inherits: str | None = None
     declared_parallelism: int | str = "auto"
+    declared_durable: bool | None = None
+    partial_of: str | None = None
+    fn_final: Callable[..., Any] | None = None
 
     @property
     def is_source(self) -> bool:
@@ -121,7 +128,7 @@ class JobVertex:
             "source": self.source.describe() if self.source is not None else None,
             "sinks": [s.describe() for s in self.sinks],
             "version": self.version,
-            "durable": self.durable,
+            "durable": "auto" if self.declared_durable is None else self.declared_durable,
             "fn": _function_identity(self.fn),
         }
 
@@ -209,13 +216,29 @@ class JobGraph:
             for edge in vertex.inputs:
                 self._consumers[edge.upstream].append((vertex.id, edge))
         for vertex in self.vertices.values():
-            if vertex.sinks and not vertex.durable:
+            if vertex.sinks and (vertex.declared_durable is False or not vertex.durable):
                 raise JobDefinitionError(
                     f"vertex {vertex.id} has sinks ({', '.join(s.name for s in vertex.sinks)}) "
                     "but durable=False; a sink is a durable point, so its vertex must be durable"
                 )
         if not any(v.sinks for v in self.vertices.values()):
             raise JobDefinitionError(f"job {self.job_id} has no sink; nothing would be written")
+
+    def copy(self) -> JobGraph:
+        """A copy a run may change (decided parallelism and cuts) without touching this one."""
+        other = JobGraph(self.job_id)
+        other.vertices = {vid: dataclasses.replace(v, sinks=list(v.sinks))
+                          for vid, v in self.vertices.items()}
+        return other
+
+    def insert_before(self, vertex_id: str, vertex: JobVertex) -> None:
+        """Insert a planner-made vertex just before ``vertex_id`` (a consumer of it), keeping
+        insertion order topological; call :meth:`validate` afterwards."""
+        if vertex.id in self.vertices:
+            raise JobDefinitionError(f"job {self.job_id}: vertex {vertex.id!r} exists")
+        items = list(self.vertices.items())
+        at = next(i for i, (vid, _) in enumerate(items) if vid == vertex_id)
+        self.vertices = dict(items[:at] + [(vertex.id, vertex)] + items[at:])
 
     def set_parallelism(self, vertex_id: str, parallelism: int) -> None:
         """Decide an auto parallelism at run time, for the vertex and those inheriting it."""

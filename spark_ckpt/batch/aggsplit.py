@@ -1,0 +1,205 @@
+"""Split a vertex's aggregation into a partial step and a final step, as Spark's planner does.
+
+Spark runs ``groupBy(keys).agg(...)`` as a partial aggregation before the shuffle and a final
+one after it, and shuffles only the partial aggregates. spark_ckpt makes the same partial
+aggregates durable, per wave of input splits, instead of the wide rows they came from: a job
+killed mid-way keeps the partials of the waves that finished, and they are small.
+
+A vertex function is split when its result is one ``Aggregate`` (``groupBy(columns).agg``)
+over plain grouping columns whose aggregate functions all have a partial form here:
+
+=========================  ==================================  ===========================
+function                   partial (per wave)                  final (over the partials)
+=========================  ==================================  ===========================
+``count(...)``             ``count(...)``                      ``sum``
+``sum(x)``                 ``sum(x)``                          ``sum``, cast to sum's type
+``min(x)``, ``max(x)``     the same                            ``min``, ``max``
+``avg(x)`` (not decimal)   ``sum(double(x))``, ``count(x)``    ``sum / count`` (null at 0)
+=========================  ==================================  ===========================
+
+Expressions over them (``round(sum(x), 2)``, ``sum(a) / count(b)``) are evaluated after the
+final step. Anything else (a ``DISTINCT`` or ``FILTER`` aggregate, ``collect_list``,
+percentiles, a grouping expression that is not a column, a ``HAVING``, a ``select`` after the
+aggregation) is not split: the planner then keeps the vertex whole and says why. The split is
+checked before use: the final step must give the function's output columns with its types.
+
+Reading the plan is classic-session only (py4j); this module is the one place that does it
+for aggregations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["AggSplit", "NotSplittable", "split_aggregate"]
+
+_PREFIX = "__sck_"
+
+
+class NotSplittable(Exception):
+    """Why a vertex function's aggregation has no partial form here."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AggSplit:
+    """The partial and final steps of one aggregation, as SQL over column names."""
+
+    grouping: tuple[str, ...]
+    partial: tuple[tuple[str, str], ...]  # (column, SQL over the aggregation's input)
+    merge: tuple[tuple[str, str], ...]  # (column, SQL over the partial columns)
+    outputs: tuple[tuple[str, str], ...]  # (output column, SQL over grouping + merged)
+
+    def describe(self) -> dict[str, object]:
+        return {"grouping": list(self.grouping), "partial": [list(p) for p in self.partial],
+                "merge": [list(m) for m in self.merge],
+                "outputs": [list(o) for o in self.outputs]}
+
+    def partial_frame(self, aggregated: DataFrame) -> DataFrame:
+        """The partial aggregates of ``aggregated`` (the function's result over some input):
+        its aggregation's input, grouped by the same columns."""
+        from pyspark.sql import functions as F
+
+        source = _aggregate_input(aggregated)
+        return source.groupBy(*[F.col(_quote(g)) for g in self.grouping]).agg(
+            *[F.expr(sql).alias(name) for name, sql in self.partial])
+
+    def final_frame(self, partials: DataFrame) -> DataFrame:
+        """The function's output from partial aggregates (of any number of waves)."""
+        from pyspark.sql import functions as F
+
+        merged = partials.groupBy(*[F.col(_quote(g)) for g in self.grouping]).agg(
+            *[F.expr(sql).alias(name) for name, sql in self.merge])
+        return merged.select(*[F.expr(sql).alias(name) for name, sql in self.outputs])
+
+    def partial_fn(self, fn: Callable[..., DataFrame]) -> Callable[..., DataFrame]:
+        def partial(*inputs: DataFrame) -> DataFrame:
+            return self.partial_frame(fn(*inputs))
+        return partial
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _seq(s) -> list:  # noqa: ANN001 - a py4j Scala Seq
+    return [s.apply(i) for i in range(s.size())]
+
+
+def _kind(obj) -> str:  # noqa: ANN001
+    return obj.getClass().getSimpleName()
+
+
+def _aggregate_plan(df: DataFrame):  # noqa: ANN202
+    plan = df._jdf.queryExecution().analyzed()  # noqa: SLF001
+    if _kind(plan) != "Aggregate":
+        raise NotSplittable(
+            f"its result is a {plan.nodeName()}, not a groupBy(...).agg(...) (a select, "
+            "filter or join after the aggregation keeps the aggregation whole)")
+    return plan
+
+
+def _aggregate_input(df: DataFrame) -> DataFrame:
+    from pyspark.sql import DataFrame as PyDataFrame
+
+    plan = _aggregate_plan(df)
+    spark = df.sparkSession
+    jvm = spark._jvm  # noqa: SLF001
+    jdf = jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession,  # noqa: SLF001
+                                                          plan.child())
+    return PyDataFrame(jdf, spark)
+
+
+def split_aggregate(df: DataFrame) -> AggSplit:
+    """The partial and final steps of the aggregation ``df`` is, or NotSplittable (why)."""
+    plan = _aggregate_plan(df)
+    grouping = []
+    for expr in _seq(plan.groupingExpressions()):
+        if _kind(expr) != "AttributeReference":
+            raise NotSplittable(f"it groups by the expression {expr.sql()}, not a column")
+        grouping.append(expr.name())
+    if not grouping:
+        raise NotSplittable("it aggregates without grouping columns")
+    if len(set(grouping)) != len(grouping):
+        raise NotSplittable(f"its grouping columns {grouping} repeat a name")
+    partial: list[tuple[str, str]] = []
+    merge: list[tuple[str, str]] = []
+    merged_of: dict[str, str] = {}  # an aggregate's SQL -> its merged column
+
+    def visit(expr) -> None:  # noqa: ANN001
+        if _kind(expr) == "AggregateExpression":
+            sql = expr.sql()
+            if sql not in merged_of:
+                merged_of[sql] = _split_one(expr, len(merged_of), partial, merge)
+            return
+        for child in _seq(expr.children()):
+            visit(child)
+
+    outputs_raw: list[tuple[str, str, bool]] = []
+    for named in _seq(plan.aggregateExpressions()):
+        if _kind(named) == "AttributeReference":
+            if named.name() not in grouping:
+                raise NotSplittable(f"its output column {named.name()} is not a grouping column")
+            outputs_raw.append((named.name(), _quote(named.name()), False))
+            continue
+        if _kind(named) != "Alias":
+            raise NotSplittable(f"its output {named.sql()} is not a named expression")
+        visit(named.child())
+        outputs_raw.append((named.name(), named.child().sql(), True))
+    outputs = []
+    replacements = sorted(merged_of.items(), key=lambda kv: -len(kv[0]))
+    for name, sql, has_aggregates in outputs_raw:
+        if has_aggregates:
+            for text, column in replacements:
+                sql = sql.replace(text, _quote(column))
+        outputs.append((name, sql))
+    if any(name.startswith(_PREFIX) for name in grouping) or \
+            any(name.startswith(_PREFIX) for name, _ in outputs):
+        raise NotSplittable(f"a column name starts with {_PREFIX}, which the split uses")
+    return AggSplit(tuple(grouping), tuple(partial), tuple(merge), tuple(outputs))
+
+
+def _split_one(agg, number: int, partial: list[tuple[str, str]],  # noqa: ANN001
+               merge: list[tuple[str, str]]) -> str:
+    """Add the partial and merge columns of one aggregate expression; return the merged one."""
+    if agg.isDistinct():
+        raise NotSplittable(f"{agg.sql()} is a DISTINCT aggregate")
+    if agg.filter().isDefined():
+        raise NotSplittable(f"{agg.sql()} has a FILTER clause")
+    fn = agg.aggregateFunction()
+    kind = _kind(fn)
+    result_type = agg.dataType().sql()
+    p = f"{_PREFIX}p{number}"
+    m = f"{_PREFIX}m{number}"
+    if kind in ("Count", "Sum", "Min", "Max"):
+        partial.append((p, agg.sql()))
+        combine = {"Count": "sum", "Sum": "sum", "Min": "min", "Max": "max"}[kind]
+        merge.append((m, f"CAST({combine}({_quote(p)}) AS {result_type})"))
+        return m
+    if kind == "Average":
+        child = _seq(fn.children())[0]
+        if child.dataType().typeName().startswith("decimal") or result_type != "DOUBLE":
+            raise NotSplittable(f"{agg.sql()} averages a {child.dataType().sql()}; only "
+                                "non-decimal averages are split")
+        c = f"{_PREFIX}c{number}"
+        partial.append((p, f"sum(CAST({child.sql()} AS DOUBLE))"))
+        partial.append((c, f"count({child.sql()})"))
+        merge.append((m, f"CASE WHEN sum({_quote(c)}) = 0 THEN CAST(NULL AS DOUBLE) "
+                         f"ELSE sum({_quote(p)}) / sum({_quote(c)}) END"))
+        return m
+    raise NotSplittable(f"{agg.sql()} ({kind}) has no partial form here (count, sum, min, max "
+                        "and avg do)")
+
+
+def check_split(split: AggSplit, aggregated: DataFrame) -> None:
+    """Refuse a split whose final step would not give ``aggregated``'s columns and types."""
+    partials = split.partial_frame(aggregated)
+    final = split.final_frame(partials)
+    want = [(f.name, f.dataType.simpleString()) for f in aggregated.schema.fields]
+    got = [(f.name, f.dataType.simpleString()) for f in final.schema.fields]
+    if want != got:
+        raise NotSplittable(f"its split would give columns {got}, not {want}")

@@ -1,0 +1,347 @@
+"""Where a batch job becomes durable: cost-aware cuts, decided the way Spark places shuffles.
+
+Spark keeps a job's data small where it crosses a stage boundary: a join with a broadcast
+table is pipelined into the aggregation after it, and only the aggregation's partial results
+are shuffled. A durable cut is a stage boundary that outlives the driver, so it belongs at the
+same places: where the data is smallest on each path to a sink. For every vertex declared
+without ``durable=`` (the default), the planner decides:
+
+1. a vertex with sinks is durable (a sink is a durable point), a source is read in place;
+2. a vertex whose consumer aggregates (``groupBy(...).agg(...)`` with a partial form, see
+   batch.aggsplit) and that runs split by split (no shuffle of its own) is chained into a
+   *partial* vertex: the consumer's map-side partial aggregates, computed per wave of input
+   splits, are the cut, not the wide rows; the consumer merges them. Chosen when a sample
+   split's partials are at most ``spark.ckpt.batch.cutMaxRatio`` of its input;
+3. a vertex read by several consumers is durable (computed once, not once per consumer);
+4. a split-by-split vertex whose output is at most ``cutMaxRatio`` of its input on a sample
+   split (a filter, a projection) is durable: a cheap cut;
+5. anything else (a wide intermediate, a shuffle intermediate with one consumer) is chained
+   into its consumer, as Spark pipelines it.
+
+The user's ``durable=True``/``False`` wins everywhere. The sample is one input split of the
+vertex, run once when the vertex is first initialized; its figures and the decision are
+recorded with the vertex in the event log, so a resubmitted job decides the same way and
+pays no sample. Estimated bytes are the sample's ratio times the input's size on disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.batch.aggsplit import AggSplit, NotSplittable, check_split, split_aggregate
+from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import DataType, StructType
+
+__all__ = ["Cut", "CutPlan", "Sampler", "plan_cuts", "row_width"]
+
+log = logging.getLogger(__name__)
+
+PARTIAL_SUFFIX = "-partial"
+
+
+@dataclasses.dataclass
+class Cut:
+    """The decision for one vertex, with its reason and the figures behind it."""
+
+    vertex: str
+    durable: bool
+    reason: str
+    by_hand: bool = False
+    ratio: float | None = None  # sampled output bytes / input bytes
+    est_bytes: int | None = None  # what the cut writes, estimated
+    partial_of: str | None = None  # set on an inserted partial vertex: its consumer
+    partial: bool = False  # set on a chained vertex whose consumer's partials are the cut
+    source: bool = False  # a source: read in place, never written
+    exchanges: list[str] = dataclasses.field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        out = {"durable": self.durable, "reason": self.reason, "by_hand": self.by_hand,
+               "ratio": self.ratio, "est_bytes": self.est_bytes, "partial": self.partial,
+               "source": self.source}
+        if self.partial_of:
+            out["partial_of"] = self.partial_of
+        return out
+
+    @classmethod
+    def from_record(cls, vertex: str, record: dict[str, Any]) -> Cut:
+        return cls(vertex, bool(record["durable"]), str(record.get("reason", "")),
+                   bool(record.get("by_hand", False)), record.get("ratio"),
+                   record.get("est_bytes"), record.get("partial_of"),
+                   bool(record.get("partial", False)), bool(record.get("source", False)))
+
+
+@dataclasses.dataclass
+class CutPlan:
+    job_id: str
+    cuts: dict[str, Cut]
+    splits: dict[str, AggSplit] = dataclasses.field(default_factory=dict)
+    order: list[str] = dataclasses.field(default_factory=list)  # the graph's, once known
+
+    def __str__(self) -> str:
+        return self.text(self.order or None)
+
+    def text(self, order: list[str] | None = None) -> str:
+        """One line per vertex (in ``order``: the graph's), then the exchanges it keeps."""
+        lines = [f"Job {self.job_id}: where it becomes durable"]
+        for vid in order or list(self.cuts):
+            cut = self.cuts.get(vid)
+            if cut is None:
+                continue
+            what = "source" if cut.source else "durable" if cut.durable else "chained"
+            est = f", writes ~{_size(cut.est_bytes)}" if cut.est_bytes is not None and \
+                cut.durable else ""
+            lines.append(f"  {vid}: {what}{est}: {cut.reason}")
+            for exchange in cut.exchanges:
+                lines.append(f"      keeps Spark exchange {exchange}")
+        return "\n".join(lines)
+
+    def describe(self) -> dict[str, Any]:
+        return {v: c.record() | {"exchanges": c.exchanges} for v, c in self.cuts.items()}
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def row_width(schema: StructType) -> int:
+    """Bytes a row takes, as Spark's size estimates count them (DataType.defaultSize)."""
+    return sum(_width(f.dataType) for f in schema.fields) or 1
+
+
+def _width(t: DataType) -> int:
+    name = t.typeName()
+    if name in ("long", "double", "timestamp", "timestamp_ntz"):
+        return 8
+    if name in ("integer", "float", "date"):
+        return 4
+    if name == "short":
+        return 2
+    if name in ("byte", "boolean"):
+        return 1
+    if name == "decimal":
+        return 8 if t.precision <= 18 else 16  # type: ignore[attr-defined]
+    if name == "struct":
+        return row_width(t)  # type: ignore[arg-type]
+    return 20  # strings, binary, arrays, maps: Spark's default guess
+
+
+class Sampler:
+    """Runs the sample a decision needs: one input split through a vertex (Spark jobs)."""
+
+    def __init__(self, compute: Callable[[str, list[int]], DataFrame],
+                 input_bytes: Callable[[str, int | None], int | None]) -> None:
+        self.compute = compute  # (vertex id, partitions) -> its output, computed inline
+        self.input_bytes = input_bytes  # (vertex id, partition or None) -> bytes on disk
+
+    def ratio(self, vertex_id: str, output: DataFrame, inputs: DataFrame) -> float:
+        rows_out = output.count()
+        rows_in = inputs.count()
+        if rows_in == 0:
+            return 1.0  # an empty sample says nothing: assume no reduction
+        return (rows_out * row_width(output.schema)) / (rows_in * row_width(inputs.schema))
+
+
+def planner_sampler(runner: Any, splits: dict[str, list[Any]]) -> Sampler:
+    """A sampler over a VertexRunner in planning mode and the job's decided file splits."""
+    def input_bytes(vertex_id: str, partition: int | None) -> int | None:
+        if vertex_id not in splits:
+            return None  # a DataFrame source: no size on disk
+        chosen = splits[vertex_id] if partition is None else [splits[vertex_id][partition]]
+        return sum(size for split in chosen for _path, size in split)
+    return Sampler(runner.compute_inline, input_bytes)
+
+
+def _split_mode_chain(graph: JobGraph, vertex: JobVertex) -> bool:
+    """True when the vertex runs split by split with no shuffle before it: a source, or a
+    key-less vertex whose main inputs are forward edges from such vertices."""
+    if vertex.is_source:
+        return True
+    if vertex.key:
+        return False
+    main = [e for e in vertex.inputs if e.kind != "broadcast"]
+    return all(e.kind == "forward" and _split_mode_chain(graph, graph.vertices[e.upstream])
+               for e in main)
+
+
+def _split_source(graph: JobGraph, vertex: JobVertex) -> str:
+    """The source whose splits a split-mode chain follows (its first forward input)."""
+    while not vertex.is_source:
+        main = next(e for e in vertex.inputs if e.kind != "broadcast")
+        vertex = graph.vertices[main.upstream]
+    return vertex.id
+
+
+def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str = "auto",
+              recorded: dict[str, dict[str, Any]] | None = None,
+              consumer_output: Callable[[str], DataFrame] | None = None) -> CutPlan:
+    """Decide every live vertex's durability and insert the partial vertices; mutates
+    ``graph`` (before its vertices are initialized). ``recorded``: decisions logged for
+    vertices whose definition is unchanged, reused as they are. ``consumer_output(id)``: the
+    vertex's output over all its input, computed inline (planned, never run)."""
+    recorded = recorded or {}
+    plan = CutPlan(graph.job_id, {})
+    live = graph.live_vertices()
+    consumers: dict[str, list[tuple[str, Edge]]] = {v.id: [] for v in live}
+    live_ids = {v.id for v in live}
+    for v in live:
+        for e in v.inputs:
+            if e.upstream in live_ids:
+                consumers[e.upstream].append((v.id, e))
+    for vertex in live:
+        if vertex.partial_of is not None:
+            continue
+        if mode != "auto" and vertex.declared_durable is None and not vertex.sinks \
+                and not vertex.is_source:
+            durable = mode == "all"
+            cut = Cut(vertex.id, durable, f"spark.ckpt.batch.cuts={mode}")
+        else:
+            cut = _decide(graph, vertex, consumers, sampler, max_ratio,
+                          recorded.get(vertex.id), consumer_output, plan)
+        plan.cuts[vertex.id] = cut
+        vertex.durable = cut.durable
+    return plan
+
+
+def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[str, Edge]]],
+            sampler: Sampler, max_ratio: float, recorded: dict[str, Any] | None,
+            consumer_output: Callable[[str], DataFrame] | None, plan: CutPlan) -> Cut:
+    vid = vertex.id
+    if vertex.declared_durable is not None:
+        how = "durable" if vertex.declared_durable else "chained into its consumers"
+        cut = Cut(vid, vertex.declared_durable, f"set by hand ({how})", by_hand=True)
+        if vertex.sinks and not vertex.declared_durable:
+            return cut  # refused by the graph's validation
+        return cut
+    if vertex.sinks:
+        return Cut(vid, True, "has sinks (" + ", ".join(s.name for s in vertex.sinks) + ")")
+    if recorded is not None and "durable" in recorded:
+        cut = Cut.from_record(vid, recorded)
+        if cut.partial:
+            consumer_id = consumers[vid][0][0] if consumers[vid] else None
+            if consumer_id is None or _insert_partial(graph, vertex, consumer_id,
+                                                      consumer_output, plan) is None:
+                cut.partial = False
+                cut.reason += " (its consumer no longer splits: chained)"
+        return cut
+    readers = consumers[vid]
+    split_mode = _split_mode_chain(graph, vertex)
+    why: str | None = None
+    if len(readers) == 1 and split_mode:
+        consumer_id, edge = readers[0]
+        consumer = graph.vertices[consumer_id]
+        split = None
+        if _partial_candidate(vertex, consumer, edge) is None and consumer_output is not None:
+            try:
+                split = split_aggregate(consumer_output(consumer_id))
+                check_split(split, consumer_output(consumer_id))
+            except NotSplittable as exc:
+                why = f"{consumer_id}'s function: {exc}"
+        if split is not None and why is None:  # noqa: SIM102
+            assert consumer.fn is not None
+            sample = sampler.compute(vid, [0])
+            partial = split.partial_frame(consumer.fn(sample))
+            ratio = sampler.ratio(vid, partial, sampler.compute(_split_source(graph, vertex),
+                                                                [0]))
+            est = _estimate(sampler, graph, vertex, ratio)
+            if ratio <= max_ratio:
+                pid = _insert_partial(graph, vertex, consumer_id, consumer_output, plan, split)
+                plan.cuts[pid].ratio, plan.cuts[pid].est_bytes = ratio, est
+                plan.cuts[pid].reason += f" ({ratio:.2%} of the input on a sample split)"
+                return Cut(vid, False, f"{consumer_id} aggregates it, so its map-side "
+                           f"partial aggregates ({pid}) are the cut, not these rows",
+                           ratio=ratio, partial=True, source=vertex.is_source)
+            why = (f"they are {ratio:.1%} of the input on a sample split (more than "
+                   f"{max_ratio:.0%})")
+    if vertex.is_source:
+        return Cut(vid, True, "read in place by " + why_text(readers), source=True)
+    if len(readers) > 1:
+        return Cut(vid, True, f"read by {len(readers)} vertices "
+                   f"({', '.join(c for c, _ in readers)}): computed once")
+    if split_mode:
+        ratio = sampler.ratio(vid, sampler.compute(vid, [0]),
+                              sampler.compute(_split_source(graph, vertex), [0]))
+        est = _estimate(sampler, graph, vertex, ratio)
+        if ratio <= max_ratio:
+            return Cut(vid, True, f"its output is {ratio:.1%} of its input on a sample split: "
+                       "a cheap cut", ratio=ratio, est_bytes=est)
+        reason = f"a wide intermediate ({ratio:.0%} of its input on a sample split)"
+        if readers:
+            reason += f" read only by {why_text(readers)}"
+        if why:
+            reason += f"; not cut at partial aggregates: {why}"
+        return Cut(vid, False, reason, ratio=ratio, est_bytes=est)
+    return Cut(vid, False, f"a shuffle intermediate read only by {why_text(readers)}: "
+               "Spark keeps its exchange inside that vertex's job")
+
+
+def why_text(readers: list[tuple[str, Edge]]) -> str:
+    return ", ".join(c for c, _ in readers)
+
+
+def _estimate(sampler: Sampler, graph: JobGraph, vertex: JobVertex, ratio: float) -> int | None:
+    total = sampler.input_bytes(_split_source(graph, vertex), None)
+    return None if total is None else int(total * ratio)
+
+
+def _partial_candidate(vertex: JobVertex, consumer: JobVertex, edge: Edge) -> str | None:
+    """Why the consumer's partial aggregates cannot be the cut (None: they may be)."""
+    if consumer.declared_durable is False:
+        return f"{consumer.id} is chained by hand"
+    if len(consumer.inputs) != 1:
+        return f"{consumer.id} has {len(consumer.inputs)} inputs"
+    if edge.kind != "hash" or not consumer.key:
+        return f"{consumer.id} does not read {vertex.id} hashed by a key"
+    return None
+
+
+def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str,
+                    consumer_output: Callable[[str], DataFrame] | None, plan: CutPlan,
+                    split: AggSplit | None = None) -> str | None:
+    """Insert ``<consumer>-partial`` between ``vertex`` and its aggregating consumer; return
+    its id (None: the consumer no longer splits)."""
+    consumer = graph.vertices[consumer_id]
+    if split is None:
+        if consumer_output is None:
+            return None
+        try:
+            split = split_aggregate(consumer_output(consumer_id))
+        except NotSplittable:
+            return None
+    assert consumer.fn is not None
+    from spark_ckpt.execution.graph import _function_identity
+
+    pid = f"{consumer_id}{PARTIAL_SUFFIX}"
+    while pid in graph.vertices:
+        pid += "_"
+    partial = JobVertex(
+        pid, vertex.parallelism, inputs=(Edge(vertex.id, "forward"),),
+        fn=split.partial_fn(consumer.fn), key=(),
+        # what it computes is the consumer's function's partial form: its identity
+        version=f"{_function_identity(consumer.fn)}|{consumer.version}|"
+                f"{split.describe()}",
+        durable=True, auto_parallelism=vertex.auto_parallelism,
+        inherits=vertex.id if vertex.auto_parallelism else None,
+        declared_parallelism=vertex.declared_parallelism,
+    )
+    partial.partial_of = consumer_id
+    partial.declared_durable = True
+    graph.insert_before(consumer_id, partial)
+    edge = consumer.inputs[0]
+    consumer.inputs = (Edge(pid, "hash", edge.columns),)
+    consumer.fn_final = split.final_frame
+    plan.splits[consumer_id] = split
+    plan.cuts[pid] = Cut(pid, True, f"the map-side partial aggregates of {consumer_id}, per "
+                         f"wave of {vertex.id}'s splits", partial_of=consumer_id)
+    return pid

@@ -146,6 +146,22 @@ class Storage:
         self.makedirs(dst.rsplit("/", 1)[0])
         self._fs.move(src, dst)
 
+    def link_or_copy(self, src: str, dst: str) -> None:
+        """Make ``dst`` hold ``src``'s bytes: a hard link on a local disk (no copy; both names
+        stay valid when either is deleted), else the store's copy (server-side on S3/GCS).
+        An existing ``dst`` is replaced."""
+        self.makedirs(dst.rsplit("/", 1)[0])
+        if self.local:
+            head, _, name = dst.rpartition("/")
+            tmp = f"{head}/.{name}.link-{os.getpid()}"  # hidden from readers of the directory
+            try:
+                os.link(src, tmp)
+            except OSError:  # another device, or links not supported: copy
+                self._fs.copy_file(src, tmp)
+            os.replace(tmp, dst)
+            return
+        self._fs.copy_file(src, dst)
+
     def delete_dir(self, path: str) -> None:
         if faultfs.active("delete", path):
             raise faultfs.enospc("delete", path)

@@ -163,7 +163,7 @@ def planner_sampler(runner: Any, splits: dict[str, list[Any]]) -> Sampler:
     return Sampler(runner.compute_inline, input_bytes)
 
 
-def _split_mode_chain(graph: JobGraph, vertex: JobVertex) -> bool:
+def split_mode_chain(graph: JobGraph, vertex: JobVertex) -> bool:
     """True when the vertex runs split by split with no shuffle before it: a source, or a
     key-less vertex whose main inputs are forward edges from such vertices."""
     if vertex.is_source:
@@ -171,11 +171,11 @@ def _split_mode_chain(graph: JobGraph, vertex: JobVertex) -> bool:
     if vertex.key:
         return False
     main = [e for e in vertex.inputs if e.kind != "broadcast"]
-    return all(e.kind == "forward" and _split_mode_chain(graph, graph.vertices[e.upstream])
+    return all(e.kind == "forward" and split_mode_chain(graph, graph.vertices[e.upstream])
                for e in main)
 
 
-def _split_source(graph: JobGraph, vertex: JobVertex) -> str:
+def split_source(graph: JobGraph, vertex: JobVertex) -> str:
     """The source whose splits a split-mode chain follows (its first forward input)."""
     while not vertex.is_source:
         main = next(e for e in vertex.inputs if e.kind != "broadcast")
@@ -236,7 +236,7 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                 cut.reason += " (its consumer no longer splits: chained)"
         return cut
     readers = consumers[vid]
-    split_mode = _split_mode_chain(graph, vertex)
+    split_mode = split_mode_chain(graph, vertex)
     why: str | None = None
     if len(readers) == 1 and split_mode:
         consumer_id, edge = readers[0]
@@ -252,7 +252,7 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
             assert consumer.fn is not None
             sample = sampler.compute(vid, [0])
             partial = split.partial_frame(consumer.fn(sample))
-            ratio = sampler.ratio(vid, partial, sampler.compute(_split_source(graph, vertex),
+            ratio = sampler.ratio(vid, partial, sampler.compute(split_source(graph, vertex),
                                                                 [0]))
             est = _estimate(sampler, graph, vertex, ratio)
             if ratio <= max_ratio:
@@ -271,7 +271,7 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                    f"({', '.join(c for c, _ in readers)}): computed once")
     if split_mode:
         ratio = sampler.ratio(vid, sampler.compute(vid, [0]),
-                              sampler.compute(_split_source(graph, vertex), [0]))
+                              sampler.compute(split_source(graph, vertex), [0]))
         est = _estimate(sampler, graph, vertex, ratio)
         if ratio <= max_ratio:
             return Cut(vid, True, f"its output is {ratio:.1%} of its input on a sample split: "
@@ -291,7 +291,7 @@ def why_text(readers: list[tuple[str, Edge]]) -> str:
 
 
 def _estimate(sampler: Sampler, graph: JobGraph, vertex: JobVertex, ratio: float) -> int | None:
-    total = sampler.input_bytes(_split_source(graph, vertex), None)
+    total = sampler.input_bytes(split_source(graph, vertex), None)
     return None if total is None else int(total * ratio)
 
 

@@ -23,7 +23,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.batch.cuts import CutPlan, plan_cuts, planner_sampler
+from spark_ckpt.batch.cuts import (
+    CutPlan,
+    plan_cuts,
+    planner_sampler,
+    split_mode_chain,
+    split_source,
+)
 from spark_ckpt.batch.progress import JobProgress
 from spark_ckpt.batch.recovery import plan_recovery
 from spark_ckpt.batch.sinks import Sink, make_sink, micros_timestamps
@@ -75,6 +81,12 @@ class JobResult:
     duration_s: float
     lost: list[tuple[str, int]] = dataclasses.field(default_factory=list)
     problems: list[str] = dataclasses.field(default_factory=list)
+    # What deciding cost before any vertex ran: replaying the log, checking the files of
+    # finished partitions, sampling for cuts (the cost a resubmission adds to a fresh run).
+    planning_s: float = 0.0
+    # Durable vertices this attempt recomputed inside their consumers instead of reading
+    # their kept output (which was larger than the input it came from), with the figures.
+    recomputed: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ran(self) -> int:
@@ -249,6 +261,7 @@ class JobRunner:
         fault_point("vertex.initialized")
 
         committing = set(history.sink_started) | set(history.sink_committed)
+        recomputed = self._recompute_instead(history, splits)
         fingerprints = {v.id: v.fingerprint() for v in self.graph.topological()}
         plan = plan_recovery(self.graph, history, fingerprints, committing,
                              changed_inputs=self.changed_inputs)
@@ -271,6 +284,7 @@ class JobRunner:
                  self.attempt, plan.reused, total_to_run,
                  ", ".join(f"{v}: {len(p)}" for v, p in plan.to_run.items()) or "nothing")
 
+        planning_s = time.perf_counter() - started
         sinks = {s.name: make_sink(s, job_id) for v in self.graph.live_vertices()
                  for s in v.sinks}
         runner = VertexRunner(self, splits, self.source_schemas, sinks, progress)
@@ -317,7 +331,41 @@ class JobRunner:
         if self.settings.batch_cleanup_on_success:
             self.storage.delete_dir(self.paths["results"])
         return JobResult(job_id, self.attempt, "succeeded", summaries, committed, duration,
-                         lost=plan.lost, problems=self.problems)
+                         lost=plan.lost, problems=self.problems,
+                         planning_s=round(planning_s, 3), recomputed=recomputed)
+
+    def _recompute_instead(self, history: JobHistory, splits: dict[str, list[Any]]) -> list[str]:
+        """Never worse than starting over: a durable vertex that runs split by split from a
+        file source, whose kept output is larger than the input it was computed from, is
+        recomputed inside its consumers this attempt rather than read back (reading it would
+        cost more than the work it saves). Its kept files stay for later attempts."""
+        decisions = []
+        for vertex in self.graph.live_vertices():
+            if vertex.sinks or vertex.is_source or not vertex.durable or \
+                    vertex.partial_of is not None or not split_mode_chain(self.graph, vertex):
+                continue
+            source = split_source(self.graph, vertex)
+            kept = [p for p in range(vertex.parallelism) if (vertex.id, p) in history.finished]
+            if not kept or source not in splits:
+                continue
+            readers_done = all((c, q) in history.finished
+                               for c, _ in self.graph.consumers(vertex.id)
+                               for q in range(self.graph.vertices[c].parallelism))
+            if readers_done:
+                continue
+            files = {o.path: o.size for p in kept for o in history.finished[(vertex.id, p)].outputs
+                     if o.kind == "result"}
+            kept_bytes = sum(files.values())
+            input_bytes = sum(size for p in kept for _path, size in splits[source][p])
+            if kept_bytes > input_bytes:
+                vertex.durable = False
+                decisions.append(
+                    f"{vertex.id}: kept output of {len(kept)} partitions is {kept_bytes:,} bytes, "
+                    f"more than the {input_bytes:,} bytes of {source} they came from: "
+                    "recomputed inside its consumers instead of read back")
+                log.warning("Job %s attempt %d: %s", self.job.run_id, self.attempt,
+                            decisions[-1])
+        return decisions
 
     def _initialize_vertices(self, history: JobHistory) -> dict[str, list[Any]]:
         """Log JobVertexInitialized for new or changed vertices; decide file source splits

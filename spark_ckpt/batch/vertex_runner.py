@@ -122,6 +122,9 @@ class _Write:
     directory: str  # Spark URI of a directory only this write uses
     partition_by: tuple[str, ...] = ()
     done: bool = False
+    # Another write of the same rows with the same layout: this one's files are that one's,
+    # linked (or copied) into this directory, so Spark writes the rows once.
+    mirror_of: _Write | None = None
 
 
 class VertexRunner:
@@ -398,7 +401,7 @@ class VertexRunner:
         for execution in executions.values():
             execution.machine.move_to(ExecutionState.RUNNING)
         tracker = _UnitTracker(self, vertex, parts, writes, executions, started_ms)
-        cached = len(writes) > 1
+        cached = sum(w.mirror_of is None for w in writes) > 1
         if cached:
             df = df.persist()
         stop = threading.Event()
@@ -409,11 +412,16 @@ class VertexRunner:
             poller.start()
         try:
             for w in writes:
+                if w.mirror_of is not None:
+                    continue
                 writer = df.write.mode("append").options(**_V2)
                 if w.partition_by:
                     writer = writer.partitionBy(*w.partition_by)
                 writer.parquet(w.directory)
                 w.done = True
+                for mirror in writes:
+                    if mirror.mirror_of is w:
+                        mirror.done = True
         except Exception as exc:
             for execution in executions.values():
                 execution.machine.move_to(ExecutionState.FAILED)
@@ -439,7 +447,10 @@ class VertexRunner:
             writes.append(_Write("result", vertex.id, job.storage.spark_path(directory)))
         for spec in vertex.sinks:
             staging = self.sinks[spec.name].staging_dir(vertex.id, tag)
-            writes.append(_Write("sink", spec.name, staging, tuple(spec.partition_by)))
+            write = _Write("sink", spec.name, staging, tuple(spec.partition_by))
+            write.mirror_of = next((w for w in writes if w.kind == "sink" and w.mirror_of is None
+                                    and w.partition_by == write.partition_by), None)
+            writes.append(write)
         return writes
 
 
@@ -467,13 +478,34 @@ class _UnitTracker:
         self._footers: dict[str, tuple[int, int]] = {}
 
     def _files(self, write: _Write) -> list[tuple[str, int | None]]:
-        """(path, Spark partition) of each data file the write has made visible."""
+        """(path, Spark partition) of each data file the write has made visible; for a
+        mirror, where each of its source's files goes (linked when the partition is recorded)."""
+        if write.mirror_of is not None:
+            source = write.mirror_of
+            return [(self._mirror_path(write, path), index)
+                    for path, index in self._files(source)]
         store = Storage(write.directory)
         out = []
         for info, _relative in written_files(store, store.root):
             m = _PART_FILE.match(info.base_name)
             out.append((store.spark_path(info.path), int(m.group(1)) if m else None))
         return out
+
+    @staticmethod
+    def _mirror_path(write: _Write, source_path: str) -> str:
+        assert write.mirror_of is not None
+        relative = source_path[len(write.mirror_of.directory.rstrip("/")) + 1:]
+        return f"{write.directory.rstrip('/')}/{relative}"
+
+    def _link(self, write: _Write, path: str) -> None:
+        """Put a mirror's file in place (idempotent): the source's bytes under its name."""
+        assert write.mirror_of is not None
+        source = f"{write.mirror_of.directory.rstrip('/')}/" \
+                 f"{path[len(write.directory.rstrip('/')) + 1:]}"
+        store = Storage(write.directory)
+        store.link_or_copy(store.fs_path(source), store.fs_path(path))
+        if source in self._footers:
+            self._footers[path] = self._footers[source]
 
     def _footer(self, path: str) -> tuple[int, int]:
         import pyarrow.parquet as pq
@@ -535,6 +567,8 @@ class _UnitTracker:
     def _check_attribution(self) -> None:
         running = set(self.parts)
         for w in self.writes:
+            if w.mirror_of is not None:
+                continue
             for path, index in self._files(w):
                 if index is not None and index not in running and self._footer(path)[1]:
                     raise TaskExecutionError(
@@ -545,6 +579,9 @@ class _UnitTracker:
                     )
 
     def _record(self, partition: int, files: list[tuple[_Write, str]]) -> None:
+        for w, path in files:
+            if w.mirror_of is not None:
+                self._link(w, path)  # in place before the event that names it is logged
         outputs = tuple(self._output(w, path) for w, path in files)
         fault_point("partition.written")
         first = self.writes[0] if self.writes else None

@@ -16,6 +16,17 @@ Measures, each as separate driver processes on the same generated input:
    the file checks recovery does next.
 
 Prints raw figures and ratios, and writes them as JSON (``--json``).
+
+    python scripts/bench_batch.py --shapes report,join,rollup,cleanup --reps 2 --json F
+
+measures instead the four job shapes of ``jobs/batch_shapes.py`` (each sized with
+``--rows-<shape>`` so plain Spark runs for minutes): per shape, plain Spark, spark_ckpt with its
+default cuts and with every vertex durable (``spark.ckpt.batch.cuts=all``), alternating, each
+a driver process timed from its start to its exit; outputs checked equal to plain Spark's;
+then SIGKILLs at fractions of a default run and resubmissions, each recovered run timed
+against the fresh one, with the durable share of the work at the kill (the reused partitions
+of each vertex weighted by the vertex's time in a clean run) and the recovered output checked
+too. Figures are appended to the JSON file as each shape finishes.
 """
 
 from __future__ import annotations
@@ -205,6 +216,212 @@ def bench_replay(events: int, directory: str) -> dict:
             "total_seconds": [a + b for a, b in zip(timings, checks, strict=True)]}
 
 
+# -- the four shapes ---------------------------------------------------------------------------
+SHAPE_OUTPUTS = {"report": ["report"], "join": ["joined", "joined_delta"], "rollup": ["days"],
+                 "cleanup": ["cleaned"]}
+
+
+def shape_child(shape: str, mode: str, input_dir: str, output: str, work_dir: str,
+                parallelism: int) -> None:
+    import logging
+
+    import batch_shapes
+    from spark_ckpt import BatchJob, Settings, get_or_create_session
+
+    logging.basicConfig(level=logging.WARNING)
+    spark = get_or_create_session(f"bench-{shape}-{mode}")
+    spark.sparkContext.setLogLevel("ERROR")
+    print("STARTED", flush=True)
+    t0 = time.perf_counter()
+    info: dict = {}
+    if mode == "plain":
+        batch_shapes.plain(shape, spark, input_dir, output)
+    else:
+        settings = Settings.from_conf(spark.conf, progress="never",
+                                      batch_cleanup_on_success=False,
+                                      batch_cuts="all" if mode == "all" else "auto")
+        job = batch_shapes.build(shape, BatchJob(shape, spark=spark, work_dir=work_dir,
+                                                 settings=settings),
+                                 input_dir, output, parallelism=parallelism)
+        result = job.run()
+        info = {"ran": result.ran, "reused": result.reused, "attempt": result.attempt,
+                "planning_s": result.planning_s, "recomputed": result.recomputed,
+                "vertices": {v: {"partitions": s.partitions, "ran": s.ran, "reused": s.reused,
+                                 "seconds": s.seconds} for v, s in result.vertices.items()}}
+    print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0, **info}), flush=True)
+
+
+def _shape_cmd(shape: str, mode: str, args: argparse.Namespace, input_dir: str, output: str,
+               work_dir: str) -> list[str]:
+    return [sys.executable, __file__, "--shape-child", shape, "--mode", mode,
+            "--input", input_dir, "--output", output, "--work-dir", work_dir,
+            "--parallelism", str(args.shape_parallelism)]
+
+
+def run_shape(shape: str, mode: str, args: argparse.Namespace, input_dir: str, output: str,
+              work_dir: str) -> dict:
+    started = time.perf_counter()
+    proc = subprocess.run(_shape_cmd(shape, mode, args, input_dir, output, work_dir),
+                          env=_env(), capture_output=True, text=True, cwd=ROOT,
+                          start_new_session=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{shape} {mode} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    line = next(li for li in proc.stdout.splitlines() if li.startswith("RESULT "))
+    return {**json.loads(line[7:]), "process_seconds": time.perf_counter() - started}
+
+
+def kill_shape(shape: str, args: argparse.Namespace, input_dir: str, output: str,
+               work_dir: str, after: float) -> dict:
+    """Start a default-cuts driver and SIGKILL its process group ``after`` s after its start."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(_shape_cmd(shape, "auto", args, input_dir, output, work_dir),
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=ROOT, start_new_session=True)
+    try:
+        proc.wait(timeout=after)
+        finished = True
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        finished = False
+    frame = read_delta(f"{work_dir}/{shape}/events").to_pandas() \
+        if os.path.isdir(f"{work_dir}/{shape}/events") else None
+    durable = 0 if frame is None else int((frame.event_type == "ExecutionVertexFinished").sum())
+    return {"killed_after_seconds": time.perf_counter() - started,
+            "finished_before_kill": finished, "durable_partitions": durable}
+
+
+def shape_outputs(shape: str, plain_out: str, ckpt_out: str) -> dict:
+    """Every output of the shape holds the same rows on both sides (floating-point columns to
+    1e-9 relative: Spark's own double sums depend on how rows are partitioned)."""
+    import numpy as np
+    import pyarrow.dataset as ds
+
+    def load(root: str, name: str):
+        path = f"{root}/{name}"
+        if os.path.isdir(f"{path}/_delta_log"):
+            table = read_delta(path)
+        else:
+            table = ds.dataset(path, format="parquet", partitioning="hive",
+                               exclude_invalid_files=True).to_table()
+        return table.to_pandas()
+
+    rows = {}
+    for name in SHAPE_OUTPUTS[shape]:
+        a, b = load(plain_out, name), load(ckpt_out, name)
+        b = b[list(a.columns)]
+        exact = [c for c in a.columns if a[c].dtype.kind != "f"]
+        a = a.sort_values(exact).reset_index(drop=True)
+        b = b.sort_values(exact).reset_index(drop=True)
+        same = len(a) == len(b) and a[exact].astype(str).equals(b[exact].astype(str))
+        for c in a.columns:
+            if same and a[c].dtype.kind == "f":
+                same = bool(np.allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=1e-9,
+                                        equal_nan=True))
+        if not same:
+            raise SystemExit(f"{shape}: output {name} differs from plain Spark's "
+                             f"({len(a)} vs {len(b)} rows)")
+        rows[name] = len(a)
+    return rows
+
+
+def durable_share(recovered: dict, clean: dict) -> float:
+    """The share of a clean run's work that the recovered run found durable: per vertex, the
+    reused fraction of its partitions times the vertex's share of the clean run's time."""
+    total = sum(v["seconds"] for v in clean["vertices"].values()) or 1.0
+    share = 0.0
+    for vid, v in clean["vertices"].items():
+        got = recovered["vertices"].get(vid)
+        if got and v["partitions"]:
+            share += got["reused"] / v["partitions"] * v["seconds"] / total
+    return share
+
+
+def bench_shapes(args: argparse.Namespace, base: Path, figures: dict) -> None:
+    import batch_shapes
+
+    median = statistics.median
+    fractions = [float(f) for f in args.kill_at.split(",")]
+    figures["shapes"] = {}
+    for shape in args.shapes.split(","):
+        rows = getattr(args, f"rows_{shape}")
+        input_dir = str(base / shape / "input")
+        t0 = time.perf_counter()
+        batch_shapes.generate(shape, input_dir, rows=rows, files=args.shape_files)
+        out: dict = {"rows": rows, "files": args.shape_files,
+                     "parallelism": args.shape_parallelism,
+                     "input_bytes": sum(p.stat().st_size for p in Path(input_dir).rglob("*")
+                                        if p.is_file()),
+                     "generation_seconds": time.perf_counter() - t0, "reps": args.reps}
+        figures["shapes"][shape] = out
+        print(f"{shape}: {rows:,} rows in {args.shape_files} files "
+              f"({out['input_bytes'] / 1e9:.2f} GB)", flush=True)
+
+        def fresh(name: str, shape: str = shape) -> tuple[str, str]:
+            o, w = base / shape / f"out-{name}", base / shape / f"work-{name}"
+            shutil.rmtree(o, ignore_errors=True)
+            shutil.rmtree(w, ignore_errors=True)
+            return str(o), str(w)
+
+        runs: dict[str, list[dict]] = {"plain": [], "auto": [], "all": []}
+        for rep in range(args.reps):
+            order = ["plain", "auto", "all"] if rep % 2 == 0 else ["all", "auto", "plain"]
+            for mode in order:
+                o, w = fresh(mode)
+                runs[mode].append(run_shape(shape, mode, args, input_dir, o, w))
+            if rep == 0:
+                out["outputs_checked"] = {
+                    m: shape_outputs(shape, str(base / shape / "out-plain"),
+                                     str(base / shape / f"out-{m}")) for m in ("auto", "all")}
+            print(f"  rep {rep + 1}: " + ", ".join(
+                f"{m} {runs[m][-1]['process_seconds']:.1f} s" for m in runs), flush=True)
+        wall = {m: [r["process_seconds"] for r in rs] for m, rs in runs.items()}
+        out["overhead"] = {
+            "process_seconds": wall,
+            "job_seconds": {m: [r["seconds"] for r in rs] for m, rs in runs.items()},
+            "default_cuts_ratio": median(wall["auto"]) / median(wall["plain"]),
+            "every_vertex_durable_ratio": median(wall["all"]) / median(wall["plain"]),
+            "auto_vertices": [r["vertices"] for r in runs["auto"]],
+            "all_vertices": [r["vertices"] for r in runs["all"]],
+            "planning_s": [r["planning_s"] for r in runs["auto"]],
+        }
+        print(f"  overhead: default cuts {out['overhead']['default_cuts_ratio']:.3f}x, every "
+              f"vertex durable {out['overhead']['every_vertex_durable_ratio']:.3f}x plain",
+              flush=True)
+        _dump(args, figures)
+        fresh_s = median(wall["auto"])
+        clean = runs["auto"][0]
+        recoveries = []
+        for fraction in fractions:
+            o, w = fresh("recovery")
+            killed = kill_shape(shape, args, input_dir, o, w, fraction * fresh_s)
+            recovered = run_shape(shape, "auto", args, input_dir, o, w)
+            shape_outputs(shape, str(base / shape / "out-plain"), o)
+            share = durable_share(recovered, clean)
+            ratio = recovered["process_seconds"] / fresh_s
+            recoveries.append({
+                **killed, "kill_fraction": fraction, "fresh_seconds": fresh_s,
+                "recovered_seconds": recovered["process_seconds"], "ratio": ratio,
+                "durable_share": share, "target": min(1.0, 1 - share + 0.10),
+                "planning_s": recovered["planning_s"], "recomputed": recovered["recomputed"],
+                "ran": recovered["ran"], "reused": recovered["reused"],
+                "vertices": recovered["vertices"], "output_checked": True,
+            })
+            print(f"  kill at {fraction:.0%} ({killed['killed_after_seconds']:.1f} s, "
+                  f"{killed['durable_partitions']} partitions durable): recovered in "
+                  f"{recovered['process_seconds']:.1f} s = {ratio:.2f}x fresh; durable share "
+                  f"{share:.2f}, target <= {min(1.0, 1 - share + 0.10):.2f}; planning "
+                  f"{recovered['planning_s']:.1f} s", flush=True)
+            out["recovery"] = recoveries
+            _dump(args, figures)
+        shutil.rmtree(base / shape, ignore_errors=True)
+
+
+def _dump(args: argparse.Namespace, figures: dict) -> None:
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+
+
 # -- orchestration -----------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
@@ -219,13 +436,43 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, default=50)
     parser.add_argument("--agg-parallelism", type=int, default=8)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--kill-at", default="0.3,0.6,0.7,0.85",
+    parser.add_argument("--kill-at", default=None,
                         help="comma list of fractions of a full run's time")
     parser.add_argument("--replay-events", type=int, default=100_000)
     parser.add_argument("--skip", default="",
                         help="comma list of: overhead,recovery,rerun,replay")
     parser.add_argument("--json", default=None, help="write the figures here too")
+    parser.add_argument("--shapes", default="",
+                        help="comma list of jobs/batch_shapes.py shapes to measure instead")
+    parser.add_argument("--shape-child")
+    parser.add_argument("--mode", default="auto")
+    parser.add_argument("--shape-files", type=int, default=64)
+    parser.add_argument("--shape-parallelism", type=int, default=8)
+    parser.add_argument("--rows-report", type=int, default=30_000_000)
+    parser.add_argument("--rows-join", type=int, default=18_000_000)
+    parser.add_argument("--rows-rollup", type=int, default=50_000_000)
+    parser.add_argument("--rows-cleanup", type=int, default=18_000_000)
+    parser.add_argument("--keep", action="store_true", help="keep the generated input")
     args = parser.parse_args()
+    if args.shape_child:
+        shape_child(args.shape_child, args.mode, args.input, args.output, args.work_dir,
+                    args.parallelism)
+        return
+    if args.kill_at is None:
+        args.kill_at = "0.1,0.3,0.6,0.85" if args.shapes else "0.3,0.6,0.7,0.85"
+    if args.shapes:
+        base = Path(tempfile.mkdtemp(prefix="spark-ckpt-shapes-"))
+        figures = {"date": time.strftime("%Y-%m-%d"),
+                   "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} "
+                              f"cores, Python {platform.python_version()}",
+                   "command": " ".join(sys.argv)}
+        try:
+            bench_shapes(args, base, figures)
+        finally:
+            if not args.keep:
+                shutil.rmtree(base, ignore_errors=True)
+        print(json.dumps(figures, indent=2))
+        return
     if args.child:
         child(args.child, args.input, args.output, args.work_dir, args.parallelism,
               args.agg_parallelism, args.sinks_only)

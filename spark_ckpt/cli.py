@@ -3,6 +3,7 @@
     spark-ckpt jobs                      # every job under the work directory
     spark-ckpt history JOB               # attempts, vertices, partitions finished/reused/re-run
     spark-ckpt events JOB --type ExecutionVertexFinished --limit 20
+    spark-ckpt plan JOB                  # where the job became durable, why, bytes written
     spark-ckpt checkpoints list CKPT_DIR # a pipeline's checkpoints: retained and history
     spark-ckpt checkpoints show CKPT_DIR [ID]   # one checkpoint: sources, state, sinks, sizes
 """
@@ -25,7 +26,7 @@ from spark_ckpt.eventlog.events import EventType
 from spark_ckpt.eventlog.reader import EventLogUnreadable, read_events
 from spark_ckpt.eventlog.replay import replay
 from spark_ckpt.options import OPTIONS, Settings
-from spark_ckpt.storage import Storage
+from spark_ckpt.storage import Storage, human_size
 
 __all__ = ["main"]
 
@@ -157,6 +158,46 @@ def history(job_id: str, work_dir: str | None, as_json: bool) -> None:
 @main.command()
 @click.argument("job_id")
 @work_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
+def plan(job_id: str, work_dir: str | None, as_json: bool) -> None:
+    """Where JOB_ID becomes durable and why, as its driver decided (BatchJob.explain before
+    a run), with what each vertex wrote: estimated against actual bytes."""
+    read = _load(work_dir, job_id)
+    vertices: dict[str, dict] = {}
+    written: Counter[str] = Counter()
+    finished: dict[str, set[int]] = defaultdict(set)
+    for e in read.events:
+        if e.type is EventType.JOB_VERTEX_INITIALIZED and e.vertex_id:
+            vertices[e.vertex_id] = e.payload
+        elif e.type is EventType.EXECUTION_VERTEX_FINISHED and e.vertex_id:
+            if e.partition not in finished[e.vertex_id]:
+                written[e.vertex_id] += e.bytes or 0
+            finished[e.vertex_id].add(e.partition or 0)
+    rows = []
+    for vid, payload in vertices.items():
+        cut = payload.get("cut") or {}
+        what = ("source" if cut.get("source") else "durable" if cut.get("durable") else
+                "chained") if cut else "durable (recorded before cuts were planned)"
+        rows.append({"vertex": vid, "decision": what, "by_hand": bool(cut.get("by_hand")),
+                     "reason": cut.get("reason", ""), "parallelism": payload.get("parallelism"),
+                     "estimated_bytes": cut.get("est_bytes"),
+                     "written_bytes": written.get(vid, 0) if vid in finished else None,
+                     "finished_partitions": len(finished.get(vid, ()))})
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "vertices": rows}, indent=2))
+        return
+    table = Table("vertex", "decision", "partitions", "estimated", "written", "why",
+                  title=f"Job {job_id}: where it becomes durable")
+    for r in rows:
+        table.add_row(r["vertex"], r["decision"] + (" (by hand)" if r["by_hand"] else ""),
+                      f"{r['finished_partitions']}/{r['parallelism']}",
+                      _size(r["estimated_bytes"]), _size(r["written_bytes"]), r["reason"])
+    Console(width=max(160, Console().width)).print(table)
+
+
+@main.command()
+@click.argument("job_id")
+@work_dir_option
 @click.option("--type", "event_type", type=click.Choice([t.value for t in EventType]),
               help="Only events of this type.")
 @click.option("--limit", type=int, default=50, show_default=True, help="Newest N events.")
@@ -185,14 +226,7 @@ def _checkpoint_storage(checkpoint_dir: str, storage_dir: str | None):  # noqa: 
     return CheckpointStorage(storage_dir or join(checkpoint_dir, "checkpoints"))
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+_size = human_size
 
 
 storage_option = click.option("--storage", default=None,

@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 
 from spark_ckpt import faultfs
 
-__all__ = ["Storage", "join", "stat_any"]
+__all__ = ["Storage", "human_size", "join", "stat_any"]
 
 
 def join(base: str, *parts: str) -> str:
@@ -191,3 +191,14 @@ def stat_any(paths: Iterable[str]) -> list[int | None]:
         for i, info in zip(indexes, fs.get_file_info(names), strict=True):
             sizes[i] = None if info.type == pafs.FileType.NotFound else info.size
     return sizes
+
+
+def human_size(n: float | None) -> str:
+    """``1.5 MiB`` for 1572864; ``-`` for None."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.batch.aggsplit import AggSplit, NotSplittable, check_split, split_aggregate
 from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex
+from spark_ckpt.storage import human_size
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -94,7 +95,7 @@ class CutPlan:
             if cut is None:
                 continue
             what = "source" if cut.source else "durable" if cut.durable else "chained"
-            est = f", writes ~{_size(cut.est_bytes)}" if cut.est_bytes is not None and \
+            est = f", writes ~{human_size(cut.est_bytes)}" if cut.est_bytes is not None and \
                 cut.durable else ""
             lines.append(f"  {vid}: {what}{est}: {cut.reason}")
             for exchange in cut.exchanges:
@@ -103,16 +104,6 @@ class CutPlan:
 
     def describe(self) -> dict[str, Any]:
         return {v: c.record() | {"exchanges": c.exchanges} for v, c in self.cuts.items()}
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
 
 
 def row_width(schema: StructType) -> int:
@@ -202,8 +193,9 @@ def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str 
     for vertex in live:
         if vertex.partial_of is not None:
             continue
-        if mode != "auto" and vertex.declared_durable is None and not vertex.sinks \
-                and not vertex.is_source:
+        if mode != "auto" and vertex.is_source:
+            cut = Cut(vertex.id, True, "read in place", source=True)
+        elif mode != "auto" and vertex.declared_durable is None and not vertex.sinks:
             durable = mode == "all"
             cut = Cut(vertex.id, durable, f"spark.ckpt.batch.cuts={mode}")
         else:

@@ -1,0 +1,272 @@
+"""Cost-aware durable cuts: where a batch job becomes durable, decided as Spark places its
+shuffles, and never worse than starting over. Real Spark jobs, real files, real SIGKILLs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as ds
+import pytest
+from click.testing import CliRunner
+from pyspark.sql import functions as F
+
+import batch_shapes as shapes
+from helpers import ROOT, child_env
+from spark_ckpt import BatchJob, Settings
+from spark_ckpt.batch.aggsplit import NotSplittable, check_split, split_aggregate
+from spark_ckpt.cli import main as cli
+from spark_ckpt.delta_reader import read_delta
+
+SETTINGS = Settings(progress="never", event_log_flush_interval_ms=200)
+KILLED = -signal.SIGKILL
+
+
+@pytest.fixture(scope="module")
+def shape_input(tmp_path_factory):
+    """Small inputs of the report and join shapes (8 files each)."""
+    directory = tmp_path_factory.mktemp("shapes")
+    for shape in ("report", "join"):
+        shapes.generate(shape, str(directory / shape), rows=40_000, files=8, seed=5)
+    return directory
+
+
+def _load(path: str) -> pd.DataFrame:
+    if os.path.isdir(f"{path}/_delta_log"):
+        return read_delta(path).to_pandas()
+    return ds.dataset(path, format="parquet", partitioning="hive",
+                      exclude_invalid_files=True).to_table().to_pandas()
+
+
+def assert_same_rows(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    """Equal rows; floating-point columns to 1e-9 relative (Spark's own double sums depend
+    on how the rows are partitioned)."""
+    got = got[list(want.columns)]
+    exact = [c for c in want.columns if want[c].dtype.kind != "f"]
+    got = got.sort_values(exact).reset_index(drop=True)
+    want = want.sort_values(exact).reset_index(drop=True)
+    assert len(got) == len(want)
+    pd.testing.assert_frame_equal(got[exact].astype(str), want[exact].astype(str))
+    for c in want.columns:
+        if want[c].dtype.kind == "f":
+            assert np.allclose(got[c].to_numpy(), want[c].to_numpy(), rtol=1e-9,
+                               equal_nan=True), c
+
+
+def plain_output(spark, shape: str, shape_input, tmp_path) -> str:
+    out = str(tmp_path / "plain")
+    shapes.plain(shape, spark, str(shape_input / shape), out)
+    return out
+
+
+# -- the split of an aggregation ---------------------------------------------------------------
+def test_split_aggregate_gives_plain_sparks_answer(spark):
+    """Partials of any number of waves (an empty one included) merge to the aggregation's own
+    answer: null keys, null values, decimals, averages, expressions over aggregates."""
+    df = spark.range(3000).select(
+        F.when(F.col("id") % 11 == 0, None).otherwise((F.col("id") % 4).cast("int")).alias("k"),
+        F.when(F.col("id") % 5 == 0, None).otherwise(F.col("id") * 1.5).alias("d"),
+        (F.col("id") % 97).cast("decimal(12,2)").alias("dec"),
+        F.concat(F.lit("s"), (F.col("id") % 13).cast("string")).alias("s"),
+        F.col("id"))
+
+    def fn(x):
+        return x.where("id > 3").groupBy("k").agg(
+            F.count("*").alias("n"), F.count("d").alias("nd"),
+            F.round(F.sum("d"), 2).alias("sum_d"), F.avg("d").alias("avg_d"),
+            F.max("dec").alias("max_dec"), F.sum("dec").alias("sum_dec"),
+            F.min("s").alias("min_s"), (F.sum("id") / F.count("d")).alias("ratio"),
+            F.min("k").alias("k_again"))
+
+    whole = fn(df)
+    split = split_aggregate(whole)
+    check_split(split, whole)
+    waves = [split.partial_frame(fn(df.where(f"id % 3 = {i}"))) for i in range(3)]
+    waves.append(split.partial_frame(fn(df.where("id < 0"))))  # an empty wave
+    union = waves[0]
+    for w in waves[1:]:
+        union = union.unionByName(w)
+    final = split.final_frame(union)
+    assert final.schema.simpleString() == whole.schema.simpleString()
+    assert_same_rows(final.toPandas(), whole.toPandas())
+    # no rows at all: no groups, as Spark gives
+    assert split.final_frame(waves[-1]).count() == 0 == fn(df.where("id < 0")).count()
+
+
+@pytest.mark.parametrize("fn, why", [
+    (lambda x: x.groupBy("k").agg(F.countDistinct("id")), "DISTINCT"),
+    (lambda x: x.groupBy("k").agg(F.sum("id").alias("t")).where("t > 0"), "a Filter"),
+    (lambda x: x.groupBy((F.col("k") + 1).alias("k1")).agg(F.sum("id")), "not a column"),
+    (lambda x: x.groupBy("k").agg(F.avg(F.col("id").cast("decimal(10,2)"))), "decimal"),
+    (lambda x: x.groupBy("k").agg(F.collect_list("id")), "no partial form"),
+    (lambda x: x.groupBy("k").agg(F.sum("id").alias("__sck_x")), "__sck_"),
+    (lambda x: x.agg(F.sum("id")), "without grouping"),
+])
+def test_aggregations_without_a_partial_form_are_refused_naming_why(spark, fn, why):
+    df = spark.range(10).withColumn("k", F.col("id") % 2)
+    with pytest.raises(NotSplittable, match=why):
+        split_aggregate(fn(df))
+
+
+# -- the default cuts --------------------------------------------------------------------------
+def test_default_cuts_chain_the_join_and_make_partial_aggregates_durable(
+        spark, shape_input, tmp_path):
+    out = str(tmp_path / "out")
+    work = str(tmp_path / "work")
+    job = shapes.build("report", BatchJob("report", spark=spark, work_dir=work,
+                                          settings=SETTINGS),
+                       str(shape_input / "report"), out, parallelism=4)
+    plan = job.explain(show=False)
+    assert not plan.cuts["enriched"].durable and plan.cuts["enriched"].partial
+    assert plan.cuts["report-partial"].durable
+    assert plan.cuts["report-partial"].est_bytes is not None
+    assert plan.cuts["report-partial"].ratio < 0.10
+    assert any("hashpartitioning(carrier, month" in e
+               for e in plan.cuts["report-partial"].exchanges)
+    text = str(plan)
+    assert "enriched: chained: report aggregates it" in text
+    assert "report: durable: has sinks (report-delta)" in text
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").rglob("*.parquet")), \
+        "explain must write nothing"
+
+    result = job.run()
+    assert {v: s.ran for v, s in result.vertices.items()} == {"report-partial": 8, "report": 4}
+    assert_same_rows(_load(f"{out}/report"),
+                     _load(f"{plain_output(spark, 'report', shape_input, tmp_path)}/report"))
+
+    printed = CliRunner().invoke(cli, ["plan", "report", "--work-dir", work, "--json"])
+    assert printed.exit_code == 0, printed.output
+    import json
+
+    rows = {r["vertex"]: r for r in json.loads(printed.output)["vertices"]}
+    assert rows["enriched"]["decision"] == "chained"
+    assert rows["report-partial"]["decision"] == "durable"
+    assert rows["report-partial"]["written_bytes"] > 0
+    assert rows["report-partial"]["finished_partitions"] == 8
+    table = CliRunner().invoke(cli, ["plan", "report", "--work-dir", work])
+    assert "map-side partial aggregates" in table.output
+
+
+def test_cut_rules_and_settings_by_hand(spark, shape_input, tmp_path):
+    src = str(shape_input / "report")
+
+    def job(name: str, settings=SETTINGS, **durable):
+        j = BatchJob(name, spark=spark, work_dir=str(tmp_path / "w"), settings=settings)
+        flights = j.read_files("flights", f"{src}/flights")
+        carriers = j.read_files("carriers", f"{src}/carriers", parallelism=1)
+        wide = j.vertex("wide", lambda f, c: f.join(c, "carrier_id"), flights,
+                        carriers.broadcast(), durable=durable.get("wide"))
+        few = j.vertex("few", lambda w: w.where("distance < 120").select("flight_id", "carrier"),
+                       wide, durable=durable.get("few"))
+        a = j.vertex("a", lambda f: f.withColumn("x", F.lit(1)), few)
+        b = j.vertex("b", lambda f: f.withColumn("y", F.lit(2)), few)
+        j.write_parquet(a, str(tmp_path / name / "a"))
+        j.write_parquet(b, str(tmp_path / name / "b"))
+        return j.explain(show=False).cuts
+
+    cuts = job("auto")
+    assert not cuts["wide"].durable and "wide intermediate" in cuts["wide"].reason
+    assert cuts["few"].durable  # read by a and b: computed once
+    assert "read by 2 vertices" in cuts["few"].reason
+    cuts = job("hand", wide=True, few=False)
+    assert cuts["wide"].durable and cuts["wide"].by_hand
+    assert not cuts["few"].durable and cuts["few"].by_hand
+    cuts = job("all", dataclasses.replace(SETTINGS, batch_cuts="all"))
+    assert cuts["wide"].durable and cuts["few"].durable
+    cuts = job("sinks", dataclasses.replace(SETTINGS, batch_cuts="sinks"))
+    assert not cuts["wide"].durable and not cuts["few"].durable
+
+    # a filter keeping a few percent of its input is a cheap cut even with one consumer
+    j = BatchJob("filter", spark=spark, work_dir=str(tmp_path / "w"), settings=SETTINGS)
+    flights = j.read_files("flights", f"{src}/flights")
+    few = j.vertex("few", lambda f: f.where("distance < 150").select("flight_id"), flights)
+    j.write_parquet(j.vertex("out", lambda f: f.withColumn("z", F.lit(0)), few),
+                    str(tmp_path / "filter"))
+    cuts = j.explain(show=False).cuts
+    assert cuts["few"].durable and "cheap cut" in cuts["few"].reason
+
+
+# -- failures ----------------------------------------------------------------------------------
+def _shape_driver(shape: str, shape_input, out: str, work: str, fault: str,
+                  **env: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "jobs" / "batch_shapes.py"), "--shape", shape,
+           "--input", str(shape_input / shape), "--output", out, "--work-dir", work,
+           "--parallelism", "4"]
+    return subprocess.run(cmd, env=child_env(fault, **env), capture_output=True, text=True,
+                          timeout=300, start_new_session=True, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_killed_during_partial_waves_resumes_from_them(spark, shape_input, tmp_path):
+    """SIGKILL after the second flush of finished partial waves; the resubmission (another
+    PYTHONHASHSEED, and settings that would no longer choose this cut) keeps the recorded
+    decision, reuses the partial waves and gives plain Spark's rows, committed once."""
+    out, work = str(tmp_path / "out"), str(tmp_path / "work")
+    proc = _shape_driver("report", shape_input, out, work, "partition.finished:2",
+                         PYTHONHASHSEED="3")
+    assert proc.returncode == KILLED, proc.stderr[-3000:]
+    settings = dataclasses.replace(SETTINGS, batch_cut_max_percent=0)
+    job = shapes.build("report", BatchJob("report", spark=spark, work_dir=work,
+                                          settings=settings),
+                       str(shape_input / "report"), out, parallelism=4)
+    result = job.run()
+    partial = result.vertices["report-partial"]
+    assert 0 < partial.reused < partial.partitions
+    assert partial.reused + partial.ran == partial.partitions
+    assert_same_rows(_load(f"{out}/report"),
+                     _load(f"{plain_output(spark, 'report', shape_input, tmp_path)}/report"))
+    from deltalake import DeltaTable
+
+    assert sum(1 for h in DeltaTable(f"{out}/report").history()
+               if h.get("operation") != "CREATE TABLE") == 1
+
+
+@pytest.mark.slow
+def test_sinks_of_one_layout_are_written_once_and_survive_a_kill(spark, shape_input, tmp_path):
+    """Parquet and Delta sinks of one vertex: Spark writes the rows once and the second
+    sink's files are hard links; killed after a partition was logged, the resubmission
+    commits both with exactly plain Spark's rows."""
+    out, work = str(tmp_path / "out"), str(tmp_path / "work")
+    proc = _shape_driver("join", shape_input, out, work, "partition.finished:1")
+    assert proc.returncode == KILLED, proc.stderr[-3000:]
+    job = shapes.build("join", BatchJob("join", spark=spark, work_dir=work,
+                                        settings=SETTINGS),
+                       str(shape_input / "join"), out, parallelism=4)
+    result = job.run()
+    assert 0 < result.reused < 4
+    plain = plain_output(spark, "join", shape_input, tmp_path)
+    for name in ("joined", "joined_delta"):
+        assert_same_rows(_load(f"{out}/{name}"), _load(f"{plain}/joined"))
+    parquet = sorted((tmp_path / "out" / "joined").glob("part-*.parquet"))
+    assert parquet and all(p.stat().st_nlink == 2 for p in parquet)
+
+
+def test_a_wide_durable_intermediate_is_recomputed_not_read_back(spark, shape_input, tmp_path):
+    """Every vertex durable (cuts=all): enriched's rows are wider than the flights they came
+    from, so after a failure the resubmission recomputes them inside the aggregation rather
+    than read them back, says so, and gives the same rows."""
+    out, work = str(tmp_path / "out"), str(tmp_path / "work")
+    settings = dataclasses.replace(SETTINGS, batch_cuts="all")
+
+    def build():
+        return shapes.build("report", BatchJob("report", spark=spark, work_dir=work,
+                                               settings=settings),
+                            str(shape_input / "report"), out, parallelism=4)
+
+    os.environ["SPARK_CKPT_FAULT"] = "vertex.finished:1:fail"  # after enriched finished
+    try:
+        with pytest.raises(OSError, match="injected"):
+            build().run()
+    finally:
+        del os.environ["SPARK_CKPT_FAULT"]
+    result = build().run()
+    assert result.recomputed and result.recomputed[0].startswith("enriched: kept output")
+    assert "enriched" not in result.vertices  # computed inside report, not run on its own
+    assert result.planning_s > 0
+    assert_same_rows(_load(f"{out}/report"),
+                     _load(f"{plain_output(spark, 'report', shape_input, tmp_path)}/report"))

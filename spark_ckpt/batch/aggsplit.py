@@ -195,11 +195,13 @@ def _split_one(agg, number: int, partial: list[tuple[str, str]],  # noqa: ANN001
                         "and avg do)")
 
 
-def check_split(split: AggSplit, aggregated: DataFrame) -> None:
-    """Refuse a split whose final step would not give ``aggregated``'s columns and types."""
+def check_split(split: AggSplit, aggregated: DataFrame) -> DataFrame:
+    """Refuse a split whose final step would not give ``aggregated``'s columns and types;
+    return the partial step over ``aggregated``'s input (planned, not run)."""
     partials = split.partial_frame(aggregated)
     final = split.final_frame(partials)
     want = [(f.name, f.dataType.simpleString()) for f in aggregated.schema.fields]
     got = [(f.name, f.dataType.simpleString()) for f in final.schema.fields]
     if want != got:
         raise NotSplittable(f"its split would give columns {got}, not {want}")
+    return partials

@@ -132,16 +132,23 @@ class Sampler:
     """Runs the sample a decision needs: one input split through a vertex (Spark jobs)."""
 
     def __init__(self, compute: Callable[[str, list[int]], DataFrame],
-                 input_bytes: Callable[[str, int | None], int | None]) -> None:
+                 input_bytes: Callable[[str, int | None], int | None],
+                 input_rows: Callable[[str, int], int | None]) -> None:
         self.compute = compute  # (vertex id, partitions) -> its output, computed inline
         self.input_bytes = input_bytes  # (vertex id, partition or None) -> bytes on disk
+        self.input_rows = input_rows  # (source id, split) -> rows, from footers (or None)
 
-    def ratio(self, vertex_id: str, output: DataFrame, inputs: DataFrame) -> float:
-        rows_out = output.count()
-        rows_in = inputs.count()
+    def ratio(self, output: DataFrame, source_id: str) -> float:
+        """Estimated bytes of ``output`` (computed over ``source_id``'s split 0) over the
+        split's own, both as rows times Spark's default column widths."""
+        source = self.compute(source_id, [0])
+        rows_in = self.input_rows(source_id, 0)
+        if rows_in is None:
+            rows_in = source.count()
         if rows_in == 0:
             return 1.0  # an empty sample says nothing: assume no reduction
-        return (rows_out * row_width(output.schema)) / (rows_in * row_width(inputs.schema))
+        rows_out = output.count()
+        return (rows_out * row_width(output.schema)) / (rows_in * row_width(source.schema))
 
 
 def planner_sampler(runner: Any, splits: dict[str, list[Any]]) -> Sampler:
@@ -151,7 +158,21 @@ def planner_sampler(runner: Any, splits: dict[str, list[Any]]) -> Sampler:
             return None  # a DataFrame source: no size on disk
         chosen = splits[vertex_id] if partition is None else [splits[vertex_id][partition]]
         return sum(size for split in chosen for _path, size in split)
-    return Sampler(runner.compute_inline, input_bytes)
+
+    def input_rows(vertex_id: str, partition: int) -> int | None:
+        source = runner.graph.vertices[vertex_id].source
+        if vertex_id not in splits or getattr(source, "format", None) != "parquet":
+            return None
+        import pyarrow.parquet as pq
+
+        from spark_ckpt.storage import Storage
+
+        rows = 0
+        for path, _size in splits[vertex_id][partition]:
+            store = Storage(path)
+            rows += pq.read_metadata(store.root, filesystem=store.fs).num_rows
+        return rows
+    return Sampler(runner.compute_inline, input_bytes, input_rows)
 
 
 def split_mode_chain(graph: JobGraph, vertex: JobVertex) -> bool:
@@ -175,12 +196,10 @@ def split_source(graph: JobGraph, vertex: JobVertex) -> str:
 
 
 def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str = "auto",
-              recorded: dict[str, dict[str, Any]] | None = None,
-              consumer_output: Callable[[str], DataFrame] | None = None) -> CutPlan:
+              recorded: dict[str, dict[str, Any]] | None = None) -> CutPlan:
     """Decide every live vertex's durability and insert the partial vertices; mutates
     ``graph`` (before its vertices are initialized). ``recorded``: decisions logged for
-    vertices whose definition is unchanged, reused as they are. ``consumer_output(id)``: the
-    vertex's output over all its input, computed inline (planned, never run)."""
+    vertices whose definition is unchanged, reused as they are."""
     recorded = recorded or {}
     plan = CutPlan(graph.job_id, {})
     live = graph.live_vertices()
@@ -200,15 +219,18 @@ def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str 
             cut = Cut(vertex.id, durable, f"spark.ckpt.batch.cuts={mode}")
         else:
             cut = _decide(graph, vertex, consumers, sampler, max_ratio,
-                          recorded.get(vertex.id), consumer_output, plan)
+                          recorded.get(vertex.id), plan)
         plan.cuts[vertex.id] = cut
         vertex.durable = cut.durable
+    for vid, cut in plan.cuts.items():  # a partial vertex re-made from a recorded decision
+        if cut.partial_of and cut.ratio is None and vid in recorded:
+            plan.cuts[vid] = Cut.from_record(vid, recorded[vid])
     return plan
 
 
 def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[str, Edge]]],
             sampler: Sampler, max_ratio: float, recorded: dict[str, Any] | None,
-            consumer_output: Callable[[str], DataFrame] | None, plan: CutPlan) -> Cut:
+            plan: CutPlan) -> Cut:
     vid = vertex.id
     if vertex.declared_durable is not None:
         how = "durable" if vertex.declared_durable else "chained into its consumers"
@@ -222,8 +244,13 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
         cut = Cut.from_record(vid, recorded)
         if cut.partial:
             consumer_id = consumers[vid][0][0] if consumers[vid] else None
-            if consumer_id is None or _insert_partial(graph, vertex, consumer_id,
-                                                      consumer_output, plan) is None:
+            try:
+                found = None if consumer_id is None else \
+                    _split_over_sample(graph, vertex, consumer_id, sampler)
+            except NotSplittable:
+                found = None
+            if consumer_id is None or _insert_partial(graph, vertex, consumer_id, plan,
+                                                      found) is None:
                 cut.partial = False
                 cut.reason += " (its consumer no longer splits: chained)"
         return cut
@@ -233,37 +260,31 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
     if len(readers) == 1 and split_mode:
         consumer_id, edge = readers[0]
         consumer = graph.vertices[consumer_id]
-        split = None
-        if _partial_candidate(vertex, consumer, edge) is None and consumer_output is not None:
+        if _partial_candidate(vertex, consumer, edge) is None:
             try:
-                split = split_aggregate(consumer_output(consumer_id))
-                check_split(split, consumer_output(consumer_id))
+                split, partial = _split_over_sample(graph, vertex, consumer_id, sampler)
             except NotSplittable as exc:
                 why = f"{consumer_id}'s function: {exc}"
-        if split is not None and why is None:  # noqa: SIM102
-            assert consumer.fn is not None
-            sample = sampler.compute(vid, [0])
-            partial = split.partial_frame(consumer.fn(sample))
-            ratio = sampler.ratio(vid, partial, sampler.compute(split_source(graph, vertex),
-                                                                [0]))
-            est = _estimate(sampler, graph, vertex, ratio)
-            if ratio <= max_ratio:
-                pid = _insert_partial(graph, vertex, consumer_id, consumer_output, plan, split)
-                plan.cuts[pid].ratio, plan.cuts[pid].est_bytes = ratio, est
-                plan.cuts[pid].reason += f" ({ratio:.2%} of the input on a sample split)"
-                return Cut(vid, False, f"{consumer_id} aggregates it, so its map-side "
-                           f"partial aggregates ({pid}) are the cut, not these rows",
-                           ratio=ratio, partial=True, source=vertex.is_source)
-            why = (f"they are {ratio:.1%} of the input on a sample split (more than "
-                   f"{max_ratio:.0%})")
+            else:
+                ratio = sampler.ratio(partial, split_source(graph, vertex))
+                est = _estimate(sampler, graph, vertex, ratio)
+                if ratio <= max_ratio:
+                    pid = _insert_partial(graph, vertex, consumer_id, plan, (split, partial))
+                    assert pid is not None
+                    plan.cuts[pid].ratio, plan.cuts[pid].est_bytes = ratio, est
+                    plan.cuts[pid].reason += f" ({ratio:.2%} of the input on a sample split)"
+                    return Cut(vid, False, f"{consumer_id} aggregates it, so its map-side "
+                               f"partial aggregates ({pid}) are the cut, not these rows",
+                               ratio=ratio, partial=True, source=vertex.is_source)
+                why = (f"they are {ratio:.1%} of the input on a sample split (more than "
+                       f"{max_ratio:.0%})")
     if vertex.is_source:
         return Cut(vid, True, "read in place by " + why_text(readers), source=True)
     if len(readers) > 1:
         return Cut(vid, True, f"read by {len(readers)} vertices "
                    f"({', '.join(c for c, _ in readers)}): computed once")
     if split_mode:
-        ratio = sampler.ratio(vid, sampler.compute(vid, [0]),
-                              sampler.compute(split_source(graph, vertex), [0]))
+        ratio = sampler.ratio(sampler.compute(vid, [0]), split_source(graph, vertex))
         est = _estimate(sampler, graph, vertex, ratio)
         if ratio <= max_ratio:
             return Cut(vid, True, f"its output is {ratio:.1%} of its input on a sample split: "
@@ -298,19 +319,26 @@ def _partial_candidate(vertex: JobVertex, consumer: JobVertex, edge: Edge) -> st
     return None
 
 
-def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str,
-                    consumer_output: Callable[[str], DataFrame] | None, plan: CutPlan,
-                    split: AggSplit | None = None) -> str | None:
+def _split_over_sample(graph: JobGraph, vertex: JobVertex, consumer_id: str,
+                       sampler: Sampler) -> tuple[AggSplit, DataFrame]:
+    """The consumer's aggregation split, analysed over the vertex's first split (planned,
+    not run), checked, and its partial step over that split; or NotSplittable."""
+    consumer = graph.vertices[consumer_id]
+    assert consumer.fn is not None
+    aggregated = consumer.fn(sampler.compute(vertex.id, [0]))
+    split = split_aggregate(aggregated)
+    partial = check_split(split, aggregated)
+    return split, partial
+
+
+def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str, plan: CutPlan,
+                    split_and_sample: tuple[AggSplit, DataFrame] | None) -> str | None:
     """Insert ``<consumer>-partial`` between ``vertex`` and its aggregating consumer; return
     its id (None: the consumer no longer splits)."""
     consumer = graph.vertices[consumer_id]
-    if split is None:
-        if consumer_output is None:
-            return None
-        try:
-            split = split_aggregate(consumer_output(consumer_id))
-        except NotSplittable:
-            return None
+    if split_and_sample is None:
+        return None
+    split = split_and_sample[0]
     assert consumer.fn is not None
     from spark_ckpt.execution.graph import _function_identity
 

@@ -465,8 +465,7 @@ class JobRunner:
         try:
             plan = plan_cuts(self.graph, planner_sampler(planner, splits),
                              max_ratio=self.settings.batch_cut_max_percent / 100.0,
-                             mode=self.settings.batch_cuts, recorded=recorded,
-                             consumer_output=lambda vid: planner.compute_inline(vid, None))
+                             mode=self.settings.batch_cuts, recorded=recorded)
         finally:
             sc.setLocalProperty("spark.jobGroup.id", None)
         self.graph.validate()

@@ -54,7 +54,7 @@ def generate(shape: str, directory: str, *, rows: int, files: int, seed: int = 7
     in chunks (bounded memory)."""
     rng = np.random.default_rng(seed)
     notes = _words(rng, 4096, 48)
-    chunk_files = max(1, files // 8)
+    chunk_files = max(1, min(files // 8, files * 4_000_000 // max(rows, 1)))  # ~4M rows a chunk
     chunks = (files + chunk_files - 1) // chunk_files
     for c in range(chunks):
         first = c * chunk_files

@@ -145,6 +145,7 @@ class VertexRunner:
         # the consumer's output); "explain" reads a durable vertex as an empty frame of its
         # schema, so a vertex's plan shows its own exchanges only. Nothing is written.
         self.planning: str | None = None
+        self.sample_rows: int | None = None  # planning: read at most this many rows a source
 
     # -- modes -----------------------------------------------------------------------------
     def hash_mode(self, vertex: JobVertex) -> bool:
@@ -209,6 +210,12 @@ class VertexRunner:
         return self._compute(vertex, parts)
 
     def _source_frame(self, vertex: JobVertex, parts: list[int] | None) -> DataFrame:
+        df = self._source_rows(vertex, parts)
+        if self.planning == "inline" and self.sample_rows is not None and parts is not None:
+            df = df.limit(self.sample_rows)
+        return df
+
+    def _source_rows(self, vertex: JobVertex, parts: list[int] | None) -> DataFrame:
         from pyspark.sql import functions as F
 
         source = vertex.source

@@ -164,15 +164,16 @@ def plan(job_id: str, work_dir: str | None, as_json: bool) -> None:
     a run), with what each vertex wrote: estimated against actual bytes."""
     read = _load(work_dir, job_id)
     vertices: dict[str, dict] = {}
-    written: Counter[str] = Counter()
+    files: dict[str, dict[str, int]] = defaultdict(dict)  # each file once: a wave's are shared
     finished: dict[str, set[int]] = defaultdict(set)
     for e in read.events:
         if e.type is EventType.JOB_VERTEX_INITIALIZED and e.vertex_id:
             vertices[e.vertex_id] = e.payload
         elif e.type is EventType.EXECUTION_VERTEX_FINISHED and e.vertex_id:
-            if e.partition not in finished[e.vertex_id]:
-                written[e.vertex_id] += e.bytes or 0
+            for out in e.payload.get("outputs", ()):
+                files[e.vertex_id][out["path"]] = int(out.get("size", 0))
             finished[e.vertex_id].add(e.partition or 0)
+    written = {vid: sum(sizes.values()) for vid, sizes in files.items()}
     rows = []
     for vid, payload in vertices.items():
         cut = payload.get("cut") or {}

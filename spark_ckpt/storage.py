@@ -153,7 +153,7 @@ class Storage:
         self.makedirs(dst.rsplit("/", 1)[0])
         if self.local:
             head, _, name = dst.rpartition("/")
-            tmp = f"{head}/.{name}.link-{os.getpid()}"  # hidden from readers of the directory
+            tmp = f"{head}/.{name}.link-{uuid.uuid4().hex}"  # hidden from the directory's readers
             try:
                 os.link(src, tmp)
             except OSError:  # another device, or links not supported: copy

@@ -152,10 +152,12 @@ def drive(tmp_path, total: int, env: dict[str, str], kill: str | None,
 @pytest.mark.parametrize("api", ["per_key", "vectorized"])
 def test_exactly_once_across_sigkills_at_every_fault_point(spark, tmp_path, api):
     """The chain, once with the sequencer as a KeyedProcessor and once as a
-    VectorizedProcessor."""
+    VectorizedProcessor (in CI its first four kills, the restores of a pending, a completed
+    and a half-committed checkpoint; the whole chain with SPARK_CKPT_LONG_FAULTS=1)."""
     rng = random.Random(20261121)
     spread = spread_defaults(tmp_path)
-    for attempt, kill in enumerate((*SCHEDULE, None)):
+    schedule = SCHEDULE if api == "per_key" or LONG_FAULTS else SCHEDULE[:4]
+    for attempt, kill in enumerate((*schedule, None)):
         # every other driver runs with one task per key-group range: both task paths, and a
         # switch between them at every restart
         env = child_env(**({"SPARK_CKPT_DEFAULTS": str(spread)} if attempt % 2 else {}))

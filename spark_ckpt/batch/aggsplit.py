@@ -12,15 +12,17 @@ over plain grouping columns whose aggregate functions all have a partial form he
 function                   partial (per wave)                  final (over the partials)
 =========================  ==================================  ===========================
 ``count(...)``             ``count(...)``                      ``sum``
-``sum(x)``                 ``sum(x)``                          ``sum``, cast to sum's type
+``sum(x)``                 ``sum(x)``, ``count(x)``            ``sum``, cast to sum's type;
+                                                               null if a wave overflowed
 ``min(x)``, ``max(x)``     the same                            ``min``, ``max``
 ``avg(x)`` (not decimal)   ``sum(double(x))``, ``count(x)``    ``sum / count`` (null at 0)
 =========================  ==================================  ===========================
 
 Expressions over them (``round(sum(x), 2)``, ``sum(a) / count(b)``) are evaluated after the
-final step. Anything else (a ``DISTINCT`` or ``FILTER`` aggregate, ``collect_list``,
+final step. Anything else (a ``DISTINCT``, ``FILTER`` or ``try_`` aggregate, ``collect_list``,
 percentiles, a grouping expression that is not a column, a ``HAVING``, a ``select`` after the
-aggregation) is not split: the planner then keeps the vertex whole and says why. The split is
+aggregation, anything but projections and filters before it, a non-deterministic
+expression) is not split: the planner then keeps the vertex whole and says why. The split is
 checked before use: the final step must give the function's output columns with its types.
 
 Reading the plan is classic-session only (py4j); this module is the one place that does it
@@ -114,9 +116,33 @@ def _aggregate_input(df: DataFrame) -> DataFrame:
     return PyDataFrame(jdf, spark)
 
 
+# What may run before the aggregation: row by row, so running it per wave of splits gives the
+# rows running it per partition does (a distinct, a window, a limit or a join would not).
+_ROW_BY_ROW = {"Project", "Filter", "SubqueryAlias", "ResolvedHint", "LocalRelation",
+               "LogicalRelation", "LogicalRDD", "Range", "OneRowRelation"}
+
+
+def _check_row_by_row(plan) -> None:  # noqa: ANN001 - a py4j LogicalPlan
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        if _kind(node) not in _ROW_BY_ROW:
+            raise NotSplittable(
+                f"it runs a {node.nodeName()} before aggregating, which a wave of input splits "
+                "would see differently from a partition (only projections and filters may)")
+        stack.extend(_seq(node.children()))
+    if not plan.deterministic():
+        raise NotSplittable("it is not deterministic before aggregating")
+
+
 def split_aggregate(df: DataFrame) -> AggSplit:
-    """The partial and final steps of the aggregation ``df`` is, or NotSplittable (why)."""
+    """The partial and final steps of the aggregation ``df`` is, or NotSplittable (why).
+    ``df`` is best the function over a leaf (an empty frame of its input's schema), so what
+    runs before the aggregation is the function's own."""
     plan = _aggregate_plan(df)
+    _check_row_by_row(plan.child())
+    if not plan.deterministic():
+        raise NotSplittable("its aggregation is not deterministic")
     grouping = []
     for expr in _seq(plan.groupingExpressions()):
         if _kind(expr) != "AttributeReference":
@@ -130,9 +156,12 @@ def split_aggregate(df: DataFrame) -> AggSplit:
     merge: list[tuple[str, str]] = []
     merged_of: dict[str, str] = {}  # an aggregate's SQL -> its merged column
 
+    found: list[str] = []  # the aggregates of the output expression being visited
+
     def visit(expr) -> None:  # noqa: ANN001
         if _kind(expr) == "AggregateExpression":
             sql = expr.sql()
+            found.append(sql)
             if sql not in merged_of:
                 merged_of[sql] = _split_one(expr, len(merged_of), partial, merge)
             return
@@ -148,8 +177,17 @@ def split_aggregate(df: DataFrame) -> AggSplit:
             continue
         if _kind(named) != "Alias":
             raise NotSplittable(f"its output {named.sql()} is not a named expression")
+        found.clear()
         visit(named.child())
-        outputs_raw.append((named.name(), named.child().sql(), True))
+        text = named.child().sql()
+        for sql in set(found):
+            # each aggregate's text is replaced by its merged column: it must appear exactly
+            # where the aggregates are (not in a literal, not inside another name)
+            if text.count(sql) != found.count(sql) or any(
+                    other != sql and sql in other for other in found):
+                raise NotSplittable(f"its output {named.name()} = {text} cannot be rewritten "
+                                    f"over merged partials ({sql} appears elsewhere in it)")
+        outputs_raw.append((named.name(), text, True))
     outputs = []
     replacements = sorted(merged_of.items(), key=lambda kv: -len(kv[0]))
     for name, sql, has_aggregates in outputs_raw:
@@ -172,12 +210,26 @@ def _split_one(agg, number: int, partial: list[tuple[str, str]],  # noqa: ANN001
         raise NotSplittable(f"{agg.sql()} has a FILTER clause")
     fn = agg.aggregateFunction()
     kind = _kind(fn)
+    if fn.prettyName().startswith("try_"):
+        raise NotSplittable(f"{agg.sql()} is a try_ aggregate (its null on overflow would be "
+                            "lost in a merge)")
     result_type = agg.dataType().sql()
     p = f"{_PREFIX}p{number}"
     m = f"{_PREFIX}m{number}"
-    if kind in ("Count", "Sum", "Min", "Max"):
+    if kind == "Sum":
+        # A wave's sum is null with rows only when it overflowed (ANSI off): the total is
+        # null then, as Spark's; otherwise the sum of the waves' sums.
+        c = f"{_PREFIX}c{number}"
+        child = _seq(fn.children())[0]
         partial.append((p, agg.sql()))
-        combine = {"Count": "sum", "Sum": "sum", "Min": "min", "Max": "max"}[kind]
+        partial.append((c, f"count({child.sql()})"))
+        merge.append((m, f"CAST(CASE WHEN max(CASE WHEN {_quote(p)} IS NULL AND {_quote(c)} > 0 "
+                         f"THEN 1 ELSE 0 END) = 1 THEN NULL ELSE sum({_quote(p)}) END "
+                         f"AS {result_type})"))
+        return m
+    if kind in ("Count", "Min", "Max"):
+        partial.append((p, agg.sql()))
+        combine = {"Count": "sum", "Min": "min", "Max": "max"}[kind]
         merge.append((m, f"CAST({combine}({_quote(p)}) AS {result_type})"))
         return m
     if kind == "Average":

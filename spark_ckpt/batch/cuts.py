@@ -251,12 +251,15 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
     if recorded is not None and "durable" in recorded:
         cut = Cut.from_record(vid, recorded)
         if cut.partial:
-            consumer_id = consumers[vid][0][0] if consumers[vid] else None
-            try:
-                found = None if consumer_id is None else \
-                    _split_over_sample(graph, vertex, consumer_id, sampler)
-            except NotSplittable:
-                found = None
+            readers = consumers[vid]
+            consumer_id = readers[0][0] if len(readers) == 1 else None
+            found = None
+            if consumer_id is not None and split_mode_chain(graph, vertex) and \
+                    _partial_candidate(vertex, graph.vertices[consumer_id], readers[0][1]) is None:
+                try:
+                    found = _split_over_sample(graph, vertex, consumer_id, sampler)
+                except NotSplittable:
+                    found = None
             if consumer_id is None or _insert_partial(graph, vertex, consumer_id, plan,
                                                       found) is None:
                 cut.partial = False
@@ -329,13 +332,29 @@ def _partial_candidate(vertex: JobVertex, consumer: JobVertex, edge: Edge) -> st
 
 def _split_over_sample(graph: JobGraph, vertex: JobVertex, consumer_id: str,
                        sampler: Sampler) -> tuple[AggSplit, DataFrame]:
-    """The consumer's aggregation split, analysed over the vertex's first split (planned,
-    not run), checked, and its partial step over that split; or NotSplittable."""
+    """The consumer's aggregation split and its partial step over the vertex's first split
+    (planned, not run); or NotSplittable, with why. The function is analysed over an empty
+    frame of the vertex's schema, so what it runs before aggregating is its own (checked to
+    be row by row), then applied to the sample."""
     consumer = graph.vertices[consumer_id]
     assert consumer.fn is not None
-    aggregated = consumer.fn(sampler.compute(vertex.id, [0]))
-    split = split_aggregate(aggregated)
-    partial = check_split(split, aggregated)
+    edge = next(e for e in consumer.inputs if e.upstream == vertex.id)
+    try:
+        sample = sampler.compute(vertex.id, [0])
+        leaf = sample.sparkSession.createDataFrame([], sample.schema)
+        aggregated = consumer.fn(leaf)
+        split = split_aggregate(aggregated)
+        check_split(split, aggregated)
+        missing = [c for c in edge.columns if c not in split.grouping]
+        if missing:
+            raise NotSplittable(f"it reads {vertex.id} hashed by {list(edge.columns)} but "
+                                f"groups by {list(split.grouping)}")
+        partial = split.partial_frame(consumer.fn(sample))
+    except NotSplittable:
+        raise
+    except Exception as exc:  # an analysis error, a UDF: the consumer stays whole
+        raise NotSplittable(f"its aggregation could not be planned in parts "
+                            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from exc
     return split, partial
 
 

@@ -340,16 +340,18 @@ class JobRunner:
         recomputed inside its consumers this attempt rather than read back (reading it would
         cost more than the work it saves). Its kept files stay for later attempts."""
         decisions = []
+        live = {v.id for v in self.graph.live_vertices()}
         for vertex in self.graph.live_vertices():
             if vertex.sinks or vertex.is_source or not vertex.durable or \
-                    vertex.partial_of is not None or not split_mode_chain(self.graph, vertex):
-                continue
+                    vertex.declared_durable is True or vertex.partial_of is not None or \
+                    not split_mode_chain(self.graph, vertex):
+                continue  # durable=True by hand is the user's word
             source = split_source(self.graph, vertex)
             kept = [p for p in range(vertex.parallelism) if (vertex.id, p) in history.finished]
             if not kept or source not in splits:
                 continue
             readers_done = all((c, q) in history.finished
-                               for c, _ in self.graph.consumers(vertex.id)
+                               for c, _ in self.graph.consumers(vertex.id) if c in live
                                for q in range(self.graph.vertices[c].parallelism))
             if readers_done:
                 continue
@@ -357,7 +359,7 @@ class JobRunner:
                      if o.kind == "result"}
             kept_bytes = sum(files.values())
             input_bytes = sum(size for p in kept for _path, size in splits[source][p])
-            if kept_bytes > input_bytes:
+            if kept_bytes > input_bytes and self._deterministic(vertex, splits):
                 vertex.durable = False
                 decisions.append(
                     f"{vertex.id}: kept output of {len(kept)} partitions is {kept_bytes:,} bytes, "
@@ -366,6 +368,17 @@ class JobRunner:
                 log.warning("Job %s attempt %d: %s", self.job.run_id, self.attempt,
                             decisions[-1])
         return decisions
+
+    def _deterministic(self, vertex: JobVertex, splits: dict[str, list[Any]]) -> bool:
+        """True when recomputing the vertex gives the rows its kept output holds: consumers
+        that already read those must agree with the ones that read recomputed rows."""
+        planner = VertexRunner(self, splits, self.source_schemas, {}, None)  # type: ignore[arg-type]
+        planner.planning = "inline"
+        try:
+            return bool(planner.compute_inline(vertex.id, [0])._jdf  # noqa: SLF001
+                        .queryExecution().analyzed().deterministic())
+        except Exception:  # cannot tell: keep reading what was kept
+            return False
 
     def _initialize_vertices(self, history: JobHistory) -> dict[str, list[Any]]:
         """Log JobVertexInitialized for new or changed vertices; decide file source splits
@@ -460,6 +473,8 @@ class JobRunner:
         planner = VertexRunner(self, splits, self.source_schemas, {}, None)  # type: ignore[arg-type]
         planner.planning = "inline"
         sc = self.spark.sparkContext
+        keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+        saved = {k: sc.getLocalProperty(k) for k in keys}  # the caller's, put back after
         sc.setJobGroup(f"spark_ckpt-{self.job.run_id}-a{self.attempt}-plan",
                        f"spark_ckpt job {self.job.run_id}: sampling for durable cuts")
         try:
@@ -467,7 +482,8 @@ class JobRunner:
                              max_ratio=self.settings.batch_cut_max_percent / 100.0,
                              mode=self.settings.batch_cuts, recorded=recorded)
         finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)
+            for key, value in saved.items():
+                sc.setLocalProperty(key, value)  # type: ignore[arg-type]
         self.graph.validate()
         log.info("Job %s attempt %d: planned durable cuts in %.1f s\n%s", self.job.run_id,
                  self.attempt, time.perf_counter() - t0, plan.text(list(self.graph.ids())))

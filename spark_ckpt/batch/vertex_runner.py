@@ -74,6 +74,15 @@ def plan_shuffles(df: DataFrame) -> bool:
     return bool(_SHUFFLE.search(plan))
 
 
+def _store_of(path: str) -> str:
+    """The file system a path is on (scheme and authority): a mirror's files are linked or
+    copied within one."""
+    if "://" not in path:
+        return "file://"
+    scheme, rest = path.split("://", 1)
+    return f"{scheme}://{rest.split('/', 1)[0] if scheme != 'file' else ''}"
+
+
 def exchanges(df: DataFrame) -> list[str]:
     """The exchanges in the physical plan, without expression ids: what Spark moves."""
     plan = df._jdf.queryExecution().executedPlan().toString()  # noqa: SLF001
@@ -371,6 +380,13 @@ class VertexRunner:
 
         whole = len(parts) == vertex.parallelism
         df = self._compute(vertex, None if whole else parts)
+        if vertex.partial_of is not None:  # a wave may aggregate, what it reads may not
+            for edge in vertex.inputs:
+                if edge.kind == "forward" and plan_shuffles(self.frame(edge.upstream, parts)):
+                    raise JobDefinitionError(
+                        f"vertex {edge.upstream}: its function shuffles rows (a groupBy, a join "
+                        "of non-broadcast inputs, a distinct, a window), so it cannot run split "
+                        "by split; set key= on it (and hash its inputs by it)")
         if not self.hash_mode(vertex):
             if vertex.partial_of is None and plan_shuffles(df):
                 raise JobDefinitionError(
@@ -456,7 +472,8 @@ class VertexRunner:
             staging = self.sinks[spec.name].staging_dir(vertex.id, tag)
             write = _Write("sink", spec.name, staging, tuple(spec.partition_by))
             write.mirror_of = next((w for w in writes if w.kind == "sink" and w.mirror_of is None
-                                    and w.partition_by == write.partition_by), None)
+                                    and w.partition_by == write.partition_by
+                                    and _store_of(w.directory) == _store_of(staging)), None)
             writes.append(write)
         return writes
 
@@ -483,14 +500,24 @@ class _UnitTracker:
         self.hash = runner.hash_mode(vertex)
         self.per_task = self.hash and runner.per_task_commits()
         self._footers: dict[str, tuple[int, int]] = {}
+        self._linked: set[str] = set()  # mirror files in place (a wave's, once for the wave)
+
+    def _listing(self) -> list[list[tuple[str, int | None]]]:
+        """Every write's files from one listing of each directory Spark writes; a mirror's
+        are where its source's files go (linked when their partition is recorded)."""
+        out: dict[int, list[tuple[str, int | None]]] = {}
+        for i, w in enumerate(self.writes):
+            if w.mirror_of is None:
+                out[i] = self._files(w)
+        for i, w in enumerate(self.writes):
+            if w.mirror_of is not None:
+                source = out[self.writes.index(w.mirror_of)]
+                out[i] = [(self._mirror_path(w, path), index) for path, index in source]
+        return [out[i] for i in range(len(self.writes))]
 
     def _files(self, write: _Write) -> list[tuple[str, int | None]]:
-        """(path, Spark partition) of each data file the write has made visible; for a
-        mirror, where each of its source's files goes (linked when the partition is recorded)."""
-        if write.mirror_of is not None:
-            source = write.mirror_of
-            return [(self._mirror_path(write, path), index)
-                    for path, index in self._files(source)]
+        """(path, Spark partition) of each data file the write has made visible."""
+        assert write.mirror_of is None
         store = Storage(write.directory)
         out = []
         for info, _relative in written_files(store, store.root):
@@ -507,10 +534,13 @@ class _UnitTracker:
     def _link(self, write: _Write, path: str) -> None:
         """Put a mirror's file in place (idempotent): the source's bytes under its name."""
         assert write.mirror_of is not None
+        if path in self._linked:
+            return
         source = f"{write.mirror_of.directory.rstrip('/')}/" \
                  f"{path[len(write.directory.rstrip('/')) + 1:]}"
         store = Storage(write.directory)
         store.link_or_copy(store.fs_path(source), store.fs_path(path))
+        self._linked.add(path)
         if source in self._footers:
             self._footers[path] = self._footers[source]
 
@@ -544,11 +574,12 @@ class _UnitTracker:
         # One snapshot of which writes ended, taken before listing: a write that ends while
         # this poll lists must not make a partition whose file the listing missed look empty.
         done = [w.done for w in self.writes]
+        listing = self._listing()
         by_write: list[dict[int, list[str]]] = []
-        for w, ended in zip(self.writes, done, strict=True):
+        for w, ended, listed in zip(self.writes, done, listing, strict=True):
             files: dict[int, list[str]] = {}
             if ended or (self.per_task and not w.partition_by):
-                for path, index in self._files(w):
+                for path, index in listed:
                     if index is not None:
                         files.setdefault(index, []).append(path)
             by_write.append(files)
@@ -567,7 +598,8 @@ class _UnitTracker:
             self._check_attribution()
             self._record_visible()  # every write has ended: the rest, empty ones included
             return
-        files = [(w, path) for w in self.writes for path, _ in self._files(w)]
+        files = [(w, path) for w, listed in zip(self.writes, self._listing(), strict=True)
+                 for path, _ in listed]
         for p in self.parts:
             self._record(p, files)
 

@@ -111,6 +111,10 @@ class JobVertex:
     partial_of: str | None = None
     fn_final: Callable[..., Any] | None = None
 
+    def __post_init__(self) -> None:
+        if self.declared_durable is None and not self.durable:
+            self.declared_durable = False  # built with durable=False: that is a declaration
+
     @property
     def is_source(self) -> bool:
         return self.source is not None
@@ -128,7 +132,9 @@ class JobVertex:
             "source": self.source.describe() if self.source is not None else None,
             "sinks": [s.describe() for s in self.sinks],
             "version": self.version,
-            "durable": "auto" if self.declared_durable is None else self.declared_durable,
+            # undeclared counts as True, as before cuts were planned: fingerprints recorded
+            # by earlier releases still match (the decision is recorded with the vertex)
+            "durable": True if self.declared_durable is None else self.declared_durable,
             "fn": _function_identity(self.fn),
         }
 

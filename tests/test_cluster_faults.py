@@ -85,7 +85,8 @@ def build(job_id):
     orders = job.read_files("orders", f"{input_dir}/orders", parallelism=P)
     customers = job.read_files("customers", f"{input_dir}/customers", parallelism=1)
     payments = job.read_files("payments", f"{input_dir}/payments", parallelism=P)
-    enriched = job.vertex("enriched", report.enrich, orders, customers.broadcast())
+    enriched = job.vertex("enriched", report.enrich, orders, customers.broadcast(),
+                          durable=True)  # as orders_report declares it
     settled = job.vertex("settled", settle, enriched.by("order_id"), payments.by("order_id"),
                          parallelism=P)
     daily = job.vertex("daily", report.daily_revenue, settled.by("region", "day"),

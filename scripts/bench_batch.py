@@ -295,33 +295,33 @@ def shape_outputs(shape: str, plain_out: str, ckpt_out: str) -> dict:
     """Every output of the shape holds the same rows on both sides (floating-point columns to
     1e-9 relative: Spark's own double sums depend on how rows are partitioned)."""
     import numpy as np
+    import pyarrow as pa
     import pyarrow.dataset as ds
 
     def load(root: str, name: str):
         path = f"{root}/{name}"
         if os.path.isdir(f"{path}/_delta_log"):
-            table = read_delta(path)
-        else:
-            table = ds.dataset(path, format="parquet", partitioning="hive",
-                               exclude_invalid_files=True).to_table()
-        return table.to_pandas()
+            return read_delta(path)
+        return ds.dataset(path, format="parquet", partitioning="hive",
+                          exclude_invalid_files=True).to_table()
 
     rows = {}
-    for name in SHAPE_OUTPUTS[shape]:
+    for name in SHAPE_OUTPUTS[shape]:  # in Arrow, sorted: tens of millions of rows fit
         a, b = load(plain_out, name), load(ckpt_out, name)
-        b = b[list(a.columns)]
-        exact = [c for c in a.columns if a[c].dtype.kind != "f"]
-        a = a.sort_values(exact).reset_index(drop=True)
-        b = b.sort_values(exact).reset_index(drop=True)
-        same = len(a) == len(b) and a[exact].astype(str).equals(b[exact].astype(str))
-        for c in a.columns:
-            if same and a[c].dtype.kind == "f":
-                same = bool(np.allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=1e-9,
-                                        equal_nan=True))
+        b = b.select(a.column_names).cast(a.schema)
+        floats = [c for c in a.column_names if pa.types.is_floating(a.schema.field(c).type)]
+        exact = [c for c in a.column_names if c not in floats]
+        order = [(c, "ascending") for c in exact]
+        a, b = a.sort_by(order), b.sort_by(order)
+        same = a.num_rows == b.num_rows and a.select(exact).equals(b.select(exact))
+        for c in floats:
+            same = same and bool(np.allclose(a.column(c).to_numpy(zero_copy_only=False),
+                                             b.column(c).to_numpy(zero_copy_only=False),
+                                             rtol=1e-9, equal_nan=True))
         if not same:
             raise SystemExit(f"{shape}: output {name} differs from plain Spark's "
-                             f"({len(a)} vs {len(b)} rows)")
-        rows[name] = len(a)
+                             f"({a.num_rows} vs {b.num_rows} rows)")
+        rows[name] = a.num_rows
     return rows
 
 

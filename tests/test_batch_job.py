@@ -73,7 +73,8 @@ def test_fresh_run_archives_the_old_log_and_appends_again(spark, orders_input, t
     import dataclasses
 
     settings = dataclasses.replace(SETTINGS, work_dir=str(tmp_path / "work"))
-    old_driver = JobRunner(build(spark, orders_input, tmp_path), spark, settings)
+    old_job = build(spark, orders_input, tmp_path)
+    old_driver = JobRunner(old_job.graph, old_job.run_id, spark, settings)
     old_driver.attempt = 1
     assert old_driver._is_fenced()
 

@@ -33,6 +33,7 @@ def spark():
         session = (SparkSession.builder.remote(REMOTE)
                    .config("spark.sql.shuffle.partitions", "2")
                    .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+        assert type(session).__module__.startswith("pyspark.sql.connect"), type(session)
         yield session
         session.stop()
         return

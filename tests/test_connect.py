@@ -40,7 +40,8 @@ PARITY = {
         "tests/test_keyed_state.py::test_restore_by_id_replays_from_that_checkpoint",
     ],
     "stream-client-killed": [
-        "tests/test_checkpoint_recovery.py::test_exactly_once_across_sigkills_at_every_fault_point",
+        "tests/test_checkpoint_recovery.py::test_exactly_once_across_sigkills_at_every_fault_point"
+        "[per_key]",
     ],
 }
 

@@ -115,9 +115,19 @@ def test_classic_plan_as_plain_data(spark):
     assert "Exchange" in api.executed_plan(spark.range(10).repartition(3))
 
 
+def _sleep_per_batch(batches):  # noqa: ANN001, ANN202 - a mapInArrow function
+    import time
+
+    for batch in batches:
+        for i in range(batch.num_rows):
+            time.sleep(1.0)
+            yield batch.slice(i, 1)
+
+
 def test_the_seam_answers_on_this_kind_of_session(spark):
     """Runs on the classic session here and on Spark Connect in tests/test_connect.py."""
     import threading
+    import time
 
     from pyspark.sql import functions as F
 
@@ -141,9 +151,9 @@ def test_the_seam_answers_on_this_kind_of_session(spark):
     def slow_job() -> None:
         with api.job_group("spark_ckpt-test-cancel", "a job to cancel"):
             started.set()
-            try:
-                spark.range(0, 1 << 40, numPartitions=2).select(
-                    F.sum(F.sqrt("id"))).collect()
+            try:  # an hour of Python tasks, each checking for the kill between batches
+                spark.range(0, 3600, numPartitions=2).mapInArrow(
+                    _sleep_per_batch, "id long").collect()
             except BaseException as exc:  # noqa: BLE001 - the cancellation is the point
                 failure.append(exc)
 
@@ -157,6 +167,10 @@ def test_the_seam_answers_on_this_kind_of_session(spark):
         deadline -= 1.0
     assert not thread.is_alive(), "the job group was not cancelled"
     assert failure, "the job finished instead of being cancelled"
+    # and its tasks are gone: the next job gets the cores at once
+    t0 = time.monotonic()
+    assert spark.range(0, 1000, numPartitions=2).count() == 1000
+    assert time.monotonic() - t0 < 30
 
 
 ORPHAN_CHILD = r"""
@@ -168,8 +182,14 @@ spark = SparkSession.builder.getOrCreate()  # SPARK_REMOTE: a Connect client
 with open(sys.argv[1], "wb") as f:
     f.write(dump_record("pipeline-run", 1, {"pipeline": "p", "started_ms": 0,
                                              **client_session(spark)}))
-threading.Thread(target=lambda: spark.range(0, 1 << 40, numPartitions=2)
-                 .select(F.sum(F.sqrt("id"))).collect(), daemon=True).start()
+def slow(batches):
+    import time
+    for batch in batches:
+        for i in range(batch.num_rows):
+            time.sleep(1.0)
+            yield batch.slice(i, 1)
+threading.Thread(target=lambda: spark.range(0, 3600, numPartitions=2)
+                 .mapInArrow(slow, "id long").collect(), daemon=True).start()
 import time; time.sleep(3); print("RUNNING", flush=True); time.sleep(600)
 """
 
@@ -208,3 +228,4 @@ def test_operations_a_killed_client_left_running_are_interrupted_by_the_next(spa
     assert interrupt_earlier_clients(spark, store, [str(marker)], "pipeline-run", "test") >= 1
     assert wait_for(lambda: interrupt_earlier_clients(  # and nothing is left running there
         spark, store, [str(marker)], "pipeline-run", "test") == 0, timeout=60)
+    assert spark.range(0, 1000, numPartitions=2).count() == 1000  # the cores are free again

@@ -177,7 +177,7 @@ def split_aggregate(df: DataFrame) -> AggSplit:
                     other != sql and sql in other for other in found):
                 raise NotSplittable(f"its output {named.name} = {text} cannot be rewritten "
                                     f"over merged partials ({sql} appears elsewhere in it)")
-        outputs_raw.append((named.name(), text, True))
+        outputs_raw.append((named.name, text, True))
     outputs = []
     replacements = sorted(merged_of.items(), key=lambda kv: -len(kv[0]))
     for name, sql, has_aggregates in outputs_raw:

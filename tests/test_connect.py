@@ -31,6 +31,12 @@ PARITY = {
         "tests/test_batch_job.py::test_dataframe_source_and_partitioned_delta_sink",
     ],
     "batch-client-killed": [
+        "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
+        "[vertex.finished:1-6]",
+        "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
+        "[sink.commit.files]",
+        "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
+        "[sink.committed:2]",
         "tests/test_recovery_faults.py::test_killed_twice_in_a_row_then_recovered",
         "tests/test_recovery_faults.py::test_killed_from_outside_mid_vertex",
     ],

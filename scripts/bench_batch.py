@@ -58,7 +58,7 @@ def child(mode: str, input_dir: str, output: str, work_dir: str, parallelism: in
 
     logging.basicConfig(level=logging.WARNING)
     spark = get_or_create_session(f"bench-{mode}")
-    spark.sparkContext.setLogLevel("ERROR")
+    _quiet(spark)
     print("STARTED", flush=True)
     t0 = time.perf_counter()
     if mode == "plain":
@@ -86,6 +86,14 @@ def child(mode: str, input_dir: str, output: str, work_dir: str, parallelism: in
                 "vertex_seconds": {v: s.seconds for v, s in result.vertices.items()},
                 "vertex_ran": {v: s.ran for v, s in result.vertices.items()}}
     print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0, **info}), flush=True)
+
+
+def _quiet(spark) -> None:  # noqa: ANN001
+    """Spark's own log at ERROR (a Spark Connect client has no driver log of its own)."""
+    from spark_ckpt.sparkapi import is_connect
+
+    if not is_connect(spark):
+        spark.sparkContext.setLogLevel("ERROR")
 
 
 def _env() -> dict[str, str]:
@@ -230,7 +238,7 @@ def shape_child(shape: str, mode: str, input_dir: str, output: str, work_dir: st
 
     logging.basicConfig(level=logging.WARNING)
     spark = get_or_create_session(f"bench-{shape}-{mode}")
-    spark.sparkContext.setLogLevel("ERROR")
+    _quiet(spark)
     print("STARTED", flush=True)
     t0 = time.perf_counter()
     info: dict = {}
@@ -490,6 +498,12 @@ def main() -> None:
     parser.add_argument("--kill-at", default=None,
                         help="comma list of fractions of a full run's time")
     parser.add_argument("--replay-events", type=int, default=100_000)
+    parser.add_argument("--connect", action="store_true",
+                        help="run every driver as a Spark Connect client of one standalone "
+                             "server this script starts (a killed driver is a crashed client)")
+    parser.add_argument("--connect-cold", action="store_true",
+                        help="with --connect: SIGKILL the server too at each kill and start a "
+                             "new one before recovering (a cold start)")
     parser.add_argument("--skip", default="",
                         help="comma list of: overhead,recovery,rerun,replay")
     parser.add_argument("--json", default=None, help="write the figures here too")
@@ -536,6 +550,14 @@ def main() -> None:
 
     skip = set(filter(None, args.skip.split(",")))
     base = Path(tempfile.mkdtemp(prefix="spark-ckpt-bench-"))
+    server = None
+    if args.connect:  # every driver (plain and spark_ckpt) a client of one warm server
+        sys.path.insert(0, str(ROOT / "tests"))
+        from connect_server import start_server
+
+        server = start_server(base)
+        os.environ["SPARK_REMOTE"] = server.url
+        print(f"Spark Connect server at {server.url}", flush=True)
     args.input = str(base / "input")
     t0 = time.perf_counter()
     orders_data.generate(args.input, orders=args.orders, files=args.files, customers=50_000)
@@ -555,6 +577,7 @@ def main() -> None:
         return str(out), str(work)
 
     full_ckpt: list[float] = []
+    full_process: list[float] = []
     full_runs: list[dict] = []
     if "overhead" not in skip:
         plain, ckpt, sinks = [], [], []
@@ -577,6 +600,7 @@ def main() -> None:
                   f"sinks only {sinks[-1]:.1f} s ({full_runs[-1]['vertex_seconds']})",
                   flush=True)
         full_ckpt = ckpt
+        full_process = [r["process_seconds"] for r in full_runs]
         median = statistics.median
         figures["overhead"] = {
             "plain_seconds": plain, "ckpt_seconds": ckpt, "sinks_only_seconds": sinks,
@@ -595,16 +619,30 @@ def main() -> None:
         for fraction in [float(f) for f in args.kill_at.split(",")]:
             out, work = fresh("recovery")
             killed = kill_at(args, out, work, fraction * full)
+            if server is not None and args.connect_cold:  # the server dies with the client
+                from connect_server import start_server, stop_server
+
+                stop_server(server, signal.SIGKILL)
+                started = time.perf_counter()
+                server = start_server(base, port=server.port)
+                killed["server_restart_seconds"] = time.perf_counter() - started
             recovered = run_child("ckpt", args, out, work)
             runs.append({**killed, "kill_fraction": fraction,
                          "recovered_seconds": recovered["seconds"],
+                         "recovered_process_seconds": recovered["process_seconds"],
+                         "fresh_process_seconds": statistics.median(full_process) if
+                         full_process else None,
                          "reran": recovered["ran"], "reused": recovered["reused"],
+                         "process_ratio": (recovered["process_seconds"]
+                                           / statistics.median(full_process)
+                                           if full_process else None),
                          "fresh_seconds": full, "ratio": recovered["seconds"] / full,
                          "total_ratio": (fraction * full + recovered["seconds"]) / full})
             print(f"kill at {fraction:.0%} of {full:.1f} s with {killed['durable_partitions']} "
                   f"partitions durable: recovered in {recovered['seconds']:.1f} s (ran "
                   f"{recovered['ran']}, reused {recovered['reused']}): {runs[-1]['ratio']:.2f}x "
-                  f"a fresh run, killed + recovered {runs[-1]['total_ratio']:.2f}x", flush=True)
+                  f"a fresh run, killed + recovered {runs[-1]['total_ratio']:.2f}x; as "
+                  f"processes {runs[-1]['process_ratio'] or float('nan'):.2f}x", flush=True)
         figures["recovery"] = {"fresh_seconds_median": full, "runs": runs}
 
     if "rerun" not in skip:
@@ -636,6 +674,11 @@ def main() -> None:
               f"commits, with the file checks: "
               f"{', '.join(f'{s:.2f} s' for s in figures['replay']['total_seconds'])}")
 
+    if server is not None:
+        from connect_server import stop_server
+
+        figures["connect"] = {"cold_recovery": bool(args.connect_cold)}
+        stop_server(server)
     print(json.dumps(figures, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))

@@ -21,12 +21,16 @@ import logging
 import socket
 import time
 import uuid
+from typing import Any
+
 import pyarrow as pa
 
 from spark_ckpt.errors import JobFencedError
+from spark_ckpt.formats import load_record
+from spark_ckpt.sparkapi import spark_api
 from spark_ckpt.storage import Storage, join
 
-__all__ = ["Fence"]
+__all__ = ["Fence", "client_session", "interrupt_earlier_clients"]
 
 log = logging.getLogger(__name__)
 
@@ -94,3 +98,45 @@ class Fence:
             return False
         return self._storage.exists(join(self._path, "_delta_log",
                                          f"{self.version + 1:020d}.json"))
+
+
+def client_session(spark: Any) -> dict[str, str]:
+    """The field a driver's run or attempt marker carries on Spark Connect: the session its
+    operations run in, so the next driver can interrupt what this one leaves running."""
+    session = spark_api(spark).session_id()
+    return {"connect_session": session} if session else {}
+
+
+def interrupt_earlier_clients(spark: Any, storage: Storage, markers: list[str], kind: str,
+                              who: str) -> int:
+    """Interrupt the operations earlier drivers left running on a Spark Connect server.
+
+    A classic driver's Spark jobs die with its JVM. A Spark Connect client's do not: the server
+    runs a killed client's operation on (until its detach timeout) and a fenced client's for as
+    long as it keeps submitting. Their output never commits (staging is per try and commits are
+    fenced), but they hold the server's cores. ``markers`` are the earlier drivers' run or
+    attempt records (``kind``); each names its Connect session (:func:`client_session`).
+    Returns how many operations were interrupted; a failure to interrupt only costs time."""
+    api = spark_api(spark)
+    own = api.session_id()
+    if own is None:
+        return 0
+    interrupted = 0
+    for path in markers:
+        try:
+            session = load_record(storage.read_bytes(path), kind, (1,)).get("connect_session")
+        except Exception:  # noqa: BLE001 - an unreadable marker names no session
+            continue
+        if not session or session == own:
+            continue
+        try:
+            ids = api.interrupt_session(str(session))
+        except Exception as exc:  # noqa: BLE001 - costs the server's cores, not correctness
+            log.warning("%s: could not interrupt what an earlier driver left running in "
+                        "Spark Connect session %s: %s", who, session, exc)
+            continue
+        if ids:
+            log.warning("%s: interrupted %d operation(s) an earlier driver left running in "
+                        "Spark Connect session %s", who, len(ids), session)
+        interrupted += len(ids)
+    return interrupted

@@ -459,9 +459,14 @@ class Settings:
         elif hasattr(conf, "get"):
             runtime = conf
             _warn_unknown(_session_keys(runtime))
-
-            def getter(key: str) -> Any:
-                return runtime.get(key, None)  # type: ignore[union-attr]
+            if type(runtime).__module__.startswith("pyspark.sql.connect"):
+                # one round trip to the server for every setting, not one per option
+                listed = runtime.getAll  # type: ignore[union-attr]
+                every = dict(listed() if callable(listed) else listed)
+                getter = every.get
+            else:
+                def getter(key: str) -> Any:
+                    return runtime.get(key, None)  # type: ignore[union-attr]
         else:
             getter = conf
         for option in OPTIONS:

@@ -3,7 +3,9 @@
 The library never creates a second session. Under ``spark-submit`` it takes the session
 spark-submit configured. Run as a plain ``python`` script it builds one from a
 ``spark-defaults.conf`` (the argument, ``$SPARK_CKPT_DEFAULTS``, or ``./spark-defaults.conf``),
-with the quiet log4j2 configuration from ``conf/`` beside that file when there is one.
+with the quiet log4j2 configuration from ``conf/`` beside that file when there is one. With
+``SPARK_REMOTE`` (or ``spark.remote`` in ``conf``) set it connects to that Spark Connect server
+instead; the server keeps its own configuration.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from spark_ckpt.errors import ConfigurationError
 from spark_ckpt.javacheck import check_java
@@ -21,7 +23,7 @@ from spark_ckpt.javacheck import check_java
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["get_or_create_session", "read_defaults", "require_classic"]
+__all__ = ["get_or_create_session", "read_defaults"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,12 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
 }
+
+
+# What a Spark Connect client may set on its session (the rest belongs to the server).
+SESSION_PREFIXES = ("spark.ckpt.", "spark.sql.")
+STATIC_SQL = frozenset({"spark.sql.warehouse.dir", "spark.sql.catalogImplementation",
+                        "spark.sql.extensions", "spark.sql.catalog.spark_catalog"})
 
 
 def read_defaults(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -70,16 +78,28 @@ def get_or_create_session(
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
-    if active is not None:
-        require_classic(active, "get_or_create_session")
+    if active is not None:  # a notebook's or shell's session, classic or Spark Connect
         return active
+    remote = (conf or {}).get("spark.remote") or os.environ.get("SPARK_REMOTE")
+    if remote:
+        # A Spark Connect client: the server has its own master, memory and UI; of the
+        # defaults file only the session's own settings apply (spark.ckpt.*, spark.sql.*).
+        path = _find_defaults(defaults)
+        settings = {k: v for k, v in (read_defaults(path) if path else {}).items()
+                    if k.startswith(SESSION_PREFIXES) and k not in STATIC_SQL}
+        settings.update((k, v) for k, v in (conf or {}).items() if k != "spark.remote")
+        builder = SparkSession.builder.remote(remote)
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        log.info("Connecting to Spark Connect at %s (defaults: %s)", remote, path or "none")
+        return builder.getOrCreate()
     if "PYSPARK_GATEWAY_PORT" in os.environ:
         # Launched by spark-submit (or a notebook kernel with a gateway): it configured the
         # JVM already; defaults here would override its --master and --properties-file.
         builder = SparkSession.builder.appName(app_name)
         for key, value in (conf or {}).items():
             builder = builder.config(key, value)
-        return require_classic(builder.getOrCreate(), "get_or_create_session")
+        return builder.getOrCreate()
     check_java()
     # Python workers must run this interpreter, or they cannot import pyarrow and spark_ckpt.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -96,25 +116,4 @@ def get_or_create_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     log.info("Starting SparkSession %s (defaults: %s)", app_name, path or "embedded")
-    return require_classic(builder.getOrCreate(), "get_or_create_session")
-
-
-def require_classic(spark: Any, what: str) -> Any:
-    """Return ``spark`` if it is a classic session; refuse a Spark Connect one up front.
-
-    spark_ckpt drives Spark through the driver's JVM (job groups, plans, status tracker), which
-    a Spark Connect client does not have: failing here names the problem, instead of an
-    AttributeError on ``_jsc`` deep inside a job.
-    """
-    from spark_ckpt.errors import EnvironmentError_
-
-    module = type(spark).__module__
-    if module.startswith("pyspark.sql.connect") or not hasattr(spark, "_jsparkSession"):
-        raise EnvironmentError_(
-            f"{what}: expected a classic SparkSession with a driver JVM, found a Spark Connect "
-            f"session ({module}.{type(spark).__name__}); spark_ckpt runs jobs through the "
-            "driver's JVM. Use a classic session: unset SPARK_REMOTE / spark.remote, set "
-            "spark.api.mode=classic, or on Databricks use a classic (not serverless or shared "
-            "access mode) cluster"
-        )
-    return spark
+    return builder.getOrCreate()

@@ -20,10 +20,23 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
+# Set by tests/test_connect.py for the runs it starts: the same tests, on a Spark Connect
+# session to that server (PySpark's parity tests run the same test classes both ways).
+REMOTE = os.environ.get("SPARK_CKPT_TEST_REMOTE")
+
+
 @pytest.fixture(scope="session")
 def spark():
     from pyspark.sql import SparkSession
 
+    if REMOTE:
+        session = (SparkSession.builder.remote(REMOTE)
+                   .config("spark.sql.shuffle.partitions", "2")
+                   .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+        assert type(session).__module__.startswith("pyspark.sql.connect"), type(session)
+        yield session
+        session.stop()
+        return
     session = (
         SparkSession.builder.master("local[2]")
         .appName("spark_ckpt-tests")
@@ -65,3 +78,16 @@ def expected_daily(spark, orders_input):
         "settled_rows": settled.count(),
         "settled_ids": sorted(r.order_id for r in settled.select("order_id").collect()),
     }
+
+
+@pytest.fixture(scope="session")
+def connect_url(tmp_path_factory):
+    """A standalone Spark Connect server (``sbin/start-connect-server.sh --wait``, local[2],
+    the repository's defaults), started once for the run: ``sc://localhost:<port>``. Clients
+    are child processes (a Spark Connect client and this process's classic session do not mix
+    in one interpreter). Stopped (its process group killed) at the end."""
+    from connect_server import start_server, stop_server
+
+    server = start_server(tmp_path_factory.mktemp("connect-server"))
+    yield server.url
+    stop_server(server)

@@ -41,6 +41,8 @@ def child_env(fault: str | None = None, **extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     if fault:
         env["SPARK_CKPT_FAULT"] = fault
+    if os.environ.get("SPARK_CKPT_TEST_REMOTE"):  # drivers are Spark Connect clients too
+        env["SPARK_REMOTE"] = os.environ["SPARK_CKPT_TEST_REMOTE"]
     env.update(extra)
     return env
 

@@ -78,31 +78,44 @@ def test_a_misspelled_key_in_the_session_is_warned_once_with_the_closest_known_k
 
 CONNECT_CHILD = """
 import sys
-from pyspark.sql import SparkSession
-spark = SparkSession.builder.remote("local[1]").config("spark.ui.enabled", "false").getOrCreate()
-from spark_ckpt import BatchJob, StreamingContext, get_or_create_session
-from spark_ckpt.errors import EnvironmentError_
-refused = []
-for attempt in (lambda: StreamingContext(spark, 1.0, sys.argv[1], "p"),
-                lambda: BatchJob("j", spark=spark, work_dir=sys.argv[1]).run(),
-                lambda: get_or_create_session()):
-    try:
-        attempt()
-    except EnvironmentError_ as exc:
-        refused.append(str(exc))
-print("REFUSED", len(refused), refused[0] if refused else "")
+from pyspark.sql import SparkSession, functions as F
+spark = (SparkSession.builder.remote("local[2]").config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+from spark_ckpt import BatchJob, StreamingContext, get_or_create_session, read_state
+from spark_ckpt.state.aggregates import count, sum_
+from spark_ckpt.delta_reader import read_delta
+assert get_or_create_session() is spark
+work = sys.argv[1]
+job = BatchJob("j", spark=spark, work_dir=work + "/work")
+src = job.source("numbers", spark.range(1000).withColumn("k", F.col("id") % 7))
+sums = job.vertex("sums", lambda df: df.groupBy("k").agg(F.sum("id").alias("s")), src,
+                  key=("k",), parallelism=2)
+job.write_delta(sums, work + "/sums")
+result = job.run()
+got = {r["k"]: r["s"] for r in read_delta(work + "/sums").to_pylist()}
+assert got == {k: sum(i for i in range(1000) if i % 7 == k) for k in range(7)}, got
+ctx = StreamingContext(spark, 0.2, work + "/ckpt", "p")
+ctx.generator_stream("g", rows_per_batch=500, total_rows=2000, keys=10) \
+   .key_by("key").agg(n=count(), total=sum_("value")).write_delta(work + "/out", name="out")
+ctx.process_available(timeout=300)
+state = read_state(spark, work + "/ckpt", "agg").toPandas()
+assert len(state) == 10 and int(state.n.sum()) == 2000, state
+print("CONNECT_OK", result.status, len(state))
 spark.stop()
 """
 
 
 @pytest.mark.slow
-def test_a_spark_connect_session_is_refused_up_front(tmp_path):
+def test_an_in_process_spark_connect_session_runs_a_batch_job_and_a_keyed_pipeline(tmp_path):
+    """``SparkSession.builder.remote("local[2]")``: a Connect server inside the client's own
+    process tree, the quickest way to a Connect session (tests/test_connect.py runs the core
+    scenarios on a standalone server)."""
     import subprocess
     import sys
 
-    pytest.importorskip("grpc", reason="Spark Connect's client needs grpcio (test extra)")
-    done = subprocess.run([sys.executable, "-c", CONNECT_CHILD, str(tmp_path / "ckpt")],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "REFUSED 3 " in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "found a Spark Connect session" in done.stdout
+    from helpers import child_env
+
+    done = subprocess.run([sys.executable, "-c", CONNECT_CHILD, str(tmp_path)],
+                          env=child_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "CONNECT_OK succeeded 10" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]

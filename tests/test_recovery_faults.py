@@ -106,7 +106,9 @@ def test_killed_twice_in_a_row_then_recovered(spark, orders_input, expected_dail
     first = durable(tmp_path / "work")
     crash(orders_input, tmp_path, "vertex.finished:1")  # the recovery attempt dies too
     second = durable(tmp_path / "work")
-    assert first < second < TOTAL_PARTITIONS
+    # the second attempt made progress; on a warm Spark Connect server the first may already
+    # have logged enriched and settled, so the second can finish every partition before dying
+    assert first < second <= TOTAL_PARTITIONS
     result = resubmit(spark, orders_input, tmp_path)
     assert result.attempt == 3
     assert result.ran == TOTAL_PARTITIONS - second

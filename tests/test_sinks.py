@@ -7,7 +7,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql.types import LongType, StructField, StructType
 
-from spark_ckpt.batch.sinks import DeltaSink, ParquetSink
+from spark_ckpt.sinks import DeltaSink, ParquetSink
 from spark_ckpt.errors import CommitError, JobDefinitionError
 from spark_ckpt.execution.graph import SinkSpec
 from spark_ckpt.execution.result_partition import OutputFile

@@ -25,8 +25,8 @@ aggregation, anything but projections and filters before it, a non-deterministic
 expression) is not split: the planner then keeps the vertex whole and says why. The split is
 checked before use: the final step must give the function's output columns with its types.
 
-Reading the plan is classic-session only (py4j); this module is the one place that does it
-for aggregations.
+The plan comes from :mod:`spark_ckpt.sparkapi` as plain data. A Spark Connect session does not
+show it: there aggregations are kept whole (docs/connect.md).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from spark_ckpt.sparkapi import Expr, PlanNode, frame_api, walk
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -88,32 +90,23 @@ def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _seq(s) -> list:  # noqa: ANN001 - a py4j Scala Seq
-    return [s.apply(i) for i in range(s.size())]
-
-
-def _kind(obj) -> str:  # noqa: ANN001
-    return obj.getClass().getSimpleName()
-
-
-def _aggregate_plan(df: DataFrame):  # noqa: ANN202
-    plan = df._jdf.queryExecution().analyzed()  # noqa: SLF001
-    if _kind(plan) != "Aggregate":
+def _aggregate_plan(df: DataFrame) -> PlanNode:
+    plan = frame_api(df).analyzed_plan(df)
+    if plan is None:
+        raise NotSplittable("this session cannot show Spark's analysed plan (Spark Connect)")
+    if plan.kind != "Aggregate":
         raise NotSplittable(
-            f"its result is a {plan.nodeName()}, not a groupBy(...).agg(...) (a select, "
+            f"its result is a {plan.name}, not a groupBy(...).agg(...) (a select, "
             "filter or join after the aggregation keeps the aggregation whole)")
     return plan
 
 
 def _aggregate_input(df: DataFrame) -> DataFrame:
-    from pyspark.sql import DataFrame as PyDataFrame
-
-    plan = _aggregate_plan(df)
-    spark = df.sparkSession
-    jvm = spark._jvm  # noqa: SLF001
-    jdf = jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession,  # noqa: SLF001
-                                                          plan.child())
-    return PyDataFrame(jdf, spark)
+    _aggregate_plan(df)
+    child = frame_api(df).plan_child_frame(df)
+    if child is None:
+        raise NotSplittable("this session cannot show what the aggregation reads")
+    return child
 
 
 # What may run before the aggregation: row by row, so running it per wave of splits gives the
@@ -122,16 +115,13 @@ _ROW_BY_ROW = {"Project", "Filter", "SubqueryAlias", "ResolvedHint", "LocalRelat
                "LogicalRelation", "LogicalRDD", "Range", "OneRowRelation"}
 
 
-def _check_row_by_row(plan) -> None:  # noqa: ANN001 - a py4j LogicalPlan
-    stack = [plan]
-    while stack:
-        node = stack.pop()
-        if _kind(node) not in _ROW_BY_ROW:
+def _check_row_by_row(plan: PlanNode) -> None:
+    for node in walk(plan):
+        if node.kind not in _ROW_BY_ROW:
             raise NotSplittable(
-                f"it runs a {node.nodeName()} before aggregating, which a wave of input splits "
+                f"it runs a {node.name} before aggregating, which a wave of input splits "
                 "would see differently from a partition (only projections and filters may)")
-        stack.extend(_seq(node.children()))
-    if not plan.deterministic():
+    if not plan.deterministic:
         raise NotSplittable("it is not deterministic before aggregating")
 
 
@@ -140,14 +130,14 @@ def split_aggregate(df: DataFrame) -> AggSplit:
     ``df`` is best the function over a leaf (an empty frame of its input's schema), so what
     runs before the aggregation is the function's own."""
     plan = _aggregate_plan(df)
-    _check_row_by_row(plan.child())
-    if not plan.deterministic():
+    _check_row_by_row(plan.children[0])
+    if not plan.deterministic:
         raise NotSplittable("its aggregation is not deterministic")
     grouping = []
-    for expr in _seq(plan.groupingExpressions()):
-        if _kind(expr) != "AttributeReference":
-            raise NotSplittable(f"it groups by the expression {expr.sql()}, not a column")
-        grouping.append(expr.name())
+    for expr in plan.grouping:
+        if expr.kind != "AttributeReference":
+            raise NotSplittable(f"it groups by the expression {expr.sql}, not a column")
+        grouping.append(expr.name)
     if not grouping:
         raise NotSplittable("it aggregates without grouping columns")
     if len(set(grouping)) != len(grouping):
@@ -158,36 +148,36 @@ def split_aggregate(df: DataFrame) -> AggSplit:
 
     found: list[str] = []  # the aggregates of the output expression being visited
 
-    def visit(expr) -> None:  # noqa: ANN001
-        if _kind(expr) == "AggregateExpression":
-            sql = expr.sql()
+    def visit(expr: Expr) -> None:
+        if expr.kind == "AggregateExpression":
+            sql = expr.sql
             found.append(sql)
             if sql not in merged_of:
                 merged_of[sql] = _split_one(expr, len(merged_of), partial, merge)
             return
-        for child in _seq(expr.children()):
+        for child in expr.children:
             visit(child)
 
     outputs_raw: list[tuple[str, str, bool]] = []
-    for named in _seq(plan.aggregateExpressions()):
-        if _kind(named) == "AttributeReference":
-            if named.name() not in grouping:
-                raise NotSplittable(f"its output column {named.name()} is not a grouping column")
-            outputs_raw.append((named.name(), _quote(named.name()), False))
+    for named in plan.aggregates:
+        if named.kind == "AttributeReference":
+            if named.name not in grouping:
+                raise NotSplittable(f"its output column {named.name} is not a grouping column")
+            outputs_raw.append((named.name, _quote(named.name), False))
             continue
-        if _kind(named) != "Alias":
-            raise NotSplittable(f"its output {named.sql()} is not a named expression")
+        if named.kind != "Alias":
+            raise NotSplittable(f"its output {named.sql} is not a named expression")
         found.clear()
-        visit(named.child())
-        text = named.child().sql()
+        visit(named.children[0])
+        text = named.children[0].sql
         for sql in set(found):
             # each aggregate's text is replaced by its merged column: it must appear exactly
             # where the aggregates are (not in a literal, not inside another name)
             if text.count(sql) != found.count(sql) or any(
                     other != sql and sql in other for other in found):
-                raise NotSplittable(f"its output {named.name()} = {text} cannot be rewritten "
+                raise NotSplittable(f"its output {named.name} = {text} cannot be rewritten "
                                     f"over merged partials ({sql} appears elsewhere in it)")
-        outputs_raw.append((named.name(), text, True))
+        outputs_raw.append((named.name, text, True))
     outputs = []
     replacements = sorted(merged_of.items(), key=lambda kv: -len(kv[0]))
     for name, sql, has_aggregates in outputs_raw:
@@ -201,49 +191,50 @@ def split_aggregate(df: DataFrame) -> AggSplit:
     return AggSplit(tuple(grouping), tuple(partial), tuple(merge), tuple(outputs))
 
 
-def _split_one(agg, number: int, partial: list[tuple[str, str]],  # noqa: ANN001
+def _split_one(agg: Expr, number: int, partial: list[tuple[str, str]],
                merge: list[tuple[str, str]]) -> str:
     """Add the partial and merge columns of one aggregate expression; return the merged one."""
-    if agg.isDistinct():
-        raise NotSplittable(f"{agg.sql()} is a DISTINCT aggregate")
-    if agg.filter().isDefined():
-        raise NotSplittable(f"{agg.sql()} has a FILTER clause")
-    fn = agg.aggregateFunction()
-    kind = _kind(fn)
-    if fn.prettyName().startswith("try_"):
-        raise NotSplittable(f"{agg.sql()} is a try_ aggregate (its null on overflow would be "
+    if agg.distinct:
+        raise NotSplittable(f"{agg.sql} is a DISTINCT aggregate")
+    if agg.filtered:
+        raise NotSplittable(f"{agg.sql} has a FILTER clause")
+    fn = agg.function
+    assert fn is not None
+    kind = fn.kind
+    if fn.pretty_name.startswith("try_"):
+        raise NotSplittable(f"{agg.sql} is a try_ aggregate (its null on overflow would be "
                             "lost in a merge)")
-    result_type = agg.dataType().sql()
+    result_type = agg.data_type
     p = f"{_PREFIX}p{number}"
     m = f"{_PREFIX}m{number}"
     if kind == "Sum":
         # A wave's sum is null with rows only when it overflowed (ANSI off): the total is
         # null then, as Spark's; otherwise the sum of the waves' sums.
         c = f"{_PREFIX}c{number}"
-        child = _seq(fn.children())[0]
-        partial.append((p, agg.sql()))
-        partial.append((c, f"count({child.sql()})"))
+        child = fn.children[0]
+        partial.append((p, agg.sql))
+        partial.append((c, f"count({child.sql})"))
         merge.append((m, f"CAST(CASE WHEN max(CASE WHEN {_quote(p)} IS NULL AND {_quote(c)} > 0 "
                          f"THEN 1 ELSE 0 END) = 1 THEN NULL ELSE sum({_quote(p)}) END "
                          f"AS {result_type})"))
         return m
     if kind in ("Count", "Min", "Max"):
-        partial.append((p, agg.sql()))
+        partial.append((p, agg.sql))
         combine = {"Count": "sum", "Min": "min", "Max": "max"}[kind]
         merge.append((m, f"CAST({combine}({_quote(p)}) AS {result_type})"))
         return m
     if kind == "Average":
-        child = _seq(fn.children())[0]
-        if child.dataType().typeName().startswith("decimal") or result_type != "DOUBLE":
-            raise NotSplittable(f"{agg.sql()} averages a {child.dataType().sql()}; only "
+        child = fn.children[0]
+        if child.data_type.startswith("DECIMAL") or result_type != "DOUBLE":
+            raise NotSplittable(f"{agg.sql} averages a {child.data_type}; only "
                                 "non-decimal averages are split")
         c = f"{_PREFIX}c{number}"
-        partial.append((p, f"sum(CAST({child.sql()} AS DOUBLE))"))
-        partial.append((c, f"count({child.sql()})"))
+        partial.append((p, f"sum(CAST({child.sql} AS DOUBLE))"))
+        partial.append((c, f"count({child.sql})"))
         merge.append((m, f"CASE WHEN sum({_quote(c)}) = 0 THEN CAST(NULL AS DOUBLE) "
                          f"ELSE sum({_quote(p)}) / sum({_quote(c)}) END"))
         return m
-    raise NotSplittable(f"{agg.sql()} ({kind}) has no partial form here (count, sum, min, max "
+    raise NotSplittable(f"{agg.sql} ({kind}) has no partial form here (count, sum, min, max "
                         "and avg do)")
 
 

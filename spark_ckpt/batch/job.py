@@ -25,16 +25,16 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from spark_ckpt.batch.runner import JobResult, JobRunner
 from spark_ckpt.batch.sources import DataFrameSource, FileFormat, FileSource
 from spark_ckpt.errors import JobDefinitionError
+from spark_ckpt.options import Settings
 from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex, SinkSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from spark_ckpt.batch.cuts import CutPlan
-    from spark_ckpt.batch.runner import JobResult
-    from spark_ckpt.options import Settings
 
 __all__ = ["BatchJob", "Input", "VertexRef"]
 
@@ -250,17 +250,14 @@ class BatchJob:
         self.graph.vertices[vertex.id].sinks.append(spec)
 
     # -- running ---------------------------------------------------------------------------
-    def _runner(self, what: str):  # noqa: ANN202
-        from spark_ckpt.batch.runner import JobRunner
-        from spark_ckpt.options import Settings
-        from spark_ckpt.session import get_or_create_session, require_classic
+    def _runner(self):  # noqa: ANN202
+        from spark_ckpt.session import get_or_create_session
 
-        spark = require_classic(
-            self._spark or get_or_create_session(f"spark_ckpt:{self.run_id}"), what)
+        spark = self._spark or get_or_create_session(f"spark_ckpt:{self.run_id}")
         settings = self._settings or Settings.from_conf(spark.conf)
         if self._work_dir:
             settings = dataclasses.replace(settings, work_dir=self._work_dir)
-        return JobRunner(self, spark, settings)
+        return JobRunner(self.graph, self.run_id, spark, settings)
 
     def explain(self, *, show: bool = True) -> CutPlan:
         """Where the job becomes durable and why, as ``run()`` would decide now: each vertex
@@ -268,7 +265,7 @@ class BatchJob:
         and the Spark exchanges each vertex's job keeps. Runs a sample of one input split
         (Spark jobs) when no earlier attempt recorded the decisions; writes nothing.
         Prints the plan unless ``show=False``; returns it (``str(plan)`` is the text)."""
-        plan = self._runner("BatchJob.explain").explain()
+        plan = self._runner().explain()
         if show:
             print(plan)
         return plan
@@ -279,4 +276,4 @@ class BatchJob:
         Args:
             fresh: archive any earlier event log and results of this job id and start over.
         """
-        return self._runner("BatchJob.run").run(fresh=fresh)
+        return self._runner().run(fresh=fresh)

@@ -32,11 +32,11 @@ from spark_ckpt.batch.cuts import (
 )
 from spark_ckpt.batch.progress import JobProgress
 from spark_ckpt.batch.recovery import plan_recovery
-from spark_ckpt.batch.sinks import Sink, make_sink, micros_timestamps
+from spark_ckpt.sinks import Sink, make_sink, micros_timestamps
 from spark_ckpt.batch.sources import FileSource, decode_splits
 from spark_ckpt.batch.vertex_runner import VertexRunner, exchanges
 from spark_ckpt.errors import JobFencedError
-from spark_ckpt.fencing import Fence
+from spark_ckpt.fencing import Fence, client_session, interrupt_earlier_clients
 from spark_ckpt.eventlog.events import Event, EventType
 from spark_ckpt.eventlog.reader import EventLogUnreadable, read_table
 from spark_ckpt.eventlog.replay import FinishedPartition, JobHistory, replay_table
@@ -46,13 +46,13 @@ from spark_ckpt.execution.result_partition import PartitionResult
 from spark_ckpt.execution.state import ExecutionState
 from spark_ckpt.faults import fault_point
 from spark_ckpt.formats import dump_record
+from spark_ckpt.sparkapi import spark_api
 from spark_ckpt.storage import Storage, join
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from spark_ckpt.batch.job import BatchJob
-    from spark_ckpt.execution.graph import JobVertex
+    from spark_ckpt.execution.graph import JobGraph, JobVertex
     from spark_ckpt.options import Settings
 
 __all__ = ["JobResult", "JobRunner", "VertexSummary", "job_paths"]
@@ -108,13 +108,17 @@ def job_paths(storage: Storage, job_id: str) -> dict[str, str]:
 
 
 class JobRunner:
-    def __init__(self, job: BatchJob, spark: SparkSession, settings: Settings) -> None:
-        self.job = job
-        self.graph = job.graph.copy()  # a run decides parallelism and cuts on its own copy
+    """Runs one attempt of a job: claims it, replays the event log, plans, runs what is
+    missing. Takes the job's graph and id, not the user's BatchJob."""
+
+    def __init__(self, graph: JobGraph, run_id: str, spark: SparkSession,
+                 settings: Settings) -> None:
+        self.run_id = run_id
+        self.graph = graph.copy()  # a run decides parallelism and cuts on its own copy
         self.spark = spark
         self.settings = settings
         self.storage = Storage(settings.work_dir)
-        self.paths = job_paths(self.storage, job.run_id)
+        self.paths = job_paths(self.storage, run_id)
         self.registry = ExecutionRegistry()
         self.finished: dict[tuple[str, int], FinishedPartition] = {}
         self._finished_lock = threading.Lock()
@@ -127,7 +131,7 @@ class JobRunner:
         self.changed_inputs: set[tuple[str, int]] = set()
         self.deferred_events: list[Event] = []
         self.cut_plan: CutPlan | None = None
-        self.fence = Fence(self.storage, self.paths["job"], f"job {job.run_id}")
+        self.fence = Fence(self.storage, self.paths["job"], f"job {run_id}")
 
     # -- attempt claim and fencing ---------------------------------------------------------
     def _attempt_marker(self, n: int) -> str:
@@ -139,8 +143,9 @@ class JobRunner:
                     if i.base_name[:5].isdigit() and i.base_name.endswith(".json")]
         n = max(existing, default=0) + 1
         while True:
-            body = {"job_id": self.job.run_id, "attempt": n, "host": socket.gethostname(),
-                    "pid": os.getpid(), "started_ms": int(time.time() * 1000)}
+            body = {"job_id": self.run_id, "attempt": n, "host": socket.gethostname(),
+                    "pid": os.getpid(), "started_ms": int(time.time() * 1000),
+                    **client_session(self.spark)}
             if self.storage.create_exclusive(self._attempt_marker(n),
                                              dump_record("job-attempt", 1, body)):
                 return n
@@ -155,7 +160,7 @@ class JobRunner:
     def _check_fenced(self) -> None:
         if self._is_fenced():
             raise JobFencedError(
-                f"job {self.job.run_id}: driver attempt {self.attempt} was fenced off by a "
+                f"job {self.run_id}: driver attempt {self.attempt} was fenced off by a "
                 "newer attempt of the same job; this driver stops without committing"
             )
 
@@ -163,7 +168,7 @@ class JobRunner:
         target = f"{path}.{reason}-{int(time.time())}"
         if self.storage.exists(path):
             self.storage.move(path, target)
-            log.warning("Job %s: moved %s to %s (%s)", self.job.run_id, path, target, reason)
+            log.warning("Job %s: moved %s to %s (%s)", self.run_id, path, target, reason)
 
     # -- events ----------------------------------------------------------------------------
     def _emit(self, event: Event) -> None:
@@ -177,12 +182,16 @@ class JobRunner:
     # -- the attempt -----------------------------------------------------------------------
     def run(self, *, fresh: bool = False) -> JobResult:
         started = time.perf_counter()
-        job_id = self.job.run_id
+        job_id = self.run_id
         self.graph.validate()
         # Claimed before a fresh start archives anything: attempt numbers keep growing across
         # fresh starts, so a driver still running an older attempt finds itself fenced.
         self.attempt = self._claim_attempt()
         self.fence.claim(f"attempt {self.attempt}")
+        interrupt_earlier_clients(
+            self.spark, self.storage,
+            [self._attempt_marker(n) for n in range(max(1, self.attempt - 3), self.attempt)],
+            "job-attempt", f"Job {job_id} attempt {self.attempt}")
         if fresh:
             self._archive(self.paths["events"], "archived")
             self._archive(self.paths["results"], "archived")
@@ -222,7 +231,7 @@ class JobRunner:
                                                    repair=True)  # this driver appends next
         except EventLogUnreadable as exc:
             self.problems.append(str(exc))
-            log.error("Job %s: %s; keeping it aside and starting fresh", self.job.run_id, exc)
+            log.error("Job %s: %s; keeping it aside and starting fresh", self.run_id, exc)
             self._archive(self.paths["events"], "unreadable")
             self._archive(self.paths["results"], "orphaned")
             return JobHistory()
@@ -239,15 +248,15 @@ class JobRunner:
                 self.writer.close()
             except Exception as close_exc:  # the log may be what failed
                 log.warning("Job %s attempt %d: could not log the failure: %s",
-                            self.job.run_id, self.attempt, close_exc)
-        log.error("Job %s attempt %d failed: %s", self.job.run_id, self.attempt, exc)
+                            self.run_id, self.attempt, close_exc)
+        log.error("Job %s attempt %d failed: %s", self.run_id, self.attempt, exc)
 
     def _run_attempt(self, history: JobHistory, progress: JobProgress,
                      started: float) -> JobResult:
-        job_id = self.job.run_id
+        job_id = self.run_id
         mode = "recovery" if history.events else "fresh"
         self._emit(Event(EventType.JOB_ATTEMPT_STARTED, {
-            "mode": mode, "spark_app_id": self.spark.sparkContext.applicationId,
+            "mode": mode, "spark_app_id": spark_api(self.spark).app_id(),
             "host": socket.gethostname(), "pid": os.getpid(),
             "previous_attempts": sorted(history.attempts),
         }))
@@ -365,7 +374,7 @@ class JobRunner:
                     f"{vertex.id}: kept output of {len(kept)} partitions is {kept_bytes:,} bytes, "
                     f"more than the {input_bytes:,} bytes of {source} they came from: "
                     "recomputed inside its consumers instead of read back")
-                log.warning("Job %s attempt %d: %s", self.job.run_id, self.attempt,
+                log.warning("Job %s attempt %d: %s", self.run_id, self.attempt,
                             decisions[-1])
         return decisions
 
@@ -375,9 +384,9 @@ class JobRunner:
         planner = VertexRunner(self, splits, self.source_schemas, {}, None)  # type: ignore[arg-type]
         planner.planning = "inline"
         try:
-            return bool(planner.compute_inline(vertex.id, [0])._jdf  # noqa: SLF001
-                        .queryExecution().analyzed().deterministic())
-        except Exception:  # cannot tell: keep reading what was kept
+            df = planner.compute_inline(vertex.id, [0])
+            return spark_api(self.spark).deterministic(df) is True
+        except Exception:  # noqa: BLE001 - cannot tell: keep reading what was kept
             return False
 
     def _initialize_vertices(self, history: JobHistory) -> dict[str, list[Any]]:
@@ -404,7 +413,7 @@ class JobRunner:
             if recorded is not None and recorded.get("fingerprint") != fingerprint:
                 log.warning("Job %s: vertex %s changed since attempt that recorded it; its "
                             "finished partitions and everything downstream will run again",
-                            self.job.run_id, vertex.id)
+                            self.run_id, vertex.id)
             payload: dict[str, Any] = {
                 "fingerprint": fingerprint, "parallelism": vertex.parallelism,
                 "descriptor": vertex.descriptor(),
@@ -438,7 +447,7 @@ class JobRunner:
             if changed:  # replaced files: what read them runs again, nothing else
                 log.warning("Job %s: input files of source %s changed since they were "
                             "recorded (splits %s); the partitions that read them and "
-                            "everything downstream run again", self.job.run_id,
+                            "everything downstream run again", self.run_id,
                             vertex.id, sorted(changed))
                 self.changed_inputs |= {(vertex.id, j) for j in changed}
                 # the splits are logged again, with the new sizes, but only after the
@@ -472,20 +481,15 @@ class JobRunner:
                 recorded[vid] = entry["cut"]
         planner = VertexRunner(self, splits, self.source_schemas, {}, None)  # type: ignore[arg-type]
         planner.planning = "inline"
-        sc = self.spark.sparkContext
-        keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
-        saved = {k: sc.getLocalProperty(k) for k in keys}  # the caller's, put back after
-        sc.setJobGroup(f"spark_ckpt-{self.job.run_id}-a{self.attempt}-plan",
-                       f"spark_ckpt job {self.job.run_id}: sampling for durable cuts")
-        try:
+        # the caller's job group is back after it
+        with spark_api(self.spark).job_group(
+                f"spark_ckpt-{self.run_id}-a{self.attempt}-plan",
+                f"spark_ckpt job {self.run_id}: sampling for durable cuts"):
             plan = plan_cuts(self.graph, planner_sampler(planner, splits),
                              max_ratio=self.settings.batch_cut_max_percent / 100.0,
                              mode=self.settings.batch_cuts, recorded=recorded)
-        finally:
-            for key, value in saved.items():
-                sc.setLocalProperty(key, value)  # type: ignore[arg-type]
         self.graph.validate()
-        log.info("Job %s attempt %d: planned durable cuts in %.1f s\n%s", self.job.run_id,
+        log.info("Job %s attempt %d: planned durable cuts in %.1f s\n%s", self.run_id,
                  self.attempt, time.perf_counter() - t0, plan.text(list(self.graph.ids())))
         return plan
 
@@ -535,7 +539,7 @@ class JobRunner:
                 outputs=result.outputs, schema=result.schema, shared=result.shared,
             )
         payload = result.body()
-        payload["job_id"] = self.job.run_id
+        payload["job_id"] = self.run_id
         payload["coordinator_state"] = {"checkpoint_id": -1}
         payload["io"] = {"output_rows": result.rows, "output_bytes": result.bytes}
         payload["accumulators"] = {}
@@ -545,7 +549,7 @@ class JobRunner:
             bytes=result.bytes, duration_ms=result.finished_ms - result.started_ms,
         ))
         log.debug("Job %s attempt %d: partition %s/%d finished (%s, %d rows)",
-                  self.job.run_id, self.attempt, result.vertex_id, result.partition,
+                  self.run_id, self.attempt, result.vertex_id, result.partition,
                   result.attempt_id, result.rows)
         return True
 
@@ -562,7 +566,7 @@ class JobRunner:
                 version = history.sink_started.get(spec.name)
                 if version is not None and sink.is_committed(version):
                     log.info("Job %s: sink %s commit v%d had landed before the crash",
-                             self.job.run_id, spec.name, version)
+                             self.run_id, spec.name, version)
                     details: dict[str, Any] = {"recovered": True}
                 else:
                     if version is None:
@@ -583,7 +587,7 @@ class JobRunner:
                     details["duration_ms"] = int((time.perf_counter() - t0) * 1000)
                     fault_point("sink.committed")
                     log.info("Job %s attempt %d: committed sink %s v%d (%d files)",
-                             self.job.run_id, self.attempt, spec.name, version, len(files))
+                             self.run_id, self.attempt, spec.name, version, len(files))
                 self._emit(Event(EventType.SINK_COMMITTED,
                                  {"sink": spec.name, "version": version, **details},
                                  vertex_id=vertex.id))

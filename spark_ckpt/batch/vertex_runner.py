@@ -32,25 +32,46 @@ import re
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from spark_ckpt.batch.sinks import Sink, partition_values, written_files
+from spark_ckpt.sinks import Sink, partition_values, written_files
 from spark_ckpt.batch.sources import FileSource
 from spark_ckpt.errors import JobDefinitionError, TaskExecutionError
 from spark_ckpt.execution.graph import Edge, JobVertex
 from spark_ckpt.execution.result_partition import OutputFile, PartitionResult, result_dir
 from spark_ckpt.execution.state import ExecutionState
 from spark_ckpt.faults import fault_point
+from spark_ckpt.sparkapi import frame_api, spark_api
 from spark_ckpt.storage import Storage, join
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
     from spark_ckpt.batch.progress import JobProgress
-    from spark_ckpt.batch.runner import JobRunner
+    from spark_ckpt.eventlog.replay import FinishedPartition
+    from spark_ckpt.execution.attempts import ExecutionRegistry
+    from spark_ckpt.execution.graph import JobGraph
+    from spark_ckpt.options import Settings
 
 __all__ = ["VertexRunner", "exchanges", "plan_shuffles"]
+
+
+class Attempt(Protocol):
+    """What running vertices needs of the job attempt that runs them (the job runner)."""
+
+    run_id: str
+    attempt: int
+    graph: JobGraph
+    spark: SparkSession
+    settings: Settings
+    storage: Storage
+    paths: dict[str, str]
+    registry: ExecutionRegistry
+    finished: dict[tuple[str, int], FinishedPartition]
+
+    def partition_finished(self, result: PartitionResult) -> bool:
+        """Record a finished partition once; False for duplicates and stale attempts."""
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +91,7 @@ _DEFAULT_COMMITTERS = {
 
 def plan_shuffles(df: DataFrame) -> bool:
     """True when the physical plan moves rows between partitions (broadcasts do not)."""
-    plan = df._jdf.queryExecution().executedPlan().toString()  # noqa: SLF001
-    return bool(_SHUFFLE.search(plan))
+    return bool(_SHUFFLE.search(frame_api(df).executed_plan(df)))
 
 
 def _store_of(path: str) -> str:
@@ -85,7 +105,7 @@ def _store_of(path: str) -> str:
 
 def exchanges(df: DataFrame) -> list[str]:
     """The exchanges in the physical plan, without expression ids: what Spark moves."""
-    plan = df._jdf.queryExecution().executedPlan().toString()  # noqa: SLF001
+    plan = frame_api(df).executed_plan(df)
     out = []
     for line in plan.splitlines():
         if "Exchange " not in line:
@@ -101,25 +121,12 @@ def _ends_hash_partitioned(df: DataFrame, key: tuple[str, ...], parallelism: int
     """True when Spark's plan ends hash-partitioned by ``key`` into ``parallelism`` partitions
     and every exchange in it is a user repartition by number: adaptive execution may coalesce
     or split the exchanges Spark adds itself (ENSURE_REQUIREMENTS), never those."""
-    plan = df._jdf.queryExecution().executedPlan()  # noqa: SLF001
-    for line in plan.toString().splitlines():
+    api = frame_api(df)
+    for line in api.executed_plan(df).splitlines():
         if _EXCHANGE.search(line) and "REPARTITION_BY_NUM" not in line:
             return False
-    if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec":
-        plan = plan.inputPlan()
-    partitioning = plan.outputPartitioning()
-    if partitioning.getClass().getSimpleName() != "HashPartitioning":
-        return False
-    if partitioning.numPartitions() != parallelism:
-        return False
-    expressions = partitioning.expressions()
-    names = []
-    for i in range(expressions.size()):
-        e = expressions.apply(i)
-        if e.getClass().getSimpleName() != "AttributeReference":
-            return False
-        names.append(e.name())
-    return tuple(names) == tuple(key)
+    found = api.hash_partitioning(df)  # None: not hash partitioned, or cannot tell
+    return found is not None and found == (tuple(key), parallelism)
 
 
 @dataclasses.dataclass
@@ -137,7 +144,7 @@ class _Write:
 
 
 class VertexRunner:
-    def __init__(self, job: JobRunner, splits: dict[str, list[Any]],
+    def __init__(self, job: Attempt, splits: dict[str, list[Any]],
                  source_schemas: dict[str, Any], sinks: dict[str, Sink],
                  progress: JobProgress) -> None:
         self.job = job
@@ -334,14 +341,14 @@ class VertexRunner:
                     f"{upstream.id}.by({', '.join(map(repr, vertex.key))})"
                 )
         log.info("Job %s attempt %d: vertex %s runs %d of %d partitions in %d Spark job(s) "
-                 "(%s mode)", self.job.job.run_id, self.job.attempt, vertex.id, len(parts),
+                 "(%s mode)", self.job.run_id, self.job.attempt, vertex.id, len(parts),
                  vertex.parallelism, len(units), "hash" if self.hash_mode(vertex) else "split")
         groups: list[str] = []
         workers = min(self.job.settings.batch_concurrent_waves, len(units))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             futures = []
             for number, unit in enumerate(units):
-                group = (f"spark_ckpt-{self.job.job.run_id}-a{self.job.attempt}-{vertex.id}"
+                group = (f"spark_ckpt-{self.job.run_id}-a{self.job.attempt}-{vertex.id}"
                          f"-u{number}")
                 groups.append(group)
                 futures.append(pool.submit(self._run_unit, vertex, unit, group, number))
@@ -352,7 +359,7 @@ class VertexRunner:
                 for future in futures:  # waves not started yet never start
                     future.cancel()
                 for group in groups:
-                    self.spark.sparkContext.cancelJobGroup(group)
+                    spark_api(self.spark).cancel_group(group)
                 raise
         missing = [p for p in parts if (vertex.id, p) not in self.job.finished]
         if missing:
@@ -362,7 +369,7 @@ class VertexRunner:
                 "write directories under results/ and the sinks' _spark_ckpt_staging/)"
             )
         log.info("Job %s attempt %d: vertex %s finished %d partitions in %.1f s",
-                 self.job.job.run_id, self.job.attempt, vertex.id, len(parts),
+                 self.job.run_id, self.job.attempt, vertex.id, len(parts),
                  time.perf_counter() - started)
 
     def _waves(self, vertex: JobVertex, parts: list[int]) -> list[list[int]]:
@@ -418,9 +425,13 @@ class VertexRunner:
                 if w.kind == "sink" and w.target not in self._prepared:
                     self.sinks[w.target].prepare(df.schema)
                     self._prepared.add(w.target)
-        sc = self.spark.sparkContext
-        sc.setJobGroup(group, f"spark_ckpt job {job.job.run_id} attempt {job.attempt}: vertex "
-                       f"{vertex.id} partitions {parts[0]}..{parts[-1]}", interruptOnCancel=True)
+        with spark_api(self.spark).job_group(
+                group, f"spark_ckpt job {job.run_id} attempt {job.attempt}: vertex "
+                f"{vertex.id} partitions {parts[0]}..{parts[-1]}"):
+            self._write_unit(vertex, parts, df, writes, executions, started_ms)
+
+    def _write_unit(self, vertex: JobVertex, parts: list[int], df: DataFrame,
+                    writes: list[_Write], executions: dict[int, Any], started_ms: int) -> None:
         for execution in executions.values():
             execution.machine.move_to(ExecutionState.RUNNING)
         tracker = _UnitTracker(self, vertex, parts, writes, executions, started_ms)
@@ -452,7 +463,6 @@ class VertexRunner:
                 f"vertex {vertex.id} partitions {parts[0]}..{parts[-1]} failed: {exc}"
             ) from exc
         finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)
             stop.set()
             if poller is not None:
                 poller.join()
@@ -567,7 +577,7 @@ class _UnitTracker:
                 self._record_visible()
             except Exception as exc:  # e.g. fenced: the write thread reports it too
                 log.error("Job %s: recording finished partitions of %s failed: %s",
-                          self.runner.job.job.run_id, self.vertex.id, exc)
+                          self.runner.job.run_id, self.vertex.id, exc)
                 return
 
     def _record_visible(self) -> None:

@@ -53,7 +53,7 @@ class Edge:
 
 @dataclasses.dataclass(frozen=True)
 class SinkSpec:
-    """Where a vertex's final output goes; committed once per job (see batch.sinks)."""
+    """Where a vertex's final output goes; committed once per job (see spark_ckpt.sinks)."""
 
     name: str
     kind: Literal["delta", "parquet"]

@@ -22,8 +22,6 @@ aggregates.py); a processor's typed state is in store.py.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -34,9 +32,9 @@ import pyarrow as pa
 from spark_ckpt.errors import StateTooLargeError
 from spark_ckpt.state.aggregates import merge, to_numpy
 from spark_ckpt.state.keygroups import KG_COLUMN
-from spark_ckpt.state.store import int_values, integer_key
+from spark_ckpt.state.store import int_values, integer_key, open_rocks
 
-__all__ = ["MemoryAggState", "RocksAggState", "open_rocks"]
+__all__ = ["MemoryAggState", "RocksAggState"]
 
 TOKEN_KEY = b"\xfe__token__"
 ROWS_KEY = b"\xfe__rows__"  # the exact number of keys, in the same WriteBatch as the changes
@@ -282,17 +280,6 @@ class MemoryAggState:
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-def open_rocks(path: str, *, fresh: bool) -> Any:
-    from rocksdict import Options, Rdict
-
-    if fresh and os.path.exists(path):
-        shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    options = Options(raw_mode=True)
-    options.create_if_missing(True)
-    return Rdict(path, options=options)
 
 
 class _Rocks:

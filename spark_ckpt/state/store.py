@@ -21,6 +21,8 @@ larger than memory.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -33,7 +35,7 @@ from spark_ckpt.errors import StateTooLargeError
 from spark_ckpt.state.schema import TIMERS_COLUMN, json_safe, json_unsafe
 
 __all__ = ["MemoryStore", "RocksStore", "empty_rows", "int_values", "integer_key", "key_tuples",
-           "next_timer", "user_key"]
+           "next_timer", "open_rocks", "user_key"]
 
 NO_TIMER = np.iinfo(np.int64).max
 _NAN = ("spark_ckpt", "NaN")  # NaN keys are one key, as in Spark's grouping
@@ -119,6 +121,18 @@ def int_values(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarr
         if column.null_count else np.zeros(len(column), dtype=bool)
     values = np.asarray(column.fill_null(0).cast(pa.int64()).to_numpy(), dtype=np.int64)
     return values, nulls
+
+
+def open_rocks(path: str, *, fresh: bool) -> Any:
+    """A RocksDB on the executor's local disk (``fresh``: emptied first)."""
+    from rocksdict import Options, Rdict
+
+    if fresh and os.path.exists(path):
+        shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    return Rdict(path, options=options)
 
 
 class MemoryStore:
@@ -304,8 +318,6 @@ class RocksStore:
 
     def __init__(self, path: str, schema: pa.Schema, key_names: Sequence[str],
                  state_names: Sequence[str], *, fresh: bool) -> None:
-        from spark_ckpt.state.backends import open_rocks
-
         self.path = path
         self.schema = schema
         self.key_names = list(key_names)

@@ -4,16 +4,46 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+import functools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
-    from spark_ckpt.streaming.context import StreamingContext
-    from spark_ckpt.streaming.stream import Stream
+__all__ = ["BatchAllocation", "BatchInputs", "BatchRun", "BatchStats", "ComputedStream",
+           "union_by_name"]
 
-__all__ = ["BatchAllocation", "BatchRun", "BatchStats"]
+
+class ComputedStream(Protocol):
+    """What a batch run computes: a stream of the template (streaming.stream)."""
+
+    id: int
+    name: str
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        """This batch's DataFrame, from the parents' DataFrames of the same batch."""
+
+
+class DeadLetterTable(Protocol):
+    def write(self, batch_id: int, source: str, rows: DataFrame) -> None:
+        """Keep a source's malformed records of one batch."""
+
+
+class BatchInputs(Protocol):
+    """What a batch run reads from the pipeline: the session, the recorded allocations (a
+    window reads earlier batches'), and where malformed records go."""
+
+    spark: SparkSession
+    dead_letters: DeadLetterTable
+
+    def allocation(self, batch_id: int) -> BatchAllocation:
+        """The recorded allocation of ``batch_id``."""
+
+
+def union_by_name(frames: Sequence[DataFrame]) -> DataFrame:
+    """The rows of every frame, columns matched by name."""
+    return functools.reduce(lambda a, b: a.unionByName(b), frames)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +86,7 @@ class BatchRun:
     and shares this run's memo, so a stream is computed at most once per (stream, batch).
     """
 
-    def __init__(self, ctx: StreamingContext, allocation: BatchAllocation,
+    def __init__(self, ctx: BatchInputs, allocation: BatchAllocation,
                  memo: dict[tuple[int, int], Any] | None = None,
                  stats: BatchStats | None = None) -> None:
         self.ctx = ctx
@@ -73,7 +103,7 @@ class BatchRun:
             return self
         return BatchRun(self.ctx, self.ctx.allocation(batch_id), self.memo, self.stats)
 
-    def get_or_compute(self, stream: Stream) -> DataFrame | None:
+    def get_or_compute(self, stream: ComputedStream) -> DataFrame | None:
         key = (stream.id, self.batch_id)
         if key not in self.memo:
             self.memo[key] = stream.compute(self)

@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.checkpoint import (
@@ -47,9 +48,10 @@ from spark_ckpt.errors import (
 from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.names import check_name
 from spark_ckpt.options import Settings
+from spark_ckpt.sparkapi import spark_api
 from spark_ckpt.storage import Storage, join, stat_any
 from spark_ckpt.faults import fault_point
-from spark_ckpt.fencing import Fence
+from spark_ckpt.fencing import Fence, client_session, interrupt_earlier_clients
 from spark_ckpt.streaming.allocations import AllocationStore
 from spark_ckpt.streaming.batch import BatchAllocation
 from spark_ckpt.streaming.batch_queue import BatchQueue, QueuedBatch
@@ -68,7 +70,8 @@ from spark_ckpt.streaming.sources import (
     GeneratorSource,
     Source,
 )
-from spark_ckpt.streaming.stream import InputStream
+from spark_ckpt.streaming.keyed import KeyedStream
+from spark_ckpt.streaming.stream import InputStream, Stream
 from spark_ckpt.streaming.tracker import ReceiverTracker
 from spark_ckpt.streaming.twophase import SinkTransactions
 
@@ -100,9 +103,6 @@ class StreamingContext:
     def __init__(self, spark: SparkSession, batch_interval: float, checkpoint_dir: str,
                  name: str, *, settings: Settings | None = None,
                  clock: Clock | None = None) -> None:
-        from spark_ckpt.session import require_classic
-
-        require_classic(spark, f"StreamingContext {name!r}")
         if batch_interval <= 0:
             raise JobDefinitionError(
                 f"pipeline {name}: expected batch_interval > 0 seconds, found {batch_interval!r}"
@@ -188,6 +188,13 @@ class StreamingContext:
     def add_listener(self, listener: StreamingListener) -> None:
         self.listeners.append(listener)
 
+    def keyed(self, parent: Stream, keys: Sequence[str], *, parallelism: int | None,
+              max_parallelism: int | None) -> KeyedStream:
+        """The keyed stream ``parent.key_by(*keys)`` makes (streams reach the keyed layer
+        through their pipeline, not by importing it)."""
+        return KeyedStream(self, (parent,), keys, parallelism=parallelism,
+                           max_parallelism=max_parallelism)
+
     # -- recorded state ------------------------------------------------------------------
     def recorded_schema(self, source: str) -> StructType | None:
         from pyspark.sql.types import StructType
@@ -268,10 +275,15 @@ class StreamingContext:
         self.storage.makedirs(runs)
         while True:
             number = max(self._runs(), default=0) + 1
-            body = {"pipeline": self.name, "started_ms": int(time.time() * 1000)}
+            body = {"pipeline": self.name, "started_ms": int(time.time() * 1000),
+                    **client_session(self.spark)}
             if self.storage.create_exclusive(join(runs, f"{number:08d}.json"),
                                              dump_record("pipeline-run", 1, body)):
                 self._fence.claim(f"run {number}")
+                interrupt_earlier_clients(
+                    self.spark, self.storage,
+                    [join(runs, f"{n:08d}.json") for n in range(max(1, number - 3), number)],
+                    "pipeline-run", f"Pipeline {self.name} run {number}")
                 return number
 
     def _runs(self) -> list[int]:
@@ -752,7 +764,7 @@ class StreamingContext:
         if not graceful:
             group = self.scheduler.running_group
             if group:
-                self.spark.sparkContext.cancelJobGroup(group)
+                spark_api(self.spark).cancel_group(group)
         self.scheduler.stop()
         if self.scheduler.thread.ident is not None:
             self.scheduler.thread.join(timeout)

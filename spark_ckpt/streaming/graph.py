@@ -8,36 +8,53 @@ gives the streams that batch needs; a stream no output reaches is never computed
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from spark_ckpt.errors import JobDefinitionError
 
-if TYPE_CHECKING:
-    from spark_ckpt.streaming.keyed import StatefulStream
-    from spark_ckpt.streaming.stream import InputStream, Output, Stream
+__all__ = ["GraphStream", "StreamGraph"]
 
-__all__ = ["StreamGraph"]
+
+class GraphStream(Protocol):
+    """A stream as the graph sees it (streaming.stream and streaming.keyed make them)."""
+
+    id: int
+    name: str
+    parents: Sequence[GraphStream]
+    is_input: bool  # a source's stream: ``source`` is its Source
+
+
+class GraphOutput(GraphStream, Protocol):
+    output_name: str
+    sink: Any  # a per-batch sink, or None
+    two_phase: Any  # a two-phase sink, or None
+
+
+class GraphStateful(GraphStream, Protocol):
+    operator: str  # names its state
+    kind: str
+    keys: tuple[str, ...]
+    live_files: set[str]
 
 
 class StreamGraph:
     def __init__(self) -> None:
-        self.streams: list[Stream] = []
-        self.inputs: list[InputStream] = []
-        self.outputs: list[Output] = []
-        self.stateful: list[StatefulStream] = []
+        self.streams: list[GraphStream] = []
+        self.inputs: list[Any] = []  # InputStream
+        self.outputs: list[Any] = []  # Output (GraphOutput)
+        self.stateful: list[Any] = []  # StatefulStream (GraphStateful)
         self.remember_batches = 1  # the longest window: how far back batches are read again
 
-    def add_stream(self, stream: Stream) -> None:
-        from spark_ckpt.streaming.stream import InputStream
-
+    def add_stream(self, stream: GraphStream) -> None:
         names = {s.name for s in self.streams}
-        if stream.name in names and not isinstance(stream, InputStream):
+        if stream.name in names and not stream.is_input:
             n = 2
             while f"{stream.name}#{n}" in names:
                 n += 1
             stream.name = f"{stream.name}#{n}"  # unique names in progress and logs
         self.streams.append(stream)
-        if isinstance(stream, InputStream):
+        if stream.is_input:
             if any(i.source.name == stream.source.name for i in self.inputs):
                 raise JobDefinitionError(
                     f"a source named {stream.source.name!r} already exists in this pipeline; "
@@ -45,7 +62,7 @@ class StreamGraph:
                 )
             self.inputs.append(stream)
 
-    def add_stateful(self, stream: StatefulStream) -> None:
+    def add_stateful(self, stream: GraphStateful) -> None:
         if any(s.operator == stream.operator for s in self.stateful):
             raise JobDefinitionError(
                 f"a stateful operator named {stream.operator!r} already exists in this "
@@ -63,7 +80,7 @@ class StreamGraph:
                 "name= to tell outputs apart (names key their exactly-once commits)"
             )
 
-    def add_output(self, output: Output) -> None:
+    def add_output(self, output: GraphOutput) -> None:
         self.outputs.append(output)
 
     def remember(self, batches: int) -> None:
@@ -78,7 +95,7 @@ class StreamGraph:
             )
         state: dict[int, int] = {}  # 1: on the current path, 2: done
 
-        def visit(stream: Stream, path: list[str]) -> None:
+        def visit(stream: GraphStream, path: list[str]) -> None:
             state[stream.id] = 1
             for parent in stream.parents:
                 mark = state.get(parent.id)
@@ -93,10 +110,10 @@ class StreamGraph:
             if output.id not in state:
                 visit(output, [])
 
-    def reachable(self) -> list[Stream]:
+    def reachable(self) -> list[Any]:
         """Every stream some output needs, found by BFS from the outputs (each once)."""
-        seen: dict[int, Stream] = {}
-        queue: deque[Stream] = deque(self.outputs)
+        seen: dict[int, Any] = {}
+        queue: deque[Any] = deque(self.outputs)
         while queue:
             stream = queue.popleft()
             if stream.id in seen:

@@ -23,7 +23,7 @@ import json
 import logging
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_ckpt.errors import CheckpointError, JobDefinitionError
 from spark_ckpt.state.aggregates import Agg, AggSpec
@@ -43,26 +43,45 @@ from spark_ckpt.state.task import (
     agg_task,
     meta_schema,
 )
+from spark_ckpt.sparkapi import frame_api, spark_api
 from spark_ckpt.storage import join
-from spark_ckpt.streaming.stream import Stream, union_by_name
+from spark_ckpt.streaming.batch import union_by_name
+from spark_ckpt.streaming.sinks import _FileSink
+from spark_ckpt.streaming.stream import Stream, Template
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
+    from spark_ckpt.options import Settings
     from spark_ckpt.streaming.batch import BatchRun
-    from spark_ckpt.streaming.context import StreamingContext
 
-__all__ = ["AggregatedStream", "FullState", "KeyedStream", "ProcessedStream",
+__all__ = ["AggregatedStream", "FullState", "KeyedStream", "ProcessedStream", "StateScope",
            "StatefulStream"]
 
 log = logging.getLogger(__name__)
 
 
+class StateScope(Template, Protocol):
+    """What a stateful operator needs of its pipeline (the StreamingContext), all set up by
+    ``start()`` before any batch runs: the session and settings, the two-phase outputs its
+    tasks may write directly (operator chaining) and those a restore already shows, and the
+    checkpoint side (released state files, the handles of a completed checkpoint)."""
+
+    spark: Any
+    settings: Settings
+    transactions: dict[str, Any]  # output name -> SinkTransactions
+    skip_output_through: dict[str, int]
+    coordinator: Any  # CheckpointCoordinator | None
+
+    def checkpoint_handles(self, operator: str, checkpoint_id: int) -> list[Any]:
+        """The state handles of ``operator`` in completed checkpoint ``checkpoint_id``."""
+
+
 class KeyedStream:
     """A stream partitioned by key, ready for a stateful operator. Not a stream itself."""
 
-    def __init__(self, ctx: StreamingContext, inputs: Sequence[Stream], keys: Sequence[str], *,
+    def __init__(self, ctx: StateScope, inputs: Sequence[Stream], keys: Sequence[str], *,
                  parallelism: int | None = None, max_parallelism: int | None = None) -> None:
         if not keys:
             raise JobDefinitionError("key_by(): expected at least one key column, found none")
@@ -137,7 +156,7 @@ class StatefulStream(Stream):
     # -- lifecycle (StreamingContext.start, before any thread runs) -------------------------
     def configure(self, restored: dict[str, Any] | None) -> None:
         settings = self.ctx.settings
-        default_p = settings.state_parallelism or self.ctx.spark.sparkContext.defaultParallelism
+        default_p = settings.state_parallelism or spark_api(self.ctx.spark).default_parallelism()
         self.parallelism = self.requested_parallelism or default_p
         self.max_parallelism = self.requested_max or settings.state_max_parallelism
         self._routing = None
@@ -254,10 +273,8 @@ class StatefulStream(Stream):
 
     def _run_job(self, run: BatchRun, df: DataFrame, fn: Any, *,
                  partitioned: bool = False) -> list[dict[str, Any]]:
-        sc = self.ctx.spark.sparkContext
-        sc.setLocalProperty("spark.job.description",
-                            f"spark_ckpt pipeline {self.ctx.name} batch {run.batch_id} "
-                            f"operator {self.operator}")
+        spark_api(self.ctx.spark).describe(
+            f"spark_ckpt pipeline {self.ctx.name} batch {run.batch_id} operator {self.operator}")
         if not partitioned:
             df = df.repartitionById(self.parallelism, PID_COLUMN)
         try:
@@ -338,7 +355,6 @@ class AggregatedStream(StatefulStream):
         from pyspark.sql import functions as F
 
         from spark_ckpt.arrowtypes import to_arrow
-        from spark_ckpt.streaming.sinks import _FileSink
 
         df = self._unrouted(run)  # routed below: one analysis of the plan fewer per batch
         if df is None:
@@ -393,13 +409,13 @@ class AggregatedStream(StatefulStream):
             return False
         if any(h.token is None and h.files for h in self.live.values()):
             return False  # rescaled: ranges rebuilt from old chains, their size unknown
-        size = df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()  # noqa: SLF001
-        return int(str(size)) <= s.state_small_batch_bytes  # a Scala BigInt: any size
+        size = frame_api(df).size_estimate(df)
+        return size is not None and size <= s.state_small_batch_bytes
 
     def _chain(self, run: BatchRun, view: DataFrame) -> dict[str, tuple[str, str]]:
         """Two-phase outputs reading this stream directly, whose files the tasks can write:
         output name -> (staging directory, Arrow schema of its files)."""
-        from spark_ckpt.batch.sinks import arrow_schema_for
+        from spark_ckpt.sinks import arrow_schema_for
 
         chained: dict[str, tuple[str, str]] = {}
         for output in self.ctx.graph.outputs:

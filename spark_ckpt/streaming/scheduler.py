@@ -23,30 +23,65 @@ checkpoint, by waiting on a future).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_ckpt.checkpoint.pending import Boundary, TaskAck
 from spark_ckpt.errors import CheckpointError, CommitError
 from spark_ckpt.faults import fault_point
+from spark_ckpt.sparkapi import spark_api
 from spark_ckpt.streaming.batch import BatchAllocation, BatchRun
 from spark_ckpt.streaming.batch_queue import FINISH, STOP, BatchQueue, QueuedBatch
 from spark_ckpt.streaming.progress import notify
 
 if TYPE_CHECKING:
-    from spark_ckpt.streaming.context import StreamingContext
-    from spark_ckpt.streaming.history import RecentHistory
+    from pyspark.sql import SparkSession
 
-__all__ = ["JobScheduler"]
+    from spark_ckpt.options import Settings
+    from spark_ckpt.streaming.graph import StreamGraph
+    from spark_ckpt.streaming.history import RecentHistory
+    from spark_ckpt.streaming.metalog import MetadataLog
+
+__all__ = ["JobScheduler", "SchedulerScope"]
 
 log = logging.getLogger(__name__)
 
 
+class SchedulerScope(Protocol):
+    """What the scheduler reads of its pipeline (the StreamingContext), all fixed before
+    ``start()`` starts any thread: the template and its outputs' transactions, the logs it
+    appends to, the coordinator it posts boundaries to, the fence it checks before committing.
+    It reports back only through the callbacks it is given."""
+
+    name: str
+    spark: SparkSession
+    settings: Settings
+    graph: StreamGraph
+    transactions: dict[str, Any]  # output name -> SinkTransactions
+    skip_output_through: dict[str, int]
+    coordinator: Any  # CheckpointCoordinator | None
+    tracker: Any  # ReceiverTracker
+    commits: MetadataLog
+    restored: Any  # CompletedCheckpoint | None
+    listeners: list[Any]
+
+    def allocation(self, batch_id: int) -> BatchAllocation:
+        """The recorded allocation of ``batch_id``."""
+
+    def check_fenced(self) -> None:
+        """Raise JobFencedError if a newer driver claimed the checkpoint directory."""
+
+    @property
+    def dead_letters(self) -> Any:
+        """Where a batch's malformed records go."""
+
+
 class JobScheduler:
-    def __init__(self, ctx: StreamingContext, *, batches: BatchQueue,
+    def __init__(self, ctx: SchedulerScope, *, batches: BatchQueue,
                  checkpoints: RecentHistory,
                  on_completed: Callable[[dict[str, Any]], None],
                  on_failure: Callable[[int, BaseException], None],
@@ -163,7 +198,8 @@ class JobScheduler:
         since_last = (started - self._last_start) if self._last_start is not None else None
         self._last_start = started
         run = BatchRun(ctx, allocation)
-        sc = ctx.spark.sparkContext
+        api = spark_api(ctx.spark)
+        scope = contextlib.ExitStack()  # the batch's job group, closed in the finally below
         group = f"spark_ckpt-{ctx.name}-b{b}"
         self.running_group = group
         durations: dict[str, float] = {}
@@ -173,8 +209,7 @@ class JobScheduler:
             "pipeline": ctx.name, "batch_id": b, "batch_time_ms": allocation.batch_time_ms,
             "recovered": recovered})
         try:
-            sc.setJobGroup(group, f"spark_ckpt pipeline {ctx.name} batch {b}",
-                           interruptOnCancel=True)
+            scope.enter_context(api.job_group(group, f"spark_ckpt pipeline {ctx.name} batch {b}"))
             t0 = time.perf_counter()
             reachable = {s.id for s in ctx.graph.reachable()}
             for op in ctx.graph.stateful:  # state moves once per batch, whatever outputs skip
@@ -212,8 +247,7 @@ class JobScheduler:
                 target.prepare(df)  # type: ignore[union-attr]
                 t1 = time.perf_counter()
                 planning += t1 - t0
-                sc.setLocalProperty("spark.job.description",
-                                    f"spark_ckpt pipeline {ctx.name} batch {b} output {name}")
+                api.describe(f"spark_ckpt pipeline {ctx.name} batch {b} output {name}")
                 if txns is not None:
                     piece = txns.sink.write(df, b)
                     txns.staged(b, piece)
@@ -244,8 +278,7 @@ class JobScheduler:
             fault_point("stream.batch.committed")
         finally:
             self.running_group = None
-            sc.setLocalProperty("spark.jobGroup.id", None)
-            sc.setLocalProperty("spark.job.description", None)
+            scope.close()
             run.cleanup()
         self.last_batch = b
         self._publish_boundary(b)

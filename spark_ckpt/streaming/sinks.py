@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from spark_ckpt.batch.sinks import (
+from spark_ckpt.sinks import (
     DeltaSink,
     ParquetSink,
     micros_timestamps,
@@ -35,17 +35,26 @@ from spark_ckpt.batch.sinks import (
 from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.execution.graph import SinkSpec
 from spark_ckpt.execution.result_partition import OutputFile
+from spark_ckpt.sparkapi import frame_api
 from spark_ckpt.storage import Storage, join
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from spark_ckpt.streaming.context import StreamingContext
-
 __all__ = ["BatchSink", "DeadLetters", "DeltaBatchSink", "ForeachBatchSink", "ParquetBatchSink",
-           "micros_timestamps"]
+           "PipelineScope", "micros_timestamps"]
 
 log = logging.getLogger(__name__)
+
+
+class PipelineScope(Protocol):
+    """What a pipeline's sinks know of it: its name, its lineage (fixed at start: it keys the
+    sinks' exactly-once transactions) and its checkpoint directory."""
+
+    name: str
+    lineage: str
+    root: str
+    storage: Storage
 
 
 def staged_files(store: Storage, directory: str, target: str) -> list[OutputFile]:
@@ -100,7 +109,7 @@ class ForeachBatchSink(BatchSink):
 
 class _FileSink(BatchSink):
     def __init__(self, name: str, path: str, partition_by: Sequence[str],
-                 ctx: StreamingContext) -> None:
+                 ctx: PipelineScope) -> None:
         super().__init__(name)
         self.path = path
         self.partition_by = tuple(partition_by)
@@ -123,8 +132,7 @@ class _FileSink(BatchSink):
     def provably_empty(df: DataFrame) -> bool:
         """True when Spark's optimizer reduced the batch to no rows (an empty batch): writing
         it would still run a job and leave an empty file."""
-        plan = df._jdf.queryExecution().optimizedPlan()  # noqa: SLF001
-        return plan.getClass().getSimpleName() == "LocalRelation" and plan.data().isEmpty()
+        return frame_api(df).provably_empty(df)
 
     def _write(self, df: DataFrame, directory: str) -> None:
         writer = df.write.mode("overwrite")
@@ -138,7 +146,7 @@ class DeltaBatchSink(_FileSink):
     kind = "delta"
 
     def __init__(self, name: str, path: str, partition_by: Sequence[str],
-                 ctx: StreamingContext) -> None:
+                 ctx: PipelineScope) -> None:
         super().__init__(name, path, partition_by, ctx)
         self._delta: DeltaSink | None = None
 
@@ -181,7 +189,7 @@ class ParquetBatchSink(_FileSink):
     kind = "parquet"
 
     def __init__(self, name: str, path: str, partition_by: Sequence[str],
-                 ctx: StreamingContext) -> None:
+                 ctx: PipelineScope) -> None:
         super().__init__(name, path, partition_by, ctx)
         self._sink: ParquetSink | None = None
 
@@ -209,10 +217,13 @@ class ParquetBatchSink(_FileSink):
         return self._parquet.commit([], batch_id + 1)
 
     def stage(self, df: DataFrame, batch_id: int) -> Any:
-        staging = self._parquet.staging
+        # A directory of this try's own: a crashed try's Spark job may still be writing into
+        # its directory (on Spark Connect a killed client's operation runs on), never into
+        # this one. The commit clears the whole staging area.
+        staging = join(self._parquet.staging, f"b{batch_id}-{uuid.uuid4().hex[:12]}")
         if self.provably_empty(df):
             return []
-        self._write(df, staging)  # mode overwrite clears what a crashed try left
+        self._write(df, staging)
         return staged_files(self.store, staging, self.name)
 
     def commit(self, batch_id: int, staged: Any) -> dict[str, Any]:
@@ -223,7 +234,7 @@ class DeadLetters:
     """Rows a source could not parse, kept in the Delta table ``<checkpoint>/deadletter``
     (``batch_id, source, file, record, reason``), written once per (source, batch)."""
 
-    def __init__(self, ctx: StreamingContext) -> None:
+    def __init__(self, ctx: PipelineScope) -> None:
         self.ctx = ctx
         self.path = join(ctx.root, "deadletter")
         self._sinks: dict[str, DeltaBatchSink] = {}

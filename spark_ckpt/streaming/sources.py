@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from spark_ckpt.errors import JobDefinitionError, RecordError, SourceError
 from spark_ckpt.formats import ANY, PATH, ListOf, MapOf, Opt, Row, integer, validate
 from spark_ckpt.storage import Storage, join
+from spark_ckpt.streaming.batch import union_by_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -585,7 +586,6 @@ class DeltaStreamSource(Source):
             for column, value in json.loads(key).items():
                 df = df.withColumn(column, F.lit(value).cast(schema[column].dataType))
             frames.append(df.select(*schema.names))
-        from spark_ckpt.streaming.stream import union_by_name
 
         return union_by_name(frames)
 

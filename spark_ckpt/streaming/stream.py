@@ -8,22 +8,42 @@ A parent's result of ``None`` (a window between slides) propagates: nothing down
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_ckpt.errors import JobDefinitionError
+from spark_ckpt.streaming.batch import union_by_name
+from spark_ckpt.streaming.graph import StreamGraph
+from spark_ckpt.streaming.sinks import (
+    BatchSink,
+    DeltaBatchSink,
+    ForeachBatchSink,
+    ParquetBatchSink,
+    PipelineScope,
+)
+from spark_ckpt.streaming.twophase import (
+    DeltaTwoPhaseSink,
+    ParquetTwoPhaseSink,
+    TwoPhaseCommitSink,
+)
 
 if TYPE_CHECKING:
-    from spark_ckpt.streaming.keyed import KeyedStream
-    from spark_ckpt.streaming.twophase import TwoPhaseCommitSink
     from pyspark.sql import Column, DataFrame
 
     from spark_ckpt.streaming.batch import BatchRun
-    from spark_ckpt.streaming.context import StreamingContext
-    from spark_ckpt.streaming.sinks import BatchSink
     from spark_ckpt.streaming.sources import Source
+
+
+class Template(PipelineScope, Protocol):
+    """The pipeline a stream belongs to, as its streams see it (the StreamingContext): its
+    graph, and the keyed streams it makes (a higher layer: streaming.keyed)."""
+
+    graph: StreamGraph
+
+    def keyed(self, parent: Stream, keys: Sequence[str], *, parallelism: int | None,
+              max_parallelism: int | None) -> Any:
+        """A KeyedStream of ``parent`` by ``keys``."""
 
 __all__ = ["InputStream", "Output", "Stream", "union_by_name"]
 
@@ -33,7 +53,9 @@ _ids = itertools.count()
 class Stream:
     """A stream of per-batch DataFrames. Build with a context's sources and these methods."""
 
-    def __init__(self, ctx: StreamingContext, parents: Sequence[Stream], name: str) -> None:
+    is_input = False
+
+    def __init__(self, ctx: Template, parents: Sequence[Stream], name: str) -> None:
         for parent in parents:
             if not isinstance(parent, Stream):
                 raise JobDefinitionError(
@@ -100,16 +122,14 @@ class Stream:
         return Transformed(self.ctx, (self,), join_it, f"{self.name}.join_static")
 
     def key_by(self, *keys: str, parallelism: int | None = None,
-               max_parallelism: int | None = None) -> KeyedStream:
+               max_parallelism: int | None = None) -> Any:
         """Partition by ``keys`` for keyed state (``.agg(...)`` or ``.process(...)``).
 
         ``parallelism``: tasks of the stateful operator (default
         ``spark.ckpt.state.parallelism``); may change between runs. ``max_parallelism``: key
         groups (default ``spark.ckpt.state.maxParallelism``); fixed for a checkpoint's life."""
-        from spark_ckpt.streaming.keyed import KeyedStream
-
-        return KeyedStream(self.ctx, (self,), keys, parallelism=parallelism,
-                           max_parallelism=max_parallelism)
+        return self.ctx.keyed(self, keys, parallelism=parallelism,
+                              max_parallelism=max_parallelism)
 
     def window(self, length: int, slide: int = 1) -> Stream:
         """The union of this stream's last ``length`` batches, every ``slide`` batches."""
@@ -120,17 +140,12 @@ class Stream:
                       name: str | None = None) -> Output:
         """Call ``fn(df, batch_id)`` every batch. At-least-once: a batch interrupted by a crash
         calls it again with the same id and data, so make ``fn`` idempotent on ``batch_id``."""
-        from spark_ckpt.streaming.sinks import ForeachBatchSink
-
         return Output(self.ctx, self, ForeachBatchSink(name or _fn_name(fn), fn))
 
     def write_parquet(self, path: str, name: str | None = None,
                       partition_by: Sequence[str] = ()) -> Output:
         """Append to a Parquet directory, exactly once: per batch, or, when the pipeline
         checkpoints, in two phases (visible when a checkpoint completes)."""
-        from spark_ckpt.streaming.sinks import ParquetBatchSink
-        from spark_ckpt.streaming.twophase import ParquetTwoPhaseSink
-
         name = name or "parquet"
         return Output(self.ctx, self, ParquetBatchSink(name, path, tuple(partition_by),
                                                        self.ctx),
@@ -145,9 +160,6 @@ class Stream:
         ``merge_keys``: upsert rows by these keys instead of appending (for the update stream
         of a keyed aggregation: the table then holds the newest value per key). Needs
         checkpointing (a two-phase commit per checkpoint)."""
-        from spark_ckpt.streaming.sinks import DeltaBatchSink
-        from spark_ckpt.streaming.twophase import DeltaTwoPhaseSink
-
         name = name or "delta"
         per_batch = None if merge_keys else DeltaBatchSink(name, path, tuple(partition_by),
                                                            self.ctx)
@@ -157,18 +169,11 @@ class Stream:
 
     def write_two_phase(self, sink: TwoPhaseCommitSink) -> Output:
         """Write with your own :class:`~spark_ckpt.streaming.twophase.TwoPhaseCommitSink`."""
-        from spark_ckpt.streaming.twophase import TwoPhaseCommitSink
-
         if not isinstance(sink, TwoPhaseCommitSink):
             raise JobDefinitionError(
                 f"write_two_phase(): expected a TwoPhaseCommitSink, found {type(sink).__name__}"
             )
         return Output(self.ctx, self, None, sink)
-
-
-def union_by_name(frames: Sequence[DataFrame]) -> DataFrame:
-    """The rows of every frame, columns matched by name."""
-    return functools.reduce(lambda a, b: a.unionByName(b), frames)
 
 
 def _fn_name(fn: Callable[..., Any]) -> str:
@@ -178,7 +183,9 @@ def _fn_name(fn: Callable[..., Any]) -> str:
 class InputStream(Stream):
     """A source's batches: the piece of the batch's allocation that belongs to the source."""
 
-    def __init__(self, ctx: StreamingContext, source: Source) -> None:
+    is_input = True
+
+    def __init__(self, ctx: Template, source: Source) -> None:
         self.source = source
         super().__init__(ctx, (), source.name)
 
@@ -196,7 +203,7 @@ class InputStream(Stream):
 
 
 class Transformed(Stream):
-    def __init__(self, ctx: StreamingContext, parents: Sequence[Stream],
+    def __init__(self, ctx: Template, parents: Sequence[Stream],
                  fn: Callable[..., DataFrame], name: str) -> None:
         super().__init__(ctx, parents, name)
         self.fn = fn
@@ -215,7 +222,7 @@ class Transformed(Stream):
 
 
 class Windowed(Stream):
-    def __init__(self, ctx: StreamingContext, parent: Stream, length: int, slide: int) -> None:
+    def __init__(self, ctx: Template, parent: Stream, length: int, slide: int) -> None:
         if length < 1 or slide < 1:
             raise JobDefinitionError(
                 f"window over {parent.name}: expected length >= 1 and slide >= 1 batches, "
@@ -243,7 +250,7 @@ class Output(Stream):
     checkpoints uses ``two_phase`` when there is one (foreach_batch has none); one that does not
     uses ``sink``, or a per-batch transaction of ``two_phase``."""
 
-    def __init__(self, ctx: StreamingContext, parent: Stream, sink: BatchSink | None,
+    def __init__(self, ctx: Template, parent: Stream, sink: BatchSink | None,
                  two_phase: TwoPhaseCommitSink | None = None) -> None:
         name = (sink or two_phase).name  # type: ignore[union-attr]
         ctx.graph.check_output_name(name)

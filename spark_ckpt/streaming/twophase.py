@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.batch.sinks import DeltaSink, _check_files
+from spark_ckpt.sinks import DeltaSink, check_files
 from spark_ckpt.checkpoint.listener import CheckpointListener
 from spark_ckpt.errors import CommitError, JobDefinitionError
 from spark_ckpt.execution.graph import SinkSpec
@@ -44,12 +44,10 @@ from spark_ckpt.execution.result_partition import OutputFile
 from spark_ckpt.faults import fault_point
 from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.storage import Storage, join
-from spark_ckpt.streaming.sinks import _FileSink, staged_files
+from spark_ckpt.streaming.sinks import PipelineScope, _FileSink, staged_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-
-    from spark_ckpt.streaming.context import StreamingContext
 
 __all__ = ["DeltaTwoPhaseSink", "ParquetTwoPhaseSink", "SinkTransactions",
            "TwoPhaseCommitSink"]
@@ -191,7 +189,7 @@ class _FileTwoPhaseSink(TwoPhaseCommitSink):
     staging directory per batch."""
 
     def __init__(self, name: str, path: str, partition_by: Sequence[str],
-                 ctx: StreamingContext) -> None:
+                 ctx: PipelineScope) -> None:
         super().__init__(name)
         self.path = path
         self.partition_by = tuple(partition_by)
@@ -256,7 +254,7 @@ class DeltaTwoPhaseSink(_FileTwoPhaseSink):
     kind = "delta"
 
     def __init__(self, name: str, path: str, partition_by: Sequence[str],
-                 ctx: StreamingContext, merge_keys: Sequence[str] = ()) -> None:
+                 ctx: PipelineScope, merge_keys: Sequence[str] = ()) -> None:
         super().__init__(name, path, partition_by, ctx)
         self.merge_keys = tuple(merge_keys)
         self._delta: DeltaSink | None = None
@@ -295,7 +293,7 @@ class DeltaTwoPhaseSink(_FileTwoPhaseSink):
                     f"{self.lineage}-{self.name}-b{batch_id}-{uuid.uuid4().hex[:12]}")
 
     def pre_commit(self, checkpoint_id: int, pieces: list[dict[str, Any]]) -> dict[str, Any]:
-        _check_files(self.name, _files(pieces))
+        check_files(self.name, _files(pieces))
         return {"pieces": pieces}
 
     def commit(self, checkpoint_id: int, txn: dict[str, Any]) -> None:
@@ -368,7 +366,7 @@ class ParquetTwoPhaseSink(_FileTwoPhaseSink):
                     f"{self.lineage}-{self.name}-c{checkpoint_id:08d}.json")
 
     def pre_commit(self, checkpoint_id: int, pieces: list[dict[str, Any]]) -> dict[str, Any]:
-        _check_files(self.name, _files(pieces))
+        check_files(self.name, _files(pieces))
         moves = []
         for piece in pieces:
             prefix = self.store.spark_path(piece["dir"]).rstrip("/") + "/"

@@ -1,0 +1,47 @@
+"""The one seam between spark_ckpt and Spark's internals.
+
+Everything spark_ckpt needs from Spark beyond the public DataFrame API goes through
+:func:`spark_api`: job groups (tags on Spark Connect), cancelling them, plan facts (the
+exchanges a job keeps, how its output is partitioned, whether it is deterministic or provably
+empty, its size estimate, an aggregation's analysed plan) and facts about the application.
+Two implementations answer: :mod:`spark_ckpt.sparkapi.classic` through the driver's JVM
+(py4j), and :mod:`spark_ckpt.sparkapi.connect` through a Spark Connect client. No other
+module touches py4j, ``_jdf``, ``_jsc``, ``_jvm`` or Connect internals (a test checks).
+
+Where Connect has no equivalent, the Connect implementation answers ``None`` ("cannot
+tell") and every caller takes the answer that keeps its guarantee: a job whose partitioning
+cannot be read is repartitioned, one whose determinism cannot be read is recomputed never,
+an aggregation whose plan cannot be read is kept whole. docs/connect.md lists each difference.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.sparkapi.types import Expr, PlanNode, SparkApi, walk
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["Expr", "PlanNode", "SparkApi", "frame_api", "is_connect", "spark_api", "walk"]
+
+
+def is_connect(obj: Any) -> bool:
+    """True for a Spark Connect session or DataFrame."""
+    return type(obj).__module__.startswith("pyspark.sql.connect")
+
+
+def spark_api(spark: SparkSession) -> SparkApi:
+    """The seam for ``spark``: classic through py4j, or Spark Connect."""
+    if is_connect(spark):
+        from spark_ckpt.sparkapi.connect import ConnectSpark
+
+        return ConnectSpark(spark)
+    from spark_ckpt.sparkapi.classic import ClassicSpark
+
+    return ClassicSpark(spark)
+
+
+def frame_api(df: DataFrame) -> SparkApi:
+    """The seam for the session ``df`` belongs to."""
+    return spark_api(df.sparkSession)

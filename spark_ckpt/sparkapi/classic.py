@@ -1,0 +1,151 @@
+"""The seam on a classic session: the driver's JVM, through py4j.
+
+The only module of spark_ckpt that touches py4j, ``_jdf``, ``_jsc``, ``_jvm`` or
+``_jsparkSession`` (tests/test_seam.py checks).
+"""
+# ruff: noqa: SLF001 - reaching into PySpark's py4j handles is this module's purpose
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.sparkapi.types import Expr, PlanNode
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["ClassicSpark"]
+
+_GROUP_KEYS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+
+
+def _seq(s: Any) -> list[Any]:
+    """A Scala Seq as a list."""
+    return [s.apply(i) for i in range(s.size())]
+
+
+def _kind(obj: Any) -> str:
+    return obj.getClass().getSimpleName()
+
+
+def _expr(e: Any) -> Expr:
+    kind = _kind(e)
+    try:
+        data_type = e.dataType().sql()
+    except Exception:  # noqa: BLE001 - an expression without a type (none in analysed plans)
+        data_type = ""
+    name = ""
+    if kind in ("AttributeReference", "Alias"):
+        name = e.name()
+    function = None
+    distinct = filtered = False
+    if kind == "AggregateExpression":
+        function = _expr(e.aggregateFunction())
+        distinct = bool(e.isDistinct())
+        filtered = bool(e.filter().isDefined())
+    pretty = ""
+    with contextlib.suppress(Exception):  # only functions have one
+        pretty = e.prettyName()
+    return Expr(kind=kind, sql=e.sql(), name=name, data_type=data_type,
+                children=tuple(_expr(c) for c in _seq(e.children())), distinct=distinct,
+                filtered=filtered, function=function, pretty_name=pretty)
+
+
+def _node(plan: Any) -> PlanNode:
+    kind = _kind(plan)
+    grouping: tuple[Expr, ...] = ()
+    aggregates: tuple[Expr, ...] = ()
+    if kind == "Aggregate":
+        grouping = tuple(_expr(e) for e in _seq(plan.groupingExpressions()))
+        aggregates = tuple(_expr(e) for e in _seq(plan.aggregateExpressions()))
+    return PlanNode(kind=kind, name=plan.nodeName(), deterministic=bool(plan.deterministic()),
+                    children=tuple(_node(c) for c in _seq(plan.children())),
+                    grouping=grouping, aggregates=aggregates)
+
+
+class ClassicSpark:
+    """:class:`spark_ckpt.sparkapi.SparkApi` over a classic session's JVM."""
+
+    kind = "classic"
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+
+    @property
+    def _sc(self) -> Any:
+        return self.spark.sparkContext
+
+    def app_id(self) -> str:
+        return str(self._sc.applicationId)
+
+    def default_parallelism(self) -> int:
+        return int(self._sc.defaultParallelism)
+
+    @contextlib.contextmanager
+    def job_group(self, group: str, description: str) -> Iterator[None]:
+        sc = self._sc
+        saved = {k: sc.getLocalProperty(k) for k in _GROUP_KEYS}
+        sc.setJobGroup(group, description, interruptOnCancel=True)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                sc.setLocalProperty(key, value)  # type: ignore[arg-type]
+
+    def describe(self, text: str) -> None:
+        self._sc.setLocalProperty("spark.job.description", text)
+
+    def cancel_group(self, group: str) -> None:
+        self._sc.cancelJobGroup(group)
+
+    def executed_plan(self, df: DataFrame) -> str:
+        return str(df._jdf.queryExecution().executedPlan().toString())
+
+    def hash_partitioning(self, df: DataFrame) -> tuple[tuple[str, ...] | None, int] | None:
+        plan = df._jdf.queryExecution().executedPlan()
+        if _kind(plan) == "AdaptiveSparkPlanExec":
+            plan = plan.inputPlan()
+        partitioning = plan.outputPartitioning()
+        if _kind(partitioning) != "HashPartitioning":
+            return None
+        names: list[str] | None = []
+        for e in _seq(partitioning.expressions()):
+            if _kind(e) != "AttributeReference":
+                names = None
+                break
+            names.append(e.name())  # type: ignore[union-attr]
+        return (tuple(names) if names is not None else None), int(partitioning.numPartitions())
+
+    def deterministic(self, df: DataFrame) -> bool | None:
+        return bool(df._jdf.queryExecution().analyzed().deterministic())
+
+    def size_estimate(self, df: DataFrame) -> int | None:
+        size = df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()
+        return int(str(size))  # a Scala BigInt: any size
+
+    def provably_empty(self, df: DataFrame) -> bool:
+        plan = df._jdf.queryExecution().optimizedPlan()
+        return _kind(plan) == "LocalRelation" and bool(plan.data().isEmpty())
+
+    def analyzed_plan(self, df: DataFrame) -> PlanNode | None:
+        return _node(df._jdf.queryExecution().analyzed())
+
+    def plan_child_frame(self, df: DataFrame) -> DataFrame | None:
+        from pyspark.sql import DataFrame as PyDataFrame
+
+        plan = df._jdf.queryExecution().analyzed()
+        children = _seq(plan.children())
+        if len(children) != 1:
+            return None
+        spark = df.sparkSession
+        jdf = spark._jvm.org.apache.spark.sql.classic.Dataset.ofRows(  # type: ignore[union-attr]
+            spark._jsparkSession, children[0])
+        return PyDataFrame(jdf, spark)
+
+    def session_id(self) -> str | None:
+        return None
+
+    def interrupt_session(self, session_id: str) -> list[str]:
+        return []  # a classic driver's jobs end with its JVM

@@ -1,0 +1,120 @@
+"""The seam on a Spark Connect session: what the client protocol offers.
+
+A Connect client has no JVM: job groups become operation tags (thread-local in the client,
+interrupted with ``interruptTag``), plan facts come from the server's ``explain`` text, and
+what Connect cannot tell is answered ``None`` so callers keep their guarantee (see
+:mod:`spark_ckpt.sparkapi`). The only module of spark_ckpt that touches Connect internals.
+"""
+# ruff: noqa: SLF001 - the Connect DataFrame's explain text is this module's purpose
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from spark_ckpt.sparkapi.types import PlanNode
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["ConnectSpark"]
+
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+          "PiB": 1 << 50, "EiB": 1 << 60}
+_SIZE = re.compile(r"sizeInBytes=([0-9.]+(?:E[0-9]+)?) ?(B|KiB|MiB|GiB|TiB|PiB|EiB)")
+_SPLITS = re.compile(r"Range \(0, \d+, step=1, splits=(\d+)\)")
+
+
+def _section(text: str, header: str) -> list[str]:
+    """The lines of one ``== header ==`` section of an explain text."""
+    lines = text.splitlines()
+    try:
+        start = lines.index(f"== {header} ==") + 1
+    except ValueError:
+        return []
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("== ")),
+               len(lines))
+    return lines[start:end]
+
+
+class ConnectSpark:
+    """:class:`spark_ckpt.sparkapi.SparkApi` over a Spark Connect client."""
+
+    kind = "connect"
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+
+    def app_id(self) -> str:
+        return str(self.spark.conf.get("spark.app.id", "") or "")
+
+    def default_parallelism(self) -> int:
+        # spark.range without a partition count takes the server's default parallelism; the
+        # physical plan says how many splits (analysis only: no job runs)
+        text = self.executed_plan(self.spark.range(1 << 20))
+        found = _SPLITS.search(text)
+        return int(found.group(1)) if found else 2
+
+    @contextlib.contextmanager
+    def job_group(self, group: str, description: str) -> Iterator[None]:
+        had = group in self.spark.getTags()
+        self.spark.addTag(group)
+        try:
+            yield
+        finally:
+            if not had:
+                self.spark.removeTag(group)
+
+    def describe(self, text: str) -> None:
+        """Connect has no per-thread job description; the operation tags name the work."""
+
+    def cancel_group(self, group: str) -> None:
+        self.spark.interruptTag(group)
+
+    def executed_plan(self, df: DataFrame) -> str:
+        return "\n".join(_section(df._explain_string(mode="simple"), "Physical Plan"))
+
+    def hash_partitioning(self, df: DataFrame) -> tuple[tuple[str, ...] | None, int] | None:
+        return None  # not in the explain text: callers repartition by the key themselves
+
+    def deterministic(self, df: DataFrame) -> bool | None:
+        return None
+
+    def size_estimate(self, df: DataFrame) -> int | None:
+        lines = _section(df._explain_string(mode="cost"), "Optimized Logical Plan")
+        found = _SIZE.search(lines[0]) if lines else None
+        if not found:
+            return None
+        return int(float(found.group(1)) * _UNITS[found.group(2)])
+
+    def provably_empty(self, df: DataFrame) -> bool:
+        lines = _section(df._explain_string(mode="extended"), "Optimized Logical Plan")
+        return bool(lines) and lines[0].startswith("LocalRelation <empty>")
+
+    def analyzed_plan(self, df: DataFrame) -> PlanNode | None:
+        return None
+
+    def plan_child_frame(self, df: DataFrame) -> DataFrame | None:
+        return None
+
+    def session_id(self) -> str | None:
+        return str(self.spark.session_id)
+
+    def interrupt_session(self, session_id: str) -> list[str]:
+        """Attach a second client to ``session_id`` over this client's channel settings (URL,
+        token, user) and interrupt all its operations. The session itself stays (the server
+        expires it when idle)."""
+        from pyspark.sql.connect.client import SparkConnectClient
+
+        if session_id == self.session_id():
+            return []
+        builder = copy.copy(self.spark.client._builder)
+        builder._params = {**builder._params, "session_id": session_id}
+        client = SparkConnectClient(connection=builder)
+        try:
+            return list(client.interrupt_all() or [])
+        finally:
+            client.close()

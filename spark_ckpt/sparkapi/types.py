@@ -1,0 +1,108 @@
+"""What the seam answers with: plain data (no handle into Spark) and the interface itself."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["Expr", "PlanNode", "SparkApi", "walk"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Expr:
+    """An expression of an analysed plan, as plain data (no handle into Spark).
+
+    ``kind`` is Spark's class name (``AttributeReference``, ``Alias``, ``AggregateExpression``,
+    ``Sum``...), ``sql`` its SQL text. For an ``AggregateExpression``: ``distinct``,
+    ``filtered`` and ``function`` (the aggregate function); ``pretty_name`` is a function's.
+    """
+
+    kind: str
+    sql: str
+    name: str = ""
+    data_type: str = ""  # SQL type name, e.g. BIGINT, DECIMAL(20,2)
+    children: tuple[Expr, ...] = ()
+    distinct: bool = False
+    filtered: bool = False
+    function: Expr | None = None
+    pretty_name: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanNode:
+    """A node of an analysed logical plan, as plain data."""
+
+    kind: str  # Spark's class name: Aggregate, Project, Filter, LogicalRelation...
+    name: str  # its nodeName
+    deterministic: bool
+    children: tuple[PlanNode, ...] = ()
+    grouping: tuple[Expr, ...] = ()  # an Aggregate's grouping expressions
+    aggregates: tuple[Expr, ...] = ()  # an Aggregate's output expressions
+
+
+class SparkApi(Protocol):
+    """What spark_ckpt asks of a Spark session beyond the DataFrame API."""
+
+    kind: str  # "classic" or "connect"
+
+    def app_id(self) -> str:
+        """The Spark application's id (the server's, on Connect)."""
+
+    def default_parallelism(self) -> int:
+        """How many tasks Spark runs at once by default."""
+
+    def job_group(self, group: str, description: str) -> AbstractContextManager[None]:
+        """Every Spark job this thread starts inside belongs to ``group`` (cancellable with
+        :meth:`cancel_group`); the thread's previous group is back after it."""
+
+    def describe(self, text: str) -> None:
+        """Label the next Spark jobs of this thread in the UI (no-op where unsupported)."""
+
+    def cancel_group(self, group: str) -> None:
+        """Cancel the running jobs of ``group``, interrupting their tasks."""
+
+    def executed_plan(self, df: DataFrame) -> str:
+        """The physical plan's text (what ``explain()`` prints as the physical plan)."""
+
+    def hash_partitioning(self, df: DataFrame) -> tuple[tuple[str, ...] | None, int] | None:
+        """How ``df``'s physical plan leaves its rows when the plan ends hash partitioned:
+        (the key columns, or None when a key is an expression; the number of partitions).
+        None when it is not hash partitioned or this session cannot tell."""
+
+    def deterministic(self, df: DataFrame) -> bool | None:
+        """Whether ``df``'s analysed plan is deterministic; None: cannot tell."""
+
+    def size_estimate(self, df: DataFrame) -> int | None:
+        """The optimizer's size estimate of ``df`` in bytes; None: cannot tell."""
+
+    def provably_empty(self, df: DataFrame) -> bool:
+        """True when the optimizer reduced ``df`` to no rows."""
+
+    def analyzed_plan(self, df: DataFrame) -> PlanNode | None:
+        """``df``'s analysed logical plan as plain data; None: cannot tell."""
+
+    def plan_child_frame(self, df: DataFrame) -> DataFrame | None:
+        """A DataFrame of the analysed plan's single child (what an aggregation reads);
+        None: cannot tell."""
+
+    def session_id(self) -> str | None:
+        """The Spark Connect session this client works in; None on a classic session (whose
+        jobs end with its driver)."""
+
+    def interrupt_session(self, session_id: str) -> list[str]:
+        """Interrupt every operation still running in another client's session (a crashed
+        client's: the server runs them on after the client is gone); the ids interrupted."""
+
+
+def walk(node: PlanNode) -> Iterator[PlanNode]:
+    """Every node under (and including) ``node``."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(current.children)

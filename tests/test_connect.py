@@ -1,0 +1,66 @@
+"""The core scenarios again, on Spark Connect: the same tests, a different kind of session.
+
+As PySpark's parity tests run the same test classes on a classic and a Connect session, each
+group below runs chosen tests of this suite in a child pytest whose ``spark`` fixture is a
+Spark Connect session to one standalone server (``sbin/start-connect-server.sh``, started once
+for the run), and whose drivers (the batch and streaming jobs the fault tests start and
+SIGKILL) are Connect clients of that server: a killed driver is a crashed client, the server
+and its warm JVM stay, and the next client resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT
+
+pytestmark = [pytest.mark.connect, pytest.mark.slow]
+
+PARITY = {
+    "seam": [
+        "tests/test_seam.py::test_the_seam_answers_on_this_kind_of_session",
+        "tests/test_seam.py::"
+        "test_operations_a_killed_client_left_running_are_interrupted_by_the_next",
+    ],
+    "batch": [
+        "tests/test_batch_job.py::test_job_output_equals_plain_spark_and_every_partition_is_logged",
+        "tests/test_batch_job.py::test_dataframe_source_and_partitioned_delta_sink",
+    ],
+    "batch-client-killed": [
+        "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
+        "[vertex.finished:1-6]",
+        "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
+        "[sink.commit.files]",
+        "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
+        "[sink.committed:2]",
+        "tests/test_recovery_faults.py::test_killed_twice_in_a_row_then_recovered",
+        "tests/test_recovery_faults.py::test_killed_from_outside_mid_vertex",
+    ],
+    "keyed-state": [
+        "tests/test_keyed_state.py::test_keyed_aggregates_equal_plain_spark_in_every_view",
+        "tests/test_keyed_state.py::test_rescale_4_to_2_to_8_gives_the_uninterrupted_result",
+        "tests/test_keyed_state.py::test_restore_by_id_replays_from_that_checkpoint",
+    ],
+    "stream-client-killed": [
+        "tests/test_checkpoint_recovery.py::test_exactly_once_across_sigkills_at_every_fault_point"
+        "[per_key]",
+    ],
+}
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("group", list(PARITY))
+def test_the_same_tests_pass_on_spark_connect(connect_url, group):
+    env = {**os.environ, "SPARK_CKPT_TEST_REMOTE": connect_url}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *PARITY[group]],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=1700)
+    tail = (done.stdout + done.stderr)[-6000:]
+    assert done.returncode == 0, tail
+    passed = re.search(r"(\d+) passed", done.stdout)
+    assert passed and int(passed.group(1)) >= len(PARITY[group]), tail
+    assert " skipped" not in done.stdout.splitlines()[-1], tail  # each ran on Connect

@@ -1,0 +1,231 @@
+"""The one seam to Spark: only spark_ckpt/sparkapi touches py4j, the JVM handles or Connect
+internals; the Connect side's explain-text readers; the classic side's plan as plain data."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import spark_ckpt
+from spark_ckpt.sparkapi import connect as connect_api
+
+PACKAGE = Path(spark_ckpt.__file__).parent
+SEAM = PACKAGE / "sparkapi"
+# handles into the driver's JVM and the Connect client's internals
+FORBIDDEN_ATTRS = {"_jdf", "_jsc", "_jvm", "_jsparkSession", "_jconf", "_jcol", "sparkContext",
+                   "_explain_string", "_plan", "client"}
+FORBIDDEN_MODULES = ("py4j", "pyspark.sql.connect", "pyspark.sql.classic")
+
+
+def violations(source: str, where: str) -> list[str]:
+    """Each place ``source`` reaches past the seam."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in FORBIDDEN_ATTRS:
+            found.append(f"{where}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Constant) and node.value in FORBIDDEN_ATTRS:
+            found.append(f"{where}:{node.lineno}: {node.value!r}")  # getattr(x, "_jdf")
+        elif isinstance(node, ast.Import):
+            found += [f"{where}:{node.lineno}: import {a.name}" for a in node.names
+                      if a.name.startswith(FORBIDDEN_MODULES)]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                FORBIDDEN_MODULES):
+            found.append(f"{where}:{node.lineno}: from {node.module}")
+    return found
+
+
+def test_no_module_outside_the_seam_touches_py4j_jvm_handles_or_connect_internals():
+    modules = [p for p in PACKAGE.rglob("*.py") if SEAM not in p.parents]
+    assert len(modules) > 60  # the whole package is scanned
+    found = [v for p in modules for v in violations(p.read_text(), str(p.relative_to(PACKAGE)))]
+    assert found == [], "only spark_ckpt/sparkapi may reach into Spark:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    "size = df._jdf.queryExecution()",
+    "spark.sparkContext.setJobGroup('g', 'd')",
+    "import py4j.java_gateway",
+    "from pyspark.sql.connect.session import SparkSession",
+    "handle = getattr(df, '_jdf')",
+    "text = df._explain_string(mode='cost')",
+])
+def test_the_scan_finds_each_kind_of_reach(source):
+    assert violations(source, "x.py"), source  # the scan above cannot pass vacuously
+
+
+def test_the_seam_itself_is_where_the_reaching_is():
+    found = [v for p in SEAM.glob("*.py") for v in violations(p.read_text(), p.name)]
+    assert any("classic.py" in v and "_jdf" in v for v in found)
+    assert any("connect.py" in v and "_explain_string" in v for v in found)
+
+
+COST_EXPLAIN = """== Optimized Logical Plan ==
+Aggregate [k#1L], [k#1L, count(1) AS n#4L], Statistics(sizeInBytes=1.5 MiB)
++- Project [(id#0L % 10) AS k#1L], Statistics(sizeInBytes=8.0 EiB)
+   +- Range (0, 1000, step=1, splits=Some(2)), Statistics(sizeInBytes=7.8 KiB, rowCount=1.00E+3)
+
+== Physical Plan ==
+AdaptiveSparkPlan isFinalPlan=false
++- HashAggregate(keys=[k#1L], functions=[count(1)])
+   +- Exchange hashpartitioning(k#1L, 8), ENSURE_REQUIREMENTS, [plan_id=12]
+"""
+
+
+def test_connect_reads_the_root_size_estimate_and_sections_of_explain_text():
+    lines = connect_api._section(COST_EXPLAIN, "Optimized Logical Plan")
+    assert len(lines) == 4 and lines[0].startswith("Aggregate")  # up to the next section
+    found = connect_api._SIZE.search(lines[0])
+    assert found and int(float(found.group(1)) * connect_api._UNITS[found.group(2)]) == \
+        int(1.5 * 2**20)
+    physical = connect_api._section(COST_EXPLAIN, "Physical Plan")
+    assert physical[0] == "AdaptiveSparkPlan isFinalPlan=false"
+    assert connect_api._section(COST_EXPLAIN, "Analyzed Logical Plan") == []
+
+
+def test_classic_plan_as_plain_data(spark):
+    from pyspark.sql import functions as F
+
+    from spark_ckpt.sparkapi import spark_api, walk
+
+    api = spark_api(spark)
+    assert api.kind == "classic"
+    df = spark.range(100).withColumn("k", F.col("id") % 3).groupBy("k").agg(
+        F.sum("id").alias("s"), F.countDistinct("id").alias("d"))
+    plan = api.analyzed_plan(df)
+    assert plan is not None and plan.kind == "Aggregate"
+    assert [e.name for e in plan.grouping] == ["k"]
+    s, d = plan.aggregates[1], plan.aggregates[2]
+    assert s.kind == "Alias" and s.name == "s"
+    agg = s.children[0]
+    assert agg.kind == "AggregateExpression" and agg.function is not None
+    assert agg.function.kind == "Sum" and agg.data_type == "BIGINT" and not agg.distinct
+    assert d.children[0].distinct
+    assert {n.kind for n in walk(plan)} >= {"Aggregate", "Project", "Range"}
+    assert api.deterministic(df) is True
+    assert api.deterministic(spark.range(3).select(F.rand())) is False
+    child = api.plan_child_frame(df)
+    assert child is not None and child.columns == ["id", "k"]
+    assert api.hash_partitioning(spark.range(10).repartition(4, "id")) == (("id",), 4)
+    assert api.provably_empty(spark.range(10).where("1 = 0"))
+    assert not api.provably_empty(spark.range(10))
+    assert api.size_estimate(spark.range(1000)) == 8000
+    assert api.default_parallelism() >= 1
+    assert "Exchange" in api.executed_plan(spark.range(10).repartition(3))
+
+
+def _sleep_per_batch(batches):  # noqa: ANN001, ANN202 - a mapInArrow function
+    import time
+
+    for batch in batches:
+        for i in range(batch.num_rows):
+            time.sleep(1.0)
+            yield batch.slice(i, 1)
+
+
+def test_the_seam_answers_on_this_kind_of_session(spark):
+    """Runs on the classic session here and on Spark Connect in tests/test_connect.py."""
+    import threading
+    import time
+
+    from pyspark.sql import functions as F
+
+    from spark_ckpt.sparkapi import is_connect, spark_api
+
+    api = spark_api(spark)
+    assert api.kind == ("connect" if is_connect(spark) else "classic")
+    assert api.app_id()
+    assert api.default_parallelism() >= 1
+    shuffled = spark.range(100).groupBy((F.col("id") % 3).alias("k")).count()
+    assert "Exchange hashpartitioning" in api.executed_plan(shuffled)
+    assert "Exchange" not in api.executed_plan(spark.range(10).where("id > 3"))
+    assert api.provably_empty(spark.range(10).where("1 = 0"))
+    assert not api.provably_empty(spark.range(10))
+    size = api.size_estimate(spark.range(1000))
+    assert size is not None and 4000 <= size <= 16000
+    # a job group: its jobs are cancelled by name, the thread's earlier group comes back
+    started = threading.Event()
+    failure: list[BaseException] = []
+
+    def slow_job() -> None:
+        with api.job_group("spark_ckpt-test-cancel", "a job to cancel"):
+            started.set()
+            try:  # an hour of Python tasks, each checking for the kill between batches
+                spark.range(0, 3600, numPartitions=2).mapInArrow(
+                    _sleep_per_batch, "id long").collect()
+            except BaseException as exc:  # noqa: BLE001 - the cancellation is the point
+                failure.append(exc)
+
+    thread = threading.Thread(target=slow_job)
+    thread.start()
+    assert started.wait(60)
+    deadline = 120.0
+    while thread.is_alive() and deadline > 0:
+        api.cancel_group("spark_ckpt-test-cancel")
+        thread.join(1.0)
+        deadline -= 1.0
+    assert not thread.is_alive(), "the job group was not cancelled"
+    assert failure, "the job finished instead of being cancelled"
+    # and its tasks are gone: the next job gets the cores at once
+    t0 = time.monotonic()
+    assert spark.range(0, 1000, numPartitions=2).count() == 1000
+    assert time.monotonic() - t0 < 30
+
+
+ORPHAN_CHILD = r"""
+import sys, threading
+from pyspark.sql import SparkSession, functions as F
+from spark_ckpt.fencing import client_session
+from spark_ckpt.formats import dump_record
+spark = SparkSession.builder.getOrCreate()  # SPARK_REMOTE: a Connect client
+with open(sys.argv[1], "wb") as f:
+    f.write(dump_record("pipeline-run", 1, {"pipeline": "p", "started_ms": 0,
+                                             **client_session(spark)}))
+def slow(batches):
+    import time
+    for batch in batches:
+        for i in range(batch.num_rows):
+            time.sleep(1.0)
+            yield batch.slice(i, 1)
+threading.Thread(target=lambda: spark.range(0, 3600, numPartitions=2)
+                 .mapInArrow(slow, "id long").collect(), daemon=True).start()
+import time; time.sleep(3); print("RUNNING", flush=True); time.sleep(600)
+"""
+
+
+def test_operations_a_killed_client_left_running_are_interrupted_by_the_next(spark, tmp_path):
+    """On Spark Connect a killed client's query runs on in the server; the next driver
+    interrupts it through the session its marker names. A classic driver's jobs die with it."""
+    import subprocess
+    import sys
+
+    from helpers import child_env, kill_group, wait_for
+
+    from spark_ckpt.fencing import client_session, interrupt_earlier_clients
+    from spark_ckpt.sparkapi import is_connect
+    from spark_ckpt.storage import Storage
+
+    marker = tmp_path / "00000001.json"
+    if not is_connect(spark):
+        assert client_session(spark) == {}
+        assert interrupt_earlier_clients(spark, Storage(str(tmp_path)), [str(marker)],
+                                         "pipeline-run", "test") == 0
+        return
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN_CHILD, str(marker)],
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "RUNNING" in line:
+                break
+        else:
+            pytest.fail("the client never started its query")
+    finally:
+        kill_group(proc)  # SIGKILL: the query runs on in the server
+    store = Storage(str(tmp_path))
+    assert interrupt_earlier_clients(spark, store, [str(marker)], "pipeline-run", "test") >= 1
+    assert wait_for(lambda: interrupt_earlier_clients(  # and nothing is left running there
+        spark, store, [str(marker)], "pipeline-run", "test") == 0, timeout=60)
+    assert spark.range(0, 1000, numPartitions=2).count() == 1000  # the cores are free again

@@ -4,6 +4,9 @@ produce exactly an uninterrupted run's output, re-running exactly the partitions
 
 from __future__ import annotations
 
+import json
+import os
+
 from spark_ckpt.delta_reader import read_delta
 import signal
 
@@ -35,6 +38,9 @@ def crash(orders_input, tmp_path, fault, job_id="orders", **env):
         f"driver was not killed at {fault} (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
         f"\n{proc.stderr[-3000:]}"
     )
+    if os.environ.get("SPARK_CKPT_TEST_REMOTE"):  # the driver was a Spark Connect client
+        newest = sorted((tmp_path / "work" / job_id / "attempts").glob("*.json"))[-1]
+        assert json.loads(newest.read_text()).get("connect_session"), newest.read_text()
 
 
 def resubmit(spark, orders_input, tmp_path, job_id="orders", settings=SETTINGS):

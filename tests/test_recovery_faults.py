@@ -14,6 +14,7 @@ import pytest
 
 import orders_report as report
 from helpers import (
+    LONG_FAULTS,
     TOTAL_PARTITIONS,
     assert_outputs_equal,
     delta_writes,
@@ -107,6 +108,14 @@ def test_kill_after_the_job_finished_is_already_complete(
     assert delta_writes(str(tmp_path / "out")) == 1
 
 
+# Both run as Spark Connect clients in CI (tests/test_connect.py); on classic drivers with
+# SPARK_CKPT_LONG_FAULTS=1 (every other test here kills classic drivers)
+ON_CONNECT_IN_CI = pytest.mark.skipif(
+    not (LONG_FAULTS or os.environ.get("SPARK_CKPT_TEST_REMOTE")),
+    reason="runs on Spark Connect in CI; on classic with SPARK_CKPT_LONG_FAULTS=1")
+
+
+@ON_CONNECT_IN_CI
 def test_killed_twice_in_a_row_then_recovered(spark, orders_input, expected_daily, tmp_path):
     crash(orders_input, tmp_path, "partition.finished:2")
     first = durable(tmp_path / "work")
@@ -121,6 +130,7 @@ def test_killed_twice_in_a_row_then_recovered(spark, orders_input, expected_dail
     assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
 
 
+@ON_CONNECT_IN_CI
 def test_killed_from_outside_mid_vertex(spark, orders_input, expected_daily, tmp_path):
     proc = start_driver(orders_input, str(tmp_path / "out"), str(tmp_path / "work"))
     try:

@@ -35,6 +35,19 @@ PARITY = {
         "[vertex.finished:1-6]",
         "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
         "[sink.commit.files]",
+        "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
+        "[vertex.finished:2-2]",
+        "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
+        "[vertex.finished:3-0]",
+        "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
+        "[sink.commit.started:2]",
+        "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
+        "[sink.committed:2]",
+        "tests/test_recovery_faults.py::test_kill_after_the_job_finished_is_already_complete",
+        "tests/test_recovery_faults.py::test_torn_event_log_tail_is_tolerated",
+        "tests/test_recovery_faults.py::test_unreadable_event_log_starts_fresh_and_keeps_the_old_log",
+        "tests/test_recovery_faults.py::"
+        "test_event_log_appends_that_fail_twice_are_retried_and_the_job_completes",
         "tests/test_recovery_faults.py::test_killed_twice_in_a_row_then_recovered",
         "tests/test_recovery_faults.py::test_killed_from_outside_mid_vertex",
     ],

@@ -100,11 +100,17 @@ class Fence:
                                          f"{self.version + 1:020d}.json"))
 
 
-def client_session(spark: Any) -> dict[str, str]:
-    """The field a driver's run or attempt marker carries on Spark Connect: the session its
-    operations run in, so the next driver can interrupt what this one leaves running."""
-    session = spark_api(spark).session_id()
-    return {"connect_session": session} if session else {}
+def client_session(spark: Any, tag: str) -> dict[str, str]:
+    """The fields a driver's run or attempt marker carries on Spark Connect: the session its
+    operations run in, the user the server knows it as, and ``tag``, the tag every Spark
+    operation of this run or attempt carries: the next driver interrupts what this one leaves
+    running, and nothing else of that session."""
+    api = spark_api(spark)
+    session = api.session_id()
+    if not session:
+        return {}
+    return {"connect_session": session, "connect_user": api.session_user() or "",
+            "connect_tag": tag}
 
 
 def interrupt_earlier_clients(spark: Any, storage: Storage, markers: list[str], kind: str,
@@ -115,8 +121,9 @@ def interrupt_earlier_clients(spark: Any, storage: Storage, markers: list[str], 
     runs a killed client's operation on (until its detach timeout) and a fenced client's for as
     long as it keeps submitting. Their output never commits (staging is per try and commits are
     fenced), but they hold the server's cores. ``markers`` are the earlier drivers' run or
-    attempt records (``kind``); each names its Connect session (:func:`client_session`).
-    Returns how many operations were interrupted; a failure to interrupt only costs time."""
+    attempt records (``kind``); each names its Connect session and the tag of its operations
+    (:func:`client_session`): only those are interrupted, whatever else that session (a
+    notebook's) runs now. Returns how many; a failure to interrupt only costs time."""
     api = spark_api(spark)
     own = api.session_id()
     if own is None:
@@ -124,19 +131,21 @@ def interrupt_earlier_clients(spark: Any, storage: Storage, markers: list[str], 
     interrupted = 0
     for path in markers:
         try:
-            session = load_record(storage.read_bytes(path), kind, (1,)).get("connect_session")
+            record = load_record(storage.read_bytes(path), kind, (1,))
         except Exception:  # noqa: BLE001 - an unreadable marker names no session
             continue
-        if not session or session == own:
+        session, tag = record.get("connect_session"), record.get("connect_tag")
+        if not session or not tag or session == own:
             continue
         try:
-            ids = api.interrupt_session(str(session))
+            ids = api.interrupt_session(str(session), str(tag),
+                                        str(record.get("connect_user") or "") or None)
         except Exception as exc:  # noqa: BLE001 - costs the server's cores, not correctness
             log.warning("%s: could not interrupt what an earlier driver left running in "
                         "Spark Connect session %s: %s", who, session, exc)
             continue
         if ids:
             log.warning("%s: interrupted %d operation(s) an earlier driver left running in "
-                        "Spark Connect session %s", who, len(ids), session)
+                        "Spark Connect session %s (tag %s)", who, len(ids), session, tag)
         interrupted += len(ids)
     return interrupted

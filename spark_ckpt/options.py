@@ -459,7 +459,9 @@ class Settings:
         elif hasattr(conf, "get"):
             runtime = conf
             _warn_unknown(_session_keys(runtime))
-            if type(runtime).__module__.startswith("pyspark.sql.connect"):
+            from spark_ckpt.sparkapi import is_connect
+
+            if is_connect(runtime):
                 # one round trip to the server for every setting, not one per option
                 listed = runtime.getAll  # type: ignore[union-attr]
                 every = dict(listed() if callable(listed) else listed)

@@ -157,6 +157,19 @@ def test_the_seam_answers_on_this_kind_of_session(spark):
             except BaseException as exc:  # noqa: BLE001 - the cancellation is the point
                 failure.append(exc)
 
+    # a group inside another: the outer one is back after it
+    with api.job_group("spark_ckpt-test-outer", "outer"):
+        with api.job_group("spark_ckpt-test-inner", "inner", owner="spark_ckpt-test-owner"):
+            pass
+        if is_connect(spark):
+            assert spark.getTags() == {"spark_ckpt-test-outer"}
+        else:
+            assert spark.sparkContext.getLocalProperty("spark.jobGroup.id") == \
+                "spark_ckpt-test-outer"
+    if is_connect(spark):
+        assert spark.getTags() == set()
+    else:
+        assert spark.sparkContext.getLocalProperty("spark.jobGroup.id") is None
     thread = threading.Thread(target=slow_job)
     thread.start()
     assert started.wait(60)
@@ -178,18 +191,24 @@ import sys, threading
 from pyspark.sql import SparkSession, functions as F
 from spark_ckpt.fencing import client_session
 from spark_ckpt.formats import dump_record
+from spark_ckpt.sparkapi import spark_api
 spark = SparkSession.builder.getOrCreate()  # SPARK_REMOTE: a Connect client
 with open(sys.argv[1], "wb") as f:
     f.write(dump_record("pipeline-run", 1, {"pipeline": "p", "started_ms": 0,
-                                             **client_session(spark)}))
+                                             **client_session(spark, "run-1-tag")}))
 def slow(batches):
     import time
     for batch in batches:
         for i in range(batch.num_rows):
             time.sleep(1.0)
             yield batch.slice(i, 1)
-threading.Thread(target=lambda: spark.range(0, 3600, numPartitions=2)
-                 .mapInArrow(slow, "id long").collect(), daemon=True).start()
+def ours():  # the run's operation: tagged, an hour long
+    with spark_api(spark).job_group("g", "d", owner="run-1-tag"):
+        spark.range(0, 3600, numPartitions=1).mapInArrow(slow, "id long").collect()
+def others():  # other work of the same session (a notebook's): not ours to interrupt
+    spark.range(0, 15, numPartitions=1).mapInArrow(slow, "id long").collect()
+threading.Thread(target=ours, daemon=True).start()
+threading.Thread(target=others, daemon=True).start()
 import time; time.sleep(3); print("RUNNING", flush=True); time.sleep(600)
 """
 
@@ -208,7 +227,7 @@ def test_operations_a_killed_client_left_running_are_interrupted_by_the_next(spa
 
     marker = tmp_path / "00000001.json"
     if not is_connect(spark):
-        assert client_session(spark) == {}
+        assert client_session(spark, "run-1-tag") == {}
         assert interrupt_earlier_clients(spark, Storage(str(tmp_path)), [str(marker)],
                                          "pipeline-run", "test") == 0
         return
@@ -225,7 +244,8 @@ def test_operations_a_killed_client_left_running_are_interrupted_by_the_next(spa
     finally:
         kill_group(proc)  # SIGKILL: the query runs on in the server
     store = Storage(str(tmp_path))
-    assert interrupt_earlier_clients(spark, store, [str(marker)], "pipeline-run", "test") >= 1
+    # the run's tagged operation, not the session's other one
+    assert interrupt_earlier_clients(spark, store, [str(marker)], "pipeline-run", "test") == 1
     assert wait_for(lambda: interrupt_earlier_clients(  # and nothing is left running there
         spark, store, [str(marker)], "pipeline-run", "test") == 0, timeout=60)
     assert spark.range(0, 1000, numPartitions=2).count() == 1000  # the cores are free again

@@ -145,11 +145,19 @@ class JobRunner:
         while True:
             body = {"job_id": self.run_id, "attempt": n, "host": socket.gethostname(),
                     "pid": os.getpid(), "started_ms": int(time.time() * 1000),
-                    **client_session(self.spark)}
+                    **client_session(self.spark, self._owner_tag(n))}
             if self.storage.create_exclusive(self._attempt_marker(n),
                                              dump_record("job-attempt", 1, body)):
                 return n
             n += 1
+
+    def _owner_tag(self, attempt: int) -> str:
+        return f"spark_ckpt-{self.run_id}-a{attempt}"
+
+    @property
+    def owner_tag(self) -> str:
+        """The tag of every Spark operation of this attempt (on Spark Connect)."""
+        return self._owner_tag(self.attempt)
 
     def _is_fenced(self) -> bool:
         # The fence decides (a Delta commit, a CAS where Delta's is); the marker of attempt
@@ -484,7 +492,8 @@ class JobRunner:
         # the caller's job group is back after it
         with spark_api(self.spark).job_group(
                 f"spark_ckpt-{self.run_id}-a{self.attempt}-plan",
-                f"spark_ckpt job {self.run_id}: sampling for durable cuts"):
+                f"spark_ckpt job {self.run_id}: sampling for durable cuts",
+                owner=self.owner_tag):
             plan = plan_cuts(self.graph, planner_sampler(planner, splits),
                              max_ratio=self.settings.batch_cut_max_percent / 100.0,
                              mode=self.settings.batch_cuts, recorded=recorded)

@@ -62,6 +62,7 @@ class Attempt(Protocol):
 
     run_id: str
     attempt: int
+    owner_tag: str  # tags every Spark operation of the attempt (Spark Connect)
     graph: JobGraph
     spark: SparkSession
     settings: Settings
@@ -427,7 +428,7 @@ class VertexRunner:
                     self._prepared.add(w.target)
         with spark_api(self.spark).job_group(
                 group, f"spark_ckpt job {job.run_id} attempt {job.attempt}: vertex "
-                f"{vertex.id} partitions {parts[0]}..{parts[-1]}"):
+                f"{vertex.id} partitions {parts[0]}..{parts[-1]}", owner=job.owner_tag):
             self._write_unit(vertex, parts, df, writes, executions, started_ms)
 
     def _write_unit(self, vertex: JobVertex, parts: list[int], df: DataFrame,

@@ -84,7 +84,9 @@ class ClassicSpark:
         return int(self._sc.defaultParallelism)
 
     @contextlib.contextmanager
-    def job_group(self, group: str, description: str) -> Iterator[None]:
+    def job_group(self, group: str, description: str, *,
+                  owner: str | None = None) -> Iterator[None]:
+        # owner: a classic driver's jobs end with its JVM; nobody interrupts them later
         sc = self._sc
         saved = {k: sc.getLocalProperty(k) for k in _GROUP_KEYS}
         sc.setJobGroup(group, description, interruptOnCancel=True)
@@ -147,5 +149,8 @@ class ClassicSpark:
     def session_id(self) -> str | None:
         return None
 
-    def interrupt_session(self, session_id: str) -> list[str]:
+    def session_user(self) -> str | None:
+        return None
+
+    def interrupt_session(self, session_id: str, tag: str, user: str | None) -> list[str]:
         return []  # a classic driver's jobs end with its JVM

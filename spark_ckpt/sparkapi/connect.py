@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from spark_ckpt.errors import EnvironmentError_
 from spark_ckpt.sparkapi.types import PlanNode
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["ConnectSpark"]
+
+log = logging.getLogger(__name__)
 
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
           "PiB": 1 << 50, "EiB": 1 << 60}
@@ -56,17 +60,24 @@ class ConnectSpark:
         # physical plan says how many splits (analysis only: no job runs)
         text = self.executed_plan(self.spark.range(1 << 20))
         found = _SPLITS.search(text)
-        return int(found.group(1)) if found else 2
+        if not found:
+            log.warning("Spark Connect: no 'Range (..., splits=N)' in the server's plan of "
+                        "spark.range; taking a default parallelism of 2. The plan:\n%s", text)
+            return 2
+        return int(found.group(1))
 
     @contextlib.contextmanager
-    def job_group(self, group: str, description: str) -> Iterator[None]:
-        had = group in self.spark.getTags()
-        self.spark.addTag(group)
+    def job_group(self, group: str, description: str, *,
+                  owner: str | None = None) -> Iterator[None]:
+        tags = [t for t in (group, owner) if t]
+        added = [t for t in tags if t not in self.spark.getTags()]
+        for tag in added:
+            self.spark.addTag(tag)
         try:
             yield
         finally:
-            if not had:
-                self.spark.removeTag(group)
+            for tag in added:
+                self.spark.removeTag(tag)
 
     def describe(self, text: str) -> None:
         """Connect has no per-thread job description; the operation tags name the work."""
@@ -75,7 +86,12 @@ class ConnectSpark:
         self.spark.interruptTag(group)
 
     def executed_plan(self, df: DataFrame) -> str:
-        return "\n".join(_section(df._explain_string(mode="simple"), "Physical Plan"))
+        text = df._explain_string(mode="simple")
+        lines = _section(text, "Physical Plan")
+        if not lines:  # never read an unknown format as "no exchanges"
+            raise EnvironmentError_("expected a '== Physical Plan ==' section in the Spark "
+                                f"Connect server's explain text, found: {text[:500]!r}")
+        return "\n".join(lines)
 
     def hash_partitioning(self, df: DataFrame) -> tuple[tuple[str, ...] | None, int] | None:
         return None  # not in the explain text: callers repartition by the key themselves
@@ -103,18 +119,28 @@ class ConnectSpark:
     def session_id(self) -> str | None:
         return str(self.spark.session_id)
 
-    def interrupt_session(self, session_id: str) -> list[str]:
-        """Attach a second client to ``session_id`` over this client's channel settings (URL,
-        token, user) and interrupt all its operations. The session itself stays (the server
-        expires it when idle)."""
+    def session_user(self) -> str | None:
+        user = getattr(self.spark.client, "_user_id", None)
+        return str(user) if user else None
+
+    def interrupt_session(self, session_id: str, tag: str, user: str | None) -> list[str]:
+        """Attach a second client to ``session_id`` (as ``user``: the server finds sessions
+        by user and id) over this client's channel settings (URL, token) and interrupt the
+        operations tagged ``tag``. A session the server closed or forgot has nothing left."""
         from pyspark.sql.connect.client import SparkConnectClient
 
         if session_id == self.session_id():
             return []
         builder = copy.copy(self.spark.client._builder)
         builder._params = {**builder._params, "session_id": session_id}
+        if user:
+            builder._params["user_id"] = user
         client = SparkConnectClient(connection=builder)
         try:
-            return list(client.interrupt_all() or [])
+            return list(client.interrupt_tag(tag) or [])
+        except Exception as exc:
+            if "SESSION_CLOSED" in str(exc) or "SESSION_NOT_FOUND" in str(exc):
+                return []  # released by its driver, or expired: nothing runs there
+            raise
         finally:
             client.close()

@@ -56,9 +56,12 @@ class SparkApi(Protocol):
     def default_parallelism(self) -> int:
         """How many tasks Spark runs at once by default."""
 
-    def job_group(self, group: str, description: str) -> AbstractContextManager[None]:
+    def job_group(self, group: str, description: str, *,
+                  owner: str | None = None) -> AbstractContextManager[None]:
         """Every Spark job this thread starts inside belongs to ``group`` (cancellable with
-        :meth:`cancel_group`); the thread's previous group is back after it."""
+        :meth:`cancel_group`); the thread's previous group is back after it. ``owner`` tags the
+        jobs with the driver attempt or run too (on Spark Connect, where a later driver
+        interrupts by it what a killed one left running)."""
 
     def describe(self, text: str) -> None:
         """Label the next Spark jobs of this thread in the UI (no-op where unsupported)."""
@@ -94,9 +97,14 @@ class SparkApi(Protocol):
         """The Spark Connect session this client works in; None on a classic session (whose
         jobs end with its driver)."""
 
-    def interrupt_session(self, session_id: str) -> list[str]:
-        """Interrupt every operation still running in another client's session (a crashed
-        client's: the server runs them on after the client is gone); the ids interrupted."""
+    def session_user(self) -> str | None:
+        """The user the Spark Connect server knows this client as; None on classic."""
+
+    def interrupt_session(self, session_id: str, tag: str, user: str | None) -> list[str]:
+        """Interrupt the operations tagged ``tag`` still running in another client's session
+        (a crashed client's: the server runs them on after the client is gone); the ids
+        interrupted. Nothing else of that session is touched (a notebook's session may have
+        moved on to other work)."""
 
 
 def walk(node: PlanNode) -> Iterator[PlanNode]:

@@ -136,6 +136,7 @@ class StreamingContext:
         # made before pipeline ids existed keeps its old ids ("<name>")
         self.pipeline_id = ""
         self.lineage = name
+        self.owner_tag = ""  # tags every Spark operation of this run (Spark Connect)
         self.checkpointing = False
         self.coordinator: CheckpointCoordinator | None = None
         self.checkpoint_storage: CheckpointStorage | None = None
@@ -275,11 +276,13 @@ class StreamingContext:
         self.storage.makedirs(runs)
         while True:
             number = max(self._runs(), default=0) + 1
+            tag = f"spark_ckpt-{self.lineage}-r{number}"
             body = {"pipeline": self.name, "started_ms": int(time.time() * 1000),
-                    **client_session(self.spark)}
+                    **client_session(self.spark, tag)}
             if self.storage.create_exclusive(join(runs, f"{number:08d}.json"),
                                              dump_record("pipeline-run", 1, body)):
                 self._fence.claim(f"run {number}")
+                self.owner_tag = tag
                 interrupt_earlier_clients(
                     self.spark, self.storage,
                     [join(runs, f"{n:08d}.json") for n in range(max(1, number - 3), number)],

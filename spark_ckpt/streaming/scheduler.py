@@ -58,6 +58,7 @@ class SchedulerScope(Protocol):
     It reports back only through the callbacks it is given."""
 
     name: str
+    owner_tag: str  # tags every Spark operation of this run (Spark Connect)
     spark: SparkSession
     settings: Settings
     graph: StreamGraph
@@ -209,7 +210,8 @@ class JobScheduler:
             "pipeline": ctx.name, "batch_id": b, "batch_time_ms": allocation.batch_time_ms,
             "recovered": recovered})
         try:
-            scope.enter_context(api.job_group(group, f"spark_ckpt pipeline {ctx.name} batch {b}"))
+            scope.enter_context(api.job_group(group, f"spark_ckpt pipeline {ctx.name} batch {b}",
+                                              owner=ctx.owner_tag or None))
             t0 = time.perf_counter()
             reachable = {s.id for s in ctx.graph.reachable()}
             for op in ctx.graph.stateful:  # state moves once per batch, whatever outputs skip

@@ -120,7 +120,7 @@ def _sleep_per_batch(batches):  # noqa: ANN001, ANN202 - a mapInArrow function
 
     for batch in batches:
         for i in range(batch.num_rows):
-            time.sleep(1.0)
+            time.sleep(1.0)  # the workload itself (an hour of it), which the test cancels
             yield batch.slice(i, 1)
 
 
@@ -200,7 +200,7 @@ def slow(batches):
     import time
     for batch in batches:
         for i in range(batch.num_rows):
-            time.sleep(1.0)
+            time.sleep(1.0)  # the workload itself: slow Python tasks, which stop when killed
             yield batch.slice(i, 1)
 def ours():  # the run's operation: tagged, an hour long
     with spark_api(spark).job_group("g", "d", owner="run-1-tag"):
@@ -209,7 +209,8 @@ def others():  # other work of the same session (a notebook's): not ours to inte
     spark.range(0, 15, numPartitions=1).mapInArrow(slow, "id long").collect()
 threading.Thread(target=ours, daemon=True).start()
 threading.Thread(target=others, daemon=True).start()
-import time; time.sleep(3); print("RUNNING", flush=True); time.sleep(600)
+print("RUNNING", flush=True)
+threading.Event().wait()  # until the test SIGKILLs this client
 """
 
 
@@ -244,8 +245,12 @@ def test_operations_a_killed_client_left_running_are_interrupted_by_the_next(spa
     finally:
         kill_group(proc)  # SIGKILL: the query runs on in the server
     store = Storage(str(tmp_path))
-    # the run's tagged operation, not the session's other one
-    assert interrupt_earlier_clients(spark, store, [str(marker)], "pipeline-run", "test") == 1
+    # the run's tagged operation, not the session's other one: asked until the server has
+    # started it (the client submits it on its own thread)
+    counts: list[int] = []
+    assert wait_for(lambda: counts.append(interrupt_earlier_clients(
+        spark, store, [str(marker)], "pipeline-run", "test")) or sum(counts) > 0, timeout=60)
+    assert sum(counts) == 1
     assert wait_for(lambda: interrupt_earlier_clients(  # and nothing is left running there
         spark, store, [str(marker)], "pipeline-run", "test") == 0, timeout=60)
     assert spark.range(0, 1000, numPartitions=2).count() == 1000  # the cores are free again

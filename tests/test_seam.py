@@ -196,19 +196,30 @@ spark = SparkSession.builder.getOrCreate()  # SPARK_REMOTE: a Connect client
 with open(sys.argv[1], "wb") as f:
     f.write(dump_record("pipeline-run", 1, {"pipeline": "p", "started_ms": 0,
                                              **client_session(spark, "run-1-tag")}))
-def slow(batches):
-    import time
-    for batch in batches:
-        for i in range(batch.num_rows):
-            time.sleep(1.0)  # the workload itself: slow Python tasks, which stop when killed
-            yield batch.slice(i, 1)
+def slow(started):
+    def run(batches):
+        import pathlib, time
+        pathlib.Path(started).touch()  # the server runs this operation's task now
+        for batch in batches:
+            for i in range(batch.num_rows):
+                time.sleep(1.0)  # the workload itself: slow Python tasks, which stop when killed
+                yield batch.slice(i, 1)
+    return run
 def ours():  # the run's operation: tagged, an hour long
     with spark_api(spark).job_group("g", "d", owner="run-1-tag"):
-        spark.range(0, 3600, numPartitions=1).mapInArrow(slow, "id long").collect()
+        spark.range(0, 3600, numPartitions=1).mapInArrow(slow(sys.argv[1] + ".ours"),
+                                                         "id long").collect()
 def others():  # other work of the same session (a notebook's): not ours to interrupt
-    spark.range(0, 15, numPartitions=1).mapInArrow(slow, "id long").collect()
+    spark.range(0, 15, numPartitions=1).mapInArrow(slow(sys.argv[1] + ".others"),
+                                                   "id long").collect()
 threading.Thread(target=ours, daemon=True).start()
 threading.Thread(target=others, daemon=True).start()
+import os, time
+deadline = time.monotonic() + 120
+while not (os.path.exists(sys.argv[1] + ".ours") and os.path.exists(sys.argv[1] + ".others")):
+    if time.monotonic() > deadline:
+        sys.exit("the server never ran both operations")
+    time.sleep(0.05)  # both operations run in the server before this client dies
 print("RUNNING", flush=True)
 threading.Event().wait()  # until the test SIGKILLs this client
 """
@@ -245,12 +256,8 @@ def test_operations_a_killed_client_left_running_are_interrupted_by_the_next(spa
     finally:
         kill_group(proc)  # SIGKILL: the query runs on in the server
     store = Storage(str(tmp_path))
-    # the run's tagged operation, not the session's other one: asked until the server has
-    # started it (the client submits it on its own thread)
-    counts: list[int] = []
-    assert wait_for(lambda: counts.append(interrupt_earlier_clients(
-        spark, store, [str(marker)], "pipeline-run", "test")) or sum(counts) > 0, timeout=60)
-    assert sum(counts) == 1
+    # the run's tagged operation, not the session's other one (both run in the server now)
+    assert interrupt_earlier_clients(spark, store, [str(marker)], "pipeline-run", "test") == 1
     assert wait_for(lambda: interrupt_earlier_clients(  # and nothing is left running there
         spark, store, [str(marker)], "pipeline-run", "test") == 0, timeout=60)
     assert spark.range(0, 1000, numPartitions=2).count() == 1000  # the cores are free again

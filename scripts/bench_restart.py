@@ -72,7 +72,10 @@ def child(system: str, work: str, landing: str, customers_path: str) -> None:
             p = query.lastProgress
             if p and p["batchId"] > seen:
                 seen = p["batchId"]
-                if p["numInputRows"] > 0:
+                print(f"PROGRESS {p['batchId']} {[s['numInputRows'] for s in p['sources']]} "
+                      f"{p['numInputRows']}", file=sys.stderr, flush=True)
+                # a Connect client's progress carries the rows per source only
+                if sum(int(src["numInputRows"] or 0) for src in p["sources"]) > 0:
                     print(f"COMMITTED {p['batchId']}", flush=True)
             time.sleep(0.02)
 
@@ -112,20 +115,27 @@ def start(system: str, work: Path, landing: str, customers: str,
 
 
 def until_committed(proc: subprocess.Popen, timeout: float = 600) -> float:
-    """Seconds until the driver printed its first COMMITTED line (fails on exit or timeout)."""
-    import select
+    """Seconds until the driver printed its first COMMITTED line (fails on exit or timeout).
+    A thread reads the lines: select() on a buffered pipe misses lines already buffered."""
+    import queue
+    import threading
 
     assert proc.stdout is not None
     t0 = time.perf_counter()
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put("")],
+                     daemon=True).start()
     tail: list[str] = []
     while time.perf_counter() - t0 < timeout:
-        if select.select([proc.stdout], [], [], 1.0)[0]:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            tail = (tail + [line])[-40:]
-            if line.startswith("COMMITTED"):
-                return time.perf_counter() - t0
+        try:
+            line = lines.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        if not line:
+            break
+        tail = (tail + [line])[-40:]
+        if line.startswith("COMMITTED"):
+            return time.perf_counter() - t0
     kill(proc)
     raise SystemExit("the driver never committed:\n" + "".join(tail))
 

@@ -67,6 +67,10 @@ def child(system: str, work: str, landing: str, customers_path: str) -> None:
         query = (stream.writeStream.format("parquet").option("path", f"{work}/out")
                  .option("checkpointLocation", f"{work}/ckpt")
                  .trigger(processingTime="500 milliseconds").start())
+        if system == "ss-connect":  # for the parent: the query outlives this client
+            from spark_ckpt.sparkapi import spark_api
+
+            Path(work, "session").write_text(str(spark_api(spark).session_id()))
         seen = -1
         while True:
             p = query.lastProgress
@@ -148,6 +152,24 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def stop_orphaned_queries(remote: str | None, session_file: Path) -> None:
+    """A killed Connect client's streaming query runs on in the server (its session lives
+    until it times out) and would take the file that lands next. Structured Streaming stops
+    that run when the new driver starts the same query; stop it now, so the new driver's
+    restart is what is measured. (spark_ckpt's next driver interrupts its predecessor's
+    tagged operations itself; between batches a killed driver has none.)"""
+    from pyspark.sql import SparkSession
+
+    assert remote is not None
+    orphan = SparkSession.builder.remote(
+        f"{remote.rstrip('/')}/;session_id={session_file.read_text().strip()}").create()
+    try:
+        for query in orphan.streams.active:
+            query.stop()
+    finally:
+        orphan.stop()
+
+
 def one(system: str, base: Path, rep: int, customers: str, remote: str | None) -> dict:
     import orders_data
 
@@ -161,6 +183,8 @@ def one(system: str, base: Path, rep: int, customers: str, remote: str | None) -
     first_seconds = until_committed(first)
     time.sleep(2.0)  # a few more (empty) batches and, for spark_ckpt, its records
     kill(first)  # a crash: the whole process group, no shutdown
+    if system == "ss-connect":
+        stop_orphaned_queries(remote, work / "session")
     orders_data.drop_order_files(landing, files=1, first_file=2, rows_per_file=1000,
                                  fmt="parquet")
     started = time.perf_counter()

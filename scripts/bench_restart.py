@@ -104,6 +104,7 @@ def _env(remote: str | None) -> dict[str, str]:
                SPARK_CKPT_DEFAULTS=str(ROOT / "spark-defaults.conf"),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env.pop("SPARK_REMOTE", None)
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)  # set by a Connect session this process made
     if remote:
         env["SPARK_REMOTE"] = remote
     return env

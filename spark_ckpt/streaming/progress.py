@@ -39,7 +39,7 @@ class ProgressLog:
     keeping ``keep`` files in all. Object stores cannot append: there each batch is its own
     ``progress-<batch>.json`` and only the newest ``keep_files`` of them are kept.
 
-    Thread ownership: the scheduler's thread only.
+    Thread ownership: the pipeline loop's thread only.
     """
 
     def __init__(self, storage: Storage, root: str, *, max_bytes: int = 10 << 20,

@@ -26,6 +26,7 @@ from spark_ckpt.streaming.pipeline_loop import (
     Finished,
     PipelineLoop,
     SchedulerExited,
+    StartFailed,
     StopRequested,
 )
 from spark_ckpt.streaming.progress import ProgressLog
@@ -74,15 +75,17 @@ class _Generator:
 
     def __init__(self, batches, empty_from=None):
         self.batches, self.next_batch, self.times = batches, 0, []
-        self.empty_from = empty_from
+        self.empty_from, self.fail_at = empty_from, None
 
     def generate(self, batch_time_ms):
         if self.empty_from is not None and self.next_batch >= self.empty_from:
             return None
+        if self.fail_at == self.next_batch:
+            raise OSError("listing the source failed")
         queued = QueuedBatch(_alloc(self.next_batch), holds_slot=True)
-        self.batches.put(queued)
         self.times.append(batch_time_ms)
         self.next_batch += 1
+        self.batches.put(queued)
         return queued
 
     def next_tick(self, previous_ms):
@@ -93,7 +96,7 @@ class _Scheduler:
     graceful = False
 
     def __init__(self):
-        self.stops, self.cancels = [], 0
+        self.stops, self.cancels, self.running = [], 0, True
 
     def stop(self, *, drain=False):
         self.stops.append(drain)
@@ -102,7 +105,10 @@ class _Scheduler:
         self.cancels += 1
 
     def started(self):
-        return True
+        return self.running
+
+    def join(self):
+        pass
 
 
 class _Housekeeping:
@@ -111,6 +117,9 @@ class _Housekeeping:
 
     def batch_completed(self, progress):
         self.completed.append(progress["batch_id"])
+
+    def batch_started(self, info):
+        pass
 
     def checkpoint_stats(self, stats):
         pass
@@ -168,10 +177,10 @@ def test_a_cancelling_stop_is_no_failure_and_available_now_finishes():
     loop.post(StopRequested(graceful=False, cancel=True))
     assert wait_for(lambda: scheduler.cancels == 1 and scheduler.stops == [False], 10, 0.02)
     loop.post(BatchFailed(0, RuntimeError("cancelled"), holds_slot=True))
+    clock.advance(50_000)  # due five times over: a stopping loop generates nothing
+    assert not wait_for(lambda: generator.next_batch > 1, 0.5, 0.02)
     loop.post(SchedulerExited())
     assert life.terminated.wait(10) and life.error is None
-    clock.advance(50_000)
-    assert generator.next_batch == 1  # a stopped loop generates nothing
 
     loop, life, batches, generator, scheduler, house = _loop(
         ManualClock(start_ms=0), max_in_flight=5, available_now=True, empty_from=3)
@@ -181,6 +190,42 @@ def test_a_cancelling_stop_is_no_failure_and_available_now_finishes():
     loop.post(Finished())
     loop.post(SchedulerExited())
     assert life.terminated.wait(10) and life.error is None and scheduler.stops == [False]
+
+
+def test_the_loop_drains_after_an_allocation_failure_and_a_failure_beats_a_graceful_stop():
+    clock = ManualClock(start_ms=0)
+    loop, life, batches, generator, scheduler, house = _loop(clock, max_in_flight=3)
+    generator.fail_at = 2
+    loop.start()
+    assert batches.take().allocation.batch_id == 0
+    clock.advance(10_000)
+    assert batches.take().allocation.batch_id == 1
+    clock.advance(10_000)  # batch 2 cannot be allocated: batches 0 and 1 still run (drain)
+    assert wait_for(lambda: scheduler.stops == [True], 10, 0.02)
+    loop.post(SchedulerExited())
+    assert life.terminated.wait(10)
+    assert isinstance(life.error, OSError) and "listing the source" in str(life.error)
+
+    loop, life, batches, generator, scheduler, house = _loop(ManualClock(start_ms=0))
+    loop.start()
+    batches.take()
+    loop.post(StopRequested(graceful=True, cancel=False))
+    assert wait_for(lambda: scheduler.stops == [False], 10, 0.02) and scheduler.graceful
+    loop.post(BatchFailed(0, ValueError("the running batch failed"), holds_slot=True))
+    loop.post(SchedulerExited())
+    assert life.terminated.wait(10)
+    assert isinstance(life.error, ValueError)  # not hidden behind the stop
+
+
+def test_a_start_that_failed_before_the_scheduler_ran_terminates_at_once():
+    loop, life, batches, generator, scheduler, house = _loop(ManualClock(start_ms=0))
+    scheduler.running = False
+    error = OSError("receiver could not bind")
+    life.finish(error)  # start() records the outcome before the loop runs
+    loop.post(StartFailed(error))
+    loop.start()
+    assert life.terminated.wait(10) and life.error is error
+    assert house.shutdowns == [error] and scheduler.stops == []
 
 
 # -- the allocation store ------------------------------------------------------------------
@@ -331,6 +376,7 @@ def test_a_stop_while_start_is_restoring_stops_the_pipeline_once_it_is_up(spark,
     stopper.join(60)
     assert ctx.await_termination(0)  # stopped on request, no error
     assert ctx._lifecycle.state is PipelineState.STOPPED  # noqa: SLF001
+    ctx.loop.thread.join(10)  # it sets the termination as its last act
     assert not ctx.loop.thread.is_alive() and not ctx.scheduler.thread.is_alive()
 
 

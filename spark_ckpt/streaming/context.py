@@ -337,6 +337,7 @@ class StreamingContext:
                 self.coordinator.start()
             self.scheduler.start()
         except BaseException as exc:
+            self._lifecycle.finish(exc)  # the outcome, before start() raises it
             self.loop.post(StartFailed(exc))  # the loop stops what started, then terminates
             self.loop.start()
             raise
@@ -382,8 +383,8 @@ class StreamingContext:
             interval_ms=int(round(self.batch_interval * 1000)), next_batch=next_batch,
             skip_empty=self.settings.stream_skip_empty_batches or available_now)
         housekeeping = PipelineHousekeeping(
-            self.name, progress=self._progress, checkpoints=self._checkpoint_history,
-            progress_log=self.progress_log, listeners=self.listeners, tracker=self.tracker,
+            self.name, progress=self._progress, progress_log=self.progress_log,
+            listeners=self.listeners, tracker=self.tracker,
             coordinator=self.coordinator, outputs=list(self.graph.outputs),
             commits=self.commits, driver_state=self.driver_state,
             keep_batches=max(self.settings.stream_min_batches_to_retain,
@@ -490,7 +491,7 @@ class StreamingContext:
             next_id=restore.first_checkpoint_id(self._run or 0, s.checkpoint_max_concurrent),
             listeners=list(self.transactions.values()),
             on_failure=lambda exc: self._post(CheckpointFailed(exc)),
-            on_stats=lambda stats: self._post(CheckpointStats(stats)),
+            on_stats=self._checkpoint_stats,
             delete_files=restore.delete_state_files,
             live_files=self._live_state_files, fence=self.check_fenced, clock=self.clock,
             pre_commit=self._pre_commit_sinks)
@@ -555,6 +556,11 @@ class StreamingContext:
     def last_progress(self) -> dict[str, Any] | None:
         return self._progress.last()
 
+    def _checkpoint_stats(self, stats: dict[str, Any]) -> None:
+        """A checkpoint ended (the coordinator's thread, before its waiters are told)."""
+        self._checkpoint_history.append(stats)
+        self._post(CheckpointStats(stats))
+
     def _post(self, event: Any) -> None:
         """Hand ``event`` to the pipeline loop (any thread; never blocks)."""
         assert self.loop is not None
@@ -568,8 +574,8 @@ class StreamingContext:
         state = self._lifecycle.request_stop()
         if state in (PipelineState.CREATED, PipelineState.STOPPED, PipelineState.FAILED):
             return
-        if state is PipelineState.RUNNING:  # STARTING: start() stops it once it is up
-            self._post(StopRequested(graceful=graceful, cancel=not graceful))
+        if state in (PipelineState.RUNNING, PipelineState.STOPPING):  # STARTING: start()
+            self._post(StopRequested(graceful=graceful, cancel=not graceful))  # stops it
         if self.loop is not None and self.loop.on_loop_thread:
             return
         self._lifecycle.terminated.wait(timeout)
@@ -577,6 +583,12 @@ class StreamingContext:
     def await_termination(self, timeout: float | None = None) -> bool:
         """Wait for the pipeline to stop; True if it did. Raises the error that stopped it
         (or that made ``start()`` fail)."""
+        if self.loop is not None and self.loop.on_loop_thread and \
+                not self._lifecycle.terminated.is_set():
+            raise JobDefinitionError(
+                f"pipeline {self.name}: await_termination() called from a listener would wait "
+                "for the thread that runs it; call stop() there, or wait on another thread"
+            )
         stopped = self._lifecycle.terminated.wait(timeout)
         error = self._lifecycle.error
         if stopped and error is not None:

@@ -1,9 +1,10 @@
-"""What the pipeline loop keeps after each committed batch and checkpoint, and how it words a
-failure: the progress and checkpoint histories, the progress log, the listeners, the purge of
-old records, the shutdown of the receivers and the coordinator.
+"""What the pipeline loop keeps after each committed batch, and how it words a failure: the
+progress history and log, the listeners, the purge of old records, the shutdown of the
+receivers and the coordinator.
 
-Thread ownership: every method runs on the pipeline loop's thread (the histories are written
-only there; other threads read copies).
+Thread ownership: every method runs on the pipeline loop's thread (the progress history is
+written only there; other threads read copies). The checkpoint history is the coordinator's:
+it records a checkpoint's statistics before anyone waiting on that checkpoint is told.
 """
 
 from __future__ import annotations
@@ -28,14 +29,13 @@ log = logging.getLogger(__name__)
 
 
 class PipelineHousekeeping:
-    def __init__(self, pipeline: str, *, progress: RecentHistory, checkpoints: RecentHistory,
-                 progress_log: ProgressLog, listeners: list[StreamingListener],
+    def __init__(self, pipeline: str, *, progress: RecentHistory, progress_log: ProgressLog,
+                 listeners: list[StreamingListener],
                  tracker: ReceiverTracker, coordinator: Any, outputs: list[Any],
                  commits: MetadataLog, driver_state: MetadataLog, keep_batches: int,
                  fence: Callable[[], None]) -> None:
         self.pipeline = pipeline
         self._progress = progress
-        self._checkpoints = checkpoints
         self._progress_log = progress_log
         self._listeners = listeners
         self._tracker = tracker
@@ -45,6 +45,9 @@ class PipelineHousekeeping:
         self._driver_state = driver_state
         self._keep = keep_batches
         self._fence = fence
+
+    def batch_started(self, info: dict[str, Any]) -> None:
+        notify(self._listeners, "on_batch_started", info)
 
     def batch_completed(self, progress: dict[str, Any]) -> None:
         """After batch ``progress["batch_id"]`` committed. The batch is committed whatever
@@ -82,7 +85,6 @@ class PipelineHousekeeping:
         self._driver_state.purge(below)
 
     def checkpoint_stats(self, stats: dict[str, Any]) -> None:
-        self._checkpoints.append(stats)
         notify(self._listeners, "on_checkpoint", stats)
 
     def failure(self, batch_id: int, error: BaseException, *, drain: bool) -> BaseException:

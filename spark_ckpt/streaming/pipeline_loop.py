@@ -38,13 +38,19 @@ if TYPE_CHECKING:
     from spark_ckpt.streaming.generator import JobGenerator
     from spark_ckpt.streaming.lifecycle import Lifecycle
 
-__all__ = ["BatchCompleted", "BatchFailed", "CheckpointFailed", "CheckpointStats", "Finished",
-           "PipelineLoop", "SchedulerExited", "StartFailed", "StopRequested"]
+__all__ = ["BatchCompleted", "BatchFailed", "BatchStarted", "CheckpointFailed", "CheckpointStats",
+           "Finished", "PipelineLoop", "SchedulerExited", "StartFailed", "StopRequested"]
 
 log = logging.getLogger(__name__)
 
 
 # -- events ------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class BatchStarted:
+    """The scheduler starts a batch (``info`` for the listeners)."""
+    info: dict[str, Any]
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchCompleted:
     """The scheduler committed a batch (``progress``); ``holds_slot``: an in-flight slot is
@@ -74,6 +80,7 @@ class SchedulerExited:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointStats:
+    """A checkpoint ended (the coordinator recorded it in the history): tell the listeners."""
     stats: dict[str, Any]
 
 
@@ -111,14 +118,19 @@ class SchedulerControl(Protocol):
 
     def started(self) -> bool: ...
 
+    def join(self) -> None: ...
+
 
 class Housekeeping(Protocol):
     """The pipeline's records the loop keeps after each committed batch and checkpoint."""
 
+    def batch_started(self, info: dict[str, Any]) -> None: ...
+
     def batch_completed(self, progress: dict[str, Any]) -> None:
         """History, progress line, listeners, purge of old records (failures are warnings)."""
 
-    def checkpoint_stats(self, stats: dict[str, Any]) -> None: ...
+    def checkpoint_stats(self, stats: dict[str, Any]) -> None:
+        """Tell the listeners."""
 
     def failure(self, batch_id: int, error: BaseException, *, drain: bool) -> BaseException:
         """The pipeline's error for a failed batch (fencing reported as such)."""
@@ -191,10 +203,10 @@ class PipelineLoop:
         if self._ticking and self._in_flight < self._max_in_flight:
             if self._available_now:
                 timeout = 0
-            elif isinstance(self._clock, SystemClock):
-                timeout = max(0.0, (self._next_ms - self._clock.now_ms()) / 1000)
             else:
-                timeout = 0 if self._clock.now_ms() >= self._next_ms else None
+                timeout = max(0.0, (self._next_ms - self._clock.now_ms()) / 1000)
+                if not isinstance(self._clock, SystemClock):  # it may jump: look again soon
+                    timeout = min(timeout, 0.5)
         try:
             if timeout == 0:
                 return self._events.get_nowait()
@@ -203,7 +215,9 @@ class PipelineLoop:
             return None
 
     def _handle(self, event: Any) -> None:
-        if isinstance(event, BatchCompleted):
+        if isinstance(event, BatchStarted):
+            self._housekeeping.batch_started(event.info)
+        elif isinstance(event, BatchCompleted):
             if event.holds_slot:
                 self._in_flight -= 1
             self._housekeeping.batch_completed(event.progress)
@@ -222,8 +236,11 @@ class PipelineLoop:
             self._finish(error)
         elif isinstance(event, Finished):
             self._finish(None)
-        elif isinstance(event, StartFailed):
-            self._finish(event.error)
+        elif isinstance(event, StartFailed):  # start() recorded the outcome before the loop ran
+            self._ticking = False
+            self.stopping.set()
+            self._lifecycle.finish(event.error)
+            self._stop_scheduler(drain=False)
         elif isinstance(event, StopRequested):
             self._stop(event)
 
@@ -273,20 +290,34 @@ class PipelineLoop:
     def _drain_until_scheduler_exits(self) -> None:
         if not self._scheduler.started():
             return
-        while not isinstance(self._events.get(), SchedulerExited):
-            pass
+        while True:
+            event = self._events.get()
+            if isinstance(event, SchedulerExited):
+                return
+            try:
+                if isinstance(event, BatchCompleted):  # committed: keep its records
+                    self._housekeeping.batch_completed(event.progress)
+            except Exception:  # noqa: BLE001 - the loop already failed; keep draining
+                log.exception("Pipeline %s: housekeeping after a loop failure failed",
+                              self.pipeline)
 
     def _end(self) -> None:
         """The scheduler's thread ended (or never started): shut the rest down, terminate."""
-        self._finish(None)  # a plain stop's outcome; a no-op after a failure
         try:
+            self._scheduler.join()
+            self._handle_queued()  # a checkpoint failure posted meanwhile still decides
+            self._finish(None)  # a plain stop's outcome; a no-op after a failure
             self._housekeeping.shutdown(self._lifecycle.error)  # joins the coordinator
-            while True:  # statistics of checkpoints that ended during the shutdown
-                try:
-                    event = self._events.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(event, CheckpointStats):
-                    self._housekeeping.checkpoint_stats(event.stats)
+            self._handle_queued()  # checkpoints that ended during the shutdown
         finally:
+            self._finish(None)
             self._lifecycle.terminate()
+
+    def _handle_queued(self) -> None:
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(event, CheckpointStats | CheckpointFailed | BatchCompleted):
+                self._handle(event)

@@ -39,10 +39,10 @@ from spark_ckpt.streaming.batch_queue import FINISH, STOP, BatchQueue, QueuedBat
 from spark_ckpt.streaming.pipeline_loop import (
     BatchCompleted,
     BatchFailed,
+    BatchStarted,
     Finished,
     SchedulerExited,
 )
-from spark_ckpt.streaming.progress import notify
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -114,6 +114,10 @@ class JobScheduler:
     def started(self) -> bool:
         return self.thread.ident is not None
 
+    def join(self) -> None:
+        if self.started() and threading.current_thread() is not self.thread:
+            self.thread.join()
+
     def stop(self, *, drain: bool = False) -> None:
         """Stop after the running batch; with ``drain``, after every batch already queued."""
         if not drain:
@@ -124,7 +128,11 @@ class JobScheduler:
         """Cancel the running batch's Spark jobs (any thread); it fails and reruns on restart."""
         group = self.running_group
         if group:
-            spark_api(self.ctx.spark).cancel_group(group)
+            try:
+                spark_api(self.ctx.spark).cancel_group(group)
+            except Exception as exc:  # noqa: BLE001 - the stop goes on after the batch
+                log.warning("Pipeline %s: could not cancel the running batch (%s): %s",
+                            self.ctx.name, group, exc)
 
     def _loop(self) -> None:
         try:
@@ -223,9 +231,9 @@ class JobScheduler:
         durations: dict[str, float] = {}
         outputs: dict[str, Any] = {}
         staged: dict[str, Any] = {}
-        notify(ctx.listeners, "on_batch_started", {
+        self._post(BatchStarted({
             "pipeline": ctx.name, "batch_id": b, "batch_time_ms": allocation.batch_time_ms,
-            "recovered": recovered})
+            "recovered": recovered}))
         try:
             scope.enter_context(api.job_group(group, f"spark_ckpt pipeline {ctx.name} batch {b}",
                                               owner=ctx.owner_tag or None))

@@ -100,6 +100,28 @@ def test_dataframe_source_and_partitioned_delta_sink(spark, tmp_path):
     assert DeltaTable(str(tmp_path / "sums")).metadata().partition_columns == ["bucket"]
 
 
+def test_the_batch_runner_stamps_time_from_the_injected_clock(spark, tmp_path):
+    import json
+
+    from spark_ckpt.clock import ManualClock
+
+    clock = ManualClock(start_ms=1_234_000)
+    job = BatchJob("clocked", spark=spark, work_dir=str(tmp_path / "work"), settings=SETTINGS,
+                   clock=clock)
+    numbers = job.source("numbers", lambda s: s.range(0, 10), parallelism=2, split_by=["id"])
+    job.write_parquet(numbers, str(tmp_path / "out"))
+    assert job.run().status == "succeeded"
+    marker = json.loads((tmp_path / "work" / "clocked" / "attempts" / "00001.json").read_text())
+    assert marker["started_ms"] == 1_234_000
+    events = read_delta(str(tmp_path / "work" / "clocked" / "events")).to_pandas()
+    assert {t.value // 1000 for t in events["event_time"]} == {1_234_000_000}  # microseconds
+    finished = events[events["event_type"] == "ExecutionVertexFinished"]
+    assert len(finished) == 2
+    for payload in finished["payload"]:
+        body = json.loads(payload)
+        assert body["started_ms"] == body["finished_ms"] == 1_234_000
+
+
 def test_csv_and_json_sources_read_with_the_declared_schema(spark, tmp_path):
     (tmp_path / "csv").mkdir()
     (tmp_path / "csv" / "a.csv").write_text("id,name\n1,x\n2,y\n")

@@ -16,9 +16,19 @@ from spark_ckpt.errors import IllegalStateTransition
 from spark_ckpt.storage import Storage
 from spark_ckpt.streaming.allocations import AllocationStore
 from spark_ckpt.streaming.batch import BatchAllocation
-from spark_ckpt.streaming.batch_queue import BatchQueue, QueuedBatch
+from spark_ckpt.streaming.batch_queue import FINISH, BatchQueue, QueuedBatch
 from spark_ckpt.streaming.lifecycle import Lifecycle, PipelineState
 from spark_ckpt.streaming.metalog import MetadataLog
+from spark_ckpt.streaming.pipeline_loop import (
+    BatchCompleted,
+    BatchFailed,
+    CheckpointFailed,
+    Finished,
+    PipelineLoop,
+    SchedulerExited,
+    StartFailed,
+    StopRequested,
+)
 from spark_ckpt.streaming.progress import ProgressLog
 
 
@@ -46,7 +56,7 @@ def test_lifecycle_moves_only_along_its_table():
 
 def test_stop_before_start_stops_and_a_failed_start_cannot_start_again():
     life = Lifecycle("p")
-    assert life.request_stop(now=False) is PipelineState.CREATED
+    assert life.request_stop() is PipelineState.CREATED
     assert life.state is PipelineState.STOPPED and life.terminated.is_set()
     failed = Lifecycle("q")
     failed.begin_start()
@@ -55,37 +65,167 @@ def test_stop_before_start_stops_and_a_failed_start_cannot_start_again():
         failed.begin_start()
 
 
-# -- the batch queue -----------------------------------------------------------------------
+# -- the pipeline loop: the one owner of the schedule, the in-flight bound and the outcome -----
 def _alloc(b):
     return BatchAllocation(b, 1000 * b, {})
 
 
-def test_batch_queue_bounds_slots_and_recovered_batches_take_none():
-    q = BatchQueue(1)
-    cancel = threading.Event()
-    for b in range(3):  # a restart with more pending batches than slots
-        q.put(QueuedBatch(_alloc(b), recovered=True))
-    assert q.reserve(cancel)  # recovered batches hold no slot
-    got = []
-    blocked = threading.Thread(target=lambda: got.append(q.reserve(cancel)))
-    blocked.start()
-    q.put(QueuedBatch(_alloc(3), holds_slot=True))
-    assert [q.take().allocation.batch_id for _ in range(3)] == [0, 1, 2]
-    assert blocked.is_alive()  # the only slot is held by batch 3
-    q.done(q.take())
-    blocked.join(10)
-    assert got == [True]
-    stuck = threading.Thread(target=lambda: got.append(q.reserve(cancel)))
-    stuck.start()
-    cancel.set()
-    stuck.join(10)
-    assert got == [True, False]
+class _Generator:
+    """The generator's steps as the loop sees them: a queued batch, or None when empty."""
+
+    def __init__(self, batches, empty_from=None):
+        self.batches, self.next_batch, self.times = batches, 0, []
+        self.empty_from, self.fail_at = empty_from, None
+
+    def generate(self, batch_time_ms):
+        if self.empty_from is not None and self.next_batch >= self.empty_from:
+            return None
+        if self.fail_at == self.next_batch:
+            raise OSError("listing the source failed")
+        queued = QueuedBatch(_alloc(self.next_batch), holds_slot=True)
+        self.times.append(batch_time_ms)
+        self.next_batch += 1
+        self.batches.put(queued)
+        return queued
+
+    def next_tick(self, previous_ms):
+        return previous_ms + 10_000
 
 
-def test_a_closed_queue_hands_out_no_slot():
-    q = BatchQueue(2)
-    q.close()
-    assert q.reserve(threading.Event()) is False
+class _Scheduler:
+    graceful = False
+
+    def __init__(self):
+        self.stops, self.cancels, self.running = [], 0, True
+
+    def stop(self, *, drain=False):
+        self.stops.append(drain)
+
+    def cancel_running(self):
+        self.cancels += 1
+
+    def started(self):
+        return self.running
+
+    def join(self):
+        pass
+
+
+class _Housekeeping:
+    def __init__(self):
+        self.completed, self.shutdowns = [], []
+
+    def batch_completed(self, progress):
+        self.completed.append(progress["batch_id"])
+
+    def batch_started(self, info):
+        pass
+
+    def checkpoint_stats(self, stats):
+        pass
+
+    def failure(self, batch_id, error, *, drain):
+        return error
+
+    def checkpoint_failure(self, error):
+        return error
+
+    def shutdown(self, error):
+        self.shutdowns.append(error)
+
+
+def _loop(clock, max_in_flight=1, available_now=False, empty_from=None):
+    life = Lifecycle("p")
+    life.begin_start()
+    life.started()
+    batches = BatchQueue()
+    parts = (_Generator(batches, empty_from), _Scheduler(), _Housekeeping())
+    loop = PipelineLoop("p", lifecycle=life, generator=parts[0], batches=batches,
+                        scheduler=parts[1], housekeeping=parts[2], clock=clock,
+                        interval_ms=10_000, max_in_flight=max_in_flight,
+                        available_now=available_now)
+    return loop, life, batches, *parts
+
+
+def test_the_loop_ticks_on_its_clock_and_bounds_the_batches_in_flight():
+    clock = ManualClock(start_ms=0)
+    loop, life, batches, generator, scheduler, house = _loop(clock, max_in_flight=1)
+    loop.start()
+    first = batches.take()
+    assert first.allocation.batch_id == 0 and generator.times == [0]
+    clock.advance(30_000)  # three ticks due, one slot: nothing more is generated
+    assert not wait_for(lambda: generator.next_batch > 1, 0.5, 0.02)
+    loop.post(BatchCompleted({"batch_id": 0}, holds_slot=True))  # the slot is back
+    assert batches.take().allocation.batch_id == 1
+    assert generator.times == [0, 10_000]  # the next due tick
+    assert house.completed == [0]
+    loop.post(BatchFailed(1, ValueError("bad batch"), holds_slot=True))
+    loop.post(CheckpointFailed(OSError("later")))  # the first outcome wins
+    assert wait_for(lambda: scheduler.stops, 10, 0.02) and scheduler.stops == [False]
+    assert loop.stopping.is_set() and not life.terminated.is_set()  # the scheduler still runs
+    loop.post(SchedulerExited())
+    assert life.terminated.wait(10)
+    assert isinstance(life.error, ValueError) and house.shutdowns == [life.error]
+    assert generator.next_batch == 2  # nothing generated after the failure
+
+
+def test_a_cancelling_stop_is_no_failure_and_available_now_finishes():
+    clock = ManualClock(start_ms=0)
+    loop, life, batches, generator, scheduler, house = _loop(clock, max_in_flight=2)
+    loop.start()
+    assert batches.take().allocation.batch_id == 0
+    loop.post(StopRequested(graceful=False, cancel=True))
+    assert wait_for(lambda: scheduler.cancels == 1 and scheduler.stops == [False], 10, 0.02)
+    loop.post(BatchFailed(0, RuntimeError("cancelled"), holds_slot=True))
+    clock.advance(50_000)  # due five times over: a stopping loop generates nothing
+    assert not wait_for(lambda: generator.next_batch > 1, 0.5, 0.02)
+    loop.post(SchedulerExited())
+    assert life.terminated.wait(10) and life.error is None
+
+    loop, life, batches, generator, scheduler, house = _loop(
+        ManualClock(start_ms=0), max_in_flight=5, available_now=True, empty_from=3)
+    loop.start()
+    items = [batches.take() for _ in range(4)]  # as fast as slots allow, then the end
+    assert [i.allocation.batch_id for i in items[:3]] == [0, 1, 2] and items[3] == FINISH
+    loop.post(Finished())
+    loop.post(SchedulerExited())
+    assert life.terminated.wait(10) and life.error is None and scheduler.stops == [False]
+
+
+def test_the_loop_drains_after_an_allocation_failure_and_a_failure_beats_a_graceful_stop():
+    clock = ManualClock(start_ms=0)
+    loop, life, batches, generator, scheduler, house = _loop(clock, max_in_flight=3)
+    generator.fail_at = 2
+    loop.start()
+    assert batches.take().allocation.batch_id == 0
+    clock.advance(10_000)
+    assert batches.take().allocation.batch_id == 1
+    clock.advance(10_000)  # batch 2 cannot be allocated: batches 0 and 1 still run (drain)
+    assert wait_for(lambda: scheduler.stops == [True], 10, 0.02)
+    loop.post(SchedulerExited())
+    assert life.terminated.wait(10)
+    assert isinstance(life.error, OSError) and "listing the source" in str(life.error)
+
+    loop, life, batches, generator, scheduler, house = _loop(ManualClock(start_ms=0))
+    loop.start()
+    batches.take()
+    loop.post(StopRequested(graceful=True, cancel=False))
+    assert wait_for(lambda: scheduler.stops == [False], 10, 0.02) and scheduler.graceful
+    loop.post(BatchFailed(0, ValueError("the running batch failed"), holds_slot=True))
+    loop.post(SchedulerExited())
+    assert life.terminated.wait(10)
+    assert isinstance(life.error, ValueError)  # not hidden behind the stop
+
+
+def test_a_start_that_failed_before_the_scheduler_ran_terminates_at_once():
+    loop, life, batches, generator, scheduler, house = _loop(ManualClock(start_ms=0))
+    scheduler.running = False
+    error = OSError("receiver could not bind")
+    life.finish(error)  # start() records the outcome before the loop runs
+    loop.post(StartFailed(error))
+    loop.start()
+    assert life.terminated.wait(10) and life.error is error
+    assert house.shutdowns == [error] and scheduler.stops == []
 
 
 # -- the allocation store ------------------------------------------------------------------
@@ -138,6 +278,8 @@ def test_the_generator_ticks_on_the_injected_clock(spark, tmp_path):
         ctx.stop(graceful=False, timeout=60)
     assert [p["batch_time_ms"] for p in ctx.recent_progress] == [5_000_000, 5_010_000,
                                                                  5_020_000]
+    # the scheduler's timestamps come from the same clock
+    assert ctx.recent_progress[0]["timestamp"] == "1970-01-01T01:23:20.000Z"
 
 
 def test_a_restart_with_more_pending_batches_than_slots_runs_them_all(spark, tmp_path):
@@ -199,7 +341,7 @@ def test_housekeeping_failures_after_a_commit_are_warnings(spark, tmp_path, monk
     ctx = make_ctx(spark, tmp_path, stream_min_batches_to_retain=2)
     ctx.generator_stream("g", rows_per_batch=2, total_rows=24).foreach_batch(
         lambda df, b: None, name="o")
-    with caplog.at_level(logging.WARNING, logger="spark_ckpt.streaming.context"):
+    with caplog.at_level(logging.WARNING, logger="spark_ckpt.streaming"):
         progress = ctx.process_available(timeout=180)
     assert [p["batch_id"] for p in progress] == list(range(12))
     text = caplog.text
@@ -234,7 +376,8 @@ def test_a_stop_while_start_is_restoring_stops_the_pipeline_once_it_is_up(spark,
     stopper.join(60)
     assert ctx.await_termination(0)  # stopped on request, no error
     assert ctx._lifecycle.state is PipelineState.STOPPED  # noqa: SLF001
-    assert not ctx.generator.thread.is_alive() and not ctx.scheduler.thread.is_alive()
+    ctx.loop.thread.join(10)  # it sets the termination as its last act
+    assert not ctx.loop.thread.is_alive() and not ctx.scheduler.thread.is_alive()
 
 
 def test_the_progress_log_rotates_and_keeps_the_newest_files(tmp_path):

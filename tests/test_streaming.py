@@ -399,7 +399,7 @@ def test_stop_graceful_and_await_termination_timeout(spark, tmp_path):
     stopper = threading.Thread(target=ctx.stop, kwargs={"graceful": True, "timeout": 60})
     stopper.start()
     # the stop waits for the running batch: let it finish only once the stop has begun
-    assert _wait(lambda: ctx.generator.stopping.is_set(), 30)
+    assert _wait(lambda: ctx.loop.stopping.is_set(), 30)
     release.set()
     stopper.join(60)
     assert ctx.await_termination(0)

@@ -34,6 +34,7 @@ from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex, SinkSpec
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from spark_ckpt.clock import Clock
     from spark_ckpt.batch.cuts import CutPlan
 
 __all__ = ["BatchJob", "Input", "VertexRef"]
@@ -85,11 +86,12 @@ class BatchJob:
         spark: the session to run on (default: the active one, else one from defaults).
         work_dir: overrides ``spark.ckpt.workDir``.
         settings: overrides every ``spark.ckpt.*`` value read from the Spark conf.
+        clock: the time stamped on attempt markers and events (tests pass a manual clock).
     """
 
     def __init__(self, job_id: str, *, run_key: str | None = None,
                  spark: SparkSession | None = None, work_dir: str | None = None,
-                 settings: Settings | None = None) -> None:
+                 settings: Settings | None = None, clock: Clock | None = None) -> None:
         for what, value in (("job id", job_id), ("run key", run_key)):
             if value is None and what == "run key":
                 continue
@@ -103,6 +105,7 @@ class BatchJob:
         self._spark = spark
         self._work_dir = work_dir
         self._settings = settings
+        self._clock = clock
 
     # -- sources ---------------------------------------------------------------------------
     def read_files(self, name: str, path: str, *, format: FileFormat = "parquet",
@@ -257,7 +260,7 @@ class BatchJob:
         settings = self._settings or Settings.from_conf(spark.conf)
         if self._work_dir:
             settings = dataclasses.replace(settings, work_dir=self._work_dir)
-        return JobRunner(self.graph, self.run_id, spark, settings)
+        return JobRunner(self.graph, self.run_id, spark, settings, self._clock)
 
     def explain(self, *, show: bool = True) -> CutPlan:
         """Where the job becomes durable and why, as ``run()`` would decide now: each vertex

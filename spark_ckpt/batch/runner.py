@@ -35,6 +35,7 @@ from spark_ckpt.batch.recovery import plan_recovery
 from spark_ckpt.sinks import Sink, make_sink, micros_timestamps
 from spark_ckpt.batch.sources import FileSource, decode_splits
 from spark_ckpt.batch.vertex_runner import VertexRunner, exchanges
+from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import JobFencedError
 from spark_ckpt.fencing import Fence, client_session, interrupt_earlier_clients
 from spark_ckpt.eventlog.events import Event, EventType
@@ -112,8 +113,9 @@ class JobRunner:
     missing. Takes the job's graph and id, not the user's BatchJob."""
 
     def __init__(self, graph: JobGraph, run_id: str, spark: SparkSession,
-                 settings: Settings) -> None:
+                 settings: Settings, clock: Clock | None = None) -> None:
         self.run_id = run_id
+        self.clock = clock or SystemClock()  # markers' and events' timestamps
         self.graph = graph.copy()  # a run decides parallelism and cuts on its own copy
         self.spark = spark
         self.settings = settings
@@ -144,7 +146,7 @@ class JobRunner:
         n = max(existing, default=0) + 1
         while True:
             body = {"job_id": self.run_id, "attempt": n, "host": socket.gethostname(),
-                    "pid": os.getpid(), "started_ms": int(time.time() * 1000),
+                    "pid": os.getpid(), "started_ms": self.clock.now_ms(),
                     **client_session(self.spark, self._owner_tag(n))}
             if self.storage.create_exclusive(self._attempt_marker(n),
                                              dump_record("job-attempt", 1, body)):
@@ -173,7 +175,7 @@ class JobRunner:
             )
 
     def _archive(self, path: str, reason: str) -> None:
-        target = f"{path}.{reason}-{int(time.time())}"
+        target = f"{path}.{reason}-{self.clock.now_ms() // 1000}"
         if self.storage.exists(path):
             self.storage.move(path, target)
             log.warning("Job %s: moved %s to %s (%s)", self.run_id, path, target, reason)
@@ -218,6 +220,7 @@ class JobRunner:
             write_retries=self.settings.event_log_write_retries,
             retry_backoff_ms=self.settings.event_log_retry_backoff_ms,
             is_fenced=self._is_fenced, on_flush=self._on_flush,
+            clock=lambda: self.clock.now_ms() / 1000,
         )
         self.writer.start()
         progress = JobProgress(job_id, self.settings.progress)

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from spark_ckpt.clock import Clock
     from spark_ckpt.batch.progress import JobProgress
     from spark_ckpt.eventlog.replay import FinishedPartition
     from spark_ckpt.execution.attempts import ExecutionRegistry
@@ -70,6 +71,7 @@ class Attempt(Protocol):
     paths: dict[str, str]
     registry: ExecutionRegistry
     finished: dict[tuple[str, int], FinishedPartition]
+    clock: Clock  # the partitions' start and finish times
 
     def partition_finished(self, result: PartitionResult) -> bool:
         """Record a finished partition once; False for duplicates and stale attempts."""
@@ -414,7 +416,7 @@ class VertexRunner:
 
     def _run_unit(self, vertex: JobVertex, parts: list[int], group: str, number: int) -> None:
         job = self.job
-        started_ms = int(time.time() * 1000)
+        started_ms = job.clock.now_ms()
         executions = {p: job.registry.create(job.attempt, vertex.id, p) for p in parts}
         for execution in executions.values():
             execution.machine.move_to(ExecutionState.DEPLOYING)
@@ -639,7 +641,7 @@ class _UnitTracker:
         result = PartitionResult(
             vertex_id=self.vertex.id, partition=partition,
             attempt_id=self.executions[partition].attempt_id,
-            started_ms=self.started_ms, finished_ms=int(time.time() * 1000), rows=rows,
+            started_ms=self.started_ms, finished_ms=self.runner.job.clock.now_ms(), rows=rows,
             outputs=outputs, schema=self.runner.schemas[self.vertex.id],
             shared=() if self.hash else tuple(self.parts),
         )

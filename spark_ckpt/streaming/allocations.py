@@ -1,12 +1,12 @@
 """Which input each batch reads: the durable ``allocations/`` log and its in-memory view.
 
-The ReceiverTracker records an allocation (create-if-absent) on the generator's thread; the
-scheduler reads allocations of the batch it runs and of earlier batches a window reaches
-back to, and purges old ones after a commit. This class is the single owner of that state.
+The ReceiverTracker records an allocation (create-if-absent) and purges old ones after a
+commit, both on the pipeline loop's thread (its one writer); the scheduler reads allocations of
+the batch it runs and of earlier batches a window reaches back to.
 
 Thread ownership: every method may be called from any thread; ``_lock`` guards ``_memory``.
 Storage calls happen outside the lock except the record itself, so a slow read never holds up
-the generator.
+the loop.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """The hand-over of batches from the JobGenerator (and a restart) to the JobScheduler.
 
-It also bounds how far the generator runs ahead: ``spark.ckpt.stream.maxBatchesInFlight``
-batches may be allocated and not yet finished. A slot is taken by the generator before it
-allocates a batch and travels with the batch; the scheduler gives it back when the batch is
-done. Batches a restart found allocated but unfinished are queued without a slot: they were not
-the generator's to bound, and holding slots for them before the scheduler runs would deadlock a
-restart with more such batches than slots.
+The generator (on the pipeline loop's thread) and ``start()`` put batches; the scheduler's
+thread takes them in order and runs them one at a time. Control items queue behind the
+batches: ``STOP`` (leave after the running batch) and ``FINISH`` (a final checkpoint after
+every batch queued so far, then the available-now end). How far the generator runs ahead
+(``spark.ckpt.stream.maxBatchesInFlight``) is the pipeline loop's to bound, not this queue's:
+a queued batch says whether it holds one of the loop's in-flight slots (batches a restart found
+allocated hold none).
 
-Thread ownership: any thread may call any method; one condition variable guards the queue, the
-free-slot count and the closed flag.
+Thread ownership: any thread may call any method; one condition variable guards the queue.
 """
 
 from __future__ import annotations
@@ -36,29 +36,9 @@ FINISH = "finish"  # take a final checkpoint after every batch queued so far, th
 
 
 class BatchQueue:
-    def __init__(self, max_in_flight: int) -> None:
+    def __init__(self) -> None:
         self._cond = threading.Condition()
         self._items: collections.deque[Any] = collections.deque()
-        self._free = max_in_flight
-        self._closed = False
-
-    # -- the generator's side ----------------------------------------------------------------
-    def reserve(self, cancelled: threading.Event, poll_s: float = 0.1) -> bool:
-        """Wait for a free slot and take it; False (no slot taken) once ``cancelled`` is set
-        or the queue is closed."""
-        with self._cond:
-            while self._free <= 0 and not self._closed and not cancelled.is_set():
-                self._cond.wait(poll_s)  # the bound only lets a cancel through
-            if self._closed or cancelled.is_set():
-                return False
-            self._free -= 1
-            return True
-
-    def release(self) -> None:
-        """Give back a slot whose batch was never queued (nothing to allocate) or is done."""
-        with self._cond:
-            self._free += 1
-            self._cond.notify_all()
 
     def put(self, batch: QueuedBatch) -> None:
         with self._cond:
@@ -71,23 +51,8 @@ class BatchQueue:
             self._items.append(control)
             self._cond.notify_all()
 
-    # -- the scheduler's side ----------------------------------------------------------------
     def take(self) -> QueuedBatch | str:
         with self._cond:
             while not self._items:
                 self._cond.wait()
             return self._items.popleft()
-
-    def done(self, batch: QueuedBatch) -> None:
-        if batch.holds_slot:
-            self.release()
-
-    def close(self) -> None:
-        """No more slots are handed out (the pipeline is stopping)."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    def pending(self) -> int:
-        with self._cond:
-            return sum(isinstance(i, QueuedBatch) for i in self._items)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -43,25 +42,31 @@ from spark_ckpt.errors import (
     JobDefinitionError,
     JobFencedError,
     PipelineFailedError,
-    RecordError,
 )
 from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.names import check_name
 from spark_ckpt.options import Settings
-from spark_ckpt.sparkapi import spark_api
-from spark_ckpt.storage import Storage, join, stat_any
-from spark_ckpt.faults import fault_point
+from spark_ckpt.storage import Storage, join
 from spark_ckpt.fencing import Fence, client_session, interrupt_earlier_clients
 from spark_ckpt.streaming.allocations import AllocationStore
 from spark_ckpt.streaming.batch import BatchAllocation
 from spark_ckpt.streaming.batch_queue import BatchQueue, QueuedBatch
 from spark_ckpt.streaming.generator import JobGenerator
+from spark_ckpt.streaming.housekeeping import PipelineHousekeeping
 from spark_ckpt.streaming.graph import StreamGraph
 from spark_ckpt.streaming.history import RecentHistory
 from spark_ckpt.streaming.lifecycle import Lifecycle, PipelineState
 from spark_ckpt.streaming.metalog import MetadataLog
-from spark_ckpt.streaming.progress import ProgressLog, StreamingListener, notify
+from spark_ckpt.streaming.pipeline_loop import (
+    CheckpointFailed,
+    CheckpointStats,
+    PipelineLoop,
+    StartFailed,
+    StopRequested,
+)
+from spark_ckpt.streaming.progress import ProgressLog, StreamingListener
 from spark_ckpt.streaming.receiver import QueueSource, SocketSource
+from spark_ckpt.streaming.restore import CheckpointRestore
 from spark_ckpt.streaming.scheduler import JobScheduler
 from spark_ckpt.streaming.sinks import DeadLetters
 from spark_ckpt.streaming.sources import (
@@ -93,11 +98,10 @@ class StreamingContext:
     before ``start()`` and never changes after it. ``start()`` sets up, on the user's thread,
     everything the pipeline's threads read (logs, tracker, transactions, coordinator, the
     restored checkpoint) before it starts any of them; after that those fields are read-only.
-    Mutable state has one owner each: the :class:`Lifecycle` (state, outcome, termination),
-    the :class:`AllocationStore` (allocations), the :class:`BatchQueue` (batches handed from
-    the generator to the scheduler, and the in-flight bound), two :class:`RecentHistory`
-    records (progress, checkpoints). The generator and the scheduler get those narrow pieces
-    and callbacks, not this object's fields.
+    A running pipeline's mutable state (the schedule, the in-flight batches, allocations,
+    histories, failures and stop) has one owner, the :class:`PipelineLoop`'s thread; the
+    scheduler and the coordinator post events to it, and this object's ``stop()`` posts one
+    too. This class is the user's façade: the template, start, stop, progress.
     """
 
     def __init__(self, spark: SparkSession, batch_interval: float, checkpoint_dir: str,
@@ -129,8 +133,7 @@ class StreamingContext:
         self.tracker: ReceiverTracker | None = None
         self.scheduler: JobScheduler | None = None
         self.generator: JobGenerator | None = None
-        self._batches: BatchQueue | None = None
-        self._shutdown_thread: threading.Thread | None = None
+        self.loop: PipelineLoop | None = None
         self.clock = clock or SystemClock()
         # lineage: "<name>-<pipeline id>" keys every sink transaction; a checkpoint directory
         # made before pipeline ids existed keeps its old ids ("<name>")
@@ -142,7 +145,6 @@ class StreamingContext:
         self.checkpoint_storage: CheckpointStorage | None = None
         self.transactions: dict[str, SinkTransactions] = {}
         self.restored: CompletedCheckpoint | None = None
-        self._skipped_checkpoints: list[int] = []
         self.skip_output_through: dict[str, int] = {}  # output -> last batch already visible
 
     # -- sources -------------------------------------------------------------------------
@@ -277,7 +279,7 @@ class StreamingContext:
         while True:
             number = max(self._runs(), default=0) + 1
             tag = f"spark_ckpt-{self.lineage}-r{number}"
-            body = {"pipeline": self.name, "started_ms": int(time.time() * 1000),
+            body = {"pipeline": self.name, "started_ms": self.clock.now_ms(),
                     **client_session(self.spark, tag)}
             if self.storage.create_exclusive(join(runs, f"{number:08d}.json"),
                                              dump_record("pipeline-run", 1, body)):
@@ -327,19 +329,21 @@ class StreamingContext:
         log.info("Pipeline %s run %d: starting at batch %d; %d allocated batch(es) to rerun%s",
                  self.name, self._run, next_batch, len(pending),
                  f" ({[a.batch_id for a in pending]})" if pending else "")
+        assert self.tracker is not None and self.scheduler is not None
+        assert self.loop is not None
         try:
-            assert self.tracker is not None and self.scheduler is not None
-            assert self.generator is not None
             self.tracker.start()
             if self.coordinator is not None:
                 self.coordinator.start()
             self.scheduler.start()
-            self.generator.start()
         except BaseException as exc:
-            self._finish(exc)
+            self._lifecycle.finish(exc)  # the outcome, before start() raises it
+            self.loop.post(StartFailed(exc))  # the loop stops what started, then terminates
+            self.loop.start()
             raise
+        self.loop.start()
         if stop_requested:
-            self._finish(None)
+            self.loop.post(StopRequested(graceful=False, cancel=False))
 
     def _prepare(self, available_now: bool, restore_checkpoint: int | None,
                  ) -> tuple[list[BatchAllocation], int]:
@@ -367,12 +371,9 @@ class StreamingContext:
             # each kept commit record is loaded (and so checked): a hand-edited one stops here
             committed = {b for b in self.commits.batch_ids() if self.commits.get(b)}
             pending = [a for a in records if a.batch_id not in committed]
-        batches = self._batches = BatchQueue(self.settings.stream_max_batches_in_flight)
-        self.scheduler = JobScheduler(
-            self, batches=batches, checkpoints=self._checkpoint_history,
-            on_completed=self._batch_completed,
-            on_failure=lambda batch, exc: self._batch_failed(batch, exc),
-            on_finished=lambda: self._finish(None))
+        batches = BatchQueue()
+        self.scheduler = JobScheduler(self, batches=batches, checkpoints=self._checkpoint_history,
+                                      post=self._post, clock=self.clock)
         for allocation in pending:  # no in-flight slot: they are not the generator's
             batches.put(QueuedBatch(allocation, recovered=True))
         next_batch = max((a.batch_id for a in records), default=-1) + 1
@@ -380,8 +381,21 @@ class StreamingContext:
             self.name, tracker=self.tracker, batches=batches, driver_state=self.driver_state,
             positions=self.positions, fence=self.check_fenced, clock=self.clock,
             interval_ms=int(round(self.batch_interval * 1000)), next_batch=next_batch,
-            available_now=available_now, skip_empty=self.settings.stream_skip_empty_batches,
-            on_failure=lambda batch, exc: self._batch_failed(batch, exc, drain=True))
+            skip_empty=self.settings.stream_skip_empty_batches or available_now)
+        housekeeping = PipelineHousekeeping(
+            self.name, progress=self._progress, progress_log=self.progress_log,
+            listeners=self.listeners, tracker=self.tracker,
+            coordinator=self.coordinator, outputs=list(self.graph.outputs),
+            commits=self.commits, driver_state=self.driver_state,
+            keep_batches=max(self.settings.stream_min_batches_to_retain,
+                             self.graph.remember_batches),
+            fence=self.check_fenced)
+        self.loop = PipelineLoop(
+            self.name, lifecycle=self._lifecycle, generator=self.generator, batches=batches,
+            scheduler=self.scheduler, housekeeping=housekeeping, clock=self.clock,
+            interval_ms=int(round(self.batch_interval * 1000)),
+            max_in_flight=self.settings.stream_max_batches_in_flight,
+            available_now=available_now)
         return pending, next_batch
 
     # -- checkpointing -------------------------------------------------------------------
@@ -416,15 +430,13 @@ class StreamingContext:
         uri = s.checkpoint_dir or self.storage.spark_path(join(self.root, "checkpoints"))
         storage = self.checkpoint_storage = CheckpointStorage(uri)
         restore_id = restore_id or s.checkpoint_restore_from or None
-        chosen, retained = self._choose_checkpoint(storage, restore_id)
+        restore = CheckpointRestore(self.name, self.pipeline_id, self.storage, self.root,
+                                    storage, retained=s.checkpoint_retained,
+                                    fence=self.check_fenced)
+        chosen, retained = restore.choose(restore_id)
         self.restored = chosen
         if chosen is not None and restore_id is not None:
-            self.check_fenced()  # only the owner abandons checkpoints
-            for cid in storage.completed_ids():
-                if cid > chosen.checkpoint_id:
-                    log.warning("Pipeline %s: restoring checkpoint %d abandons newer checkpoint "
-                                "%d", self.name, chosen.checkpoint_id, cid)
-                    storage.abandon(cid)
+            restore.abandon_newer(chosen)
         operators = chosen.metadata.get("operators", {}) if chosen else {}
         for op in self.graph.stateful:
             op.configure(operators.get(op.operator))
@@ -461,13 +473,13 @@ class StreamingContext:
                 f"needs the allocation of batch {replay_from}, but the oldest kept is "
                 f"{pending[0].batch_id}; it cannot be replayed"
             )
-        if self._skipped_checkpoints:
+        if restore.skipped:
             log.warning("Pipeline %s: not deleting unreferenced state files this start: "
                         "checkpoint(s) %s could not be read and may only be unreachable for "
-                        "now", self.name, self._skipped_checkpoints)
+                        "now", self.name, restore.skipped)
         else:
-            self._cleanup_state(retained)  # checks the fence right before deleting
-            self._discard_unretained(storage, retained)
+            restore.cleanup_state(retained, self._claimed)  # checks the fence before deleting
+            restore.discard_unretained(retained)
         self.coordinator = CheckpointCoordinator(
             self.name, self.pipeline_id, CheckpointConfig(
                 interval_ms=s.checkpoint_interval_ms, min_pause_ms=s.checkpoint_min_pause_ms,
@@ -475,9 +487,12 @@ class StreamingContext:
                 tolerable_failures=s.checkpoint_tolerable_failures,
                 retained=s.checkpoint_retained,
                 history_retained=s.checkpoint_history_retained, mode=s.checkpoint_mode),
-            storage, completed=list(reversed(retained)), next_id=self._first_checkpoint_id(storage),
-            listeners=list(self.transactions.values()), on_failure=self._checkpoint_failed,
-            on_stats=self._checkpoint_stats, delete_files=self._delete_state_files,
+            storage, completed=list(reversed(retained)),
+            next_id=restore.first_checkpoint_id(self._run or 0, s.checkpoint_max_concurrent),
+            listeners=list(self.transactions.values()),
+            on_failure=lambda exc: self._post(CheckpointFailed(exc)),
+            on_stats=self._checkpoint_stats,
+            delete_files=restore.delete_state_files,
             live_files=self._live_state_files, fence=self.check_fenced, clock=self.clock,
             pre_commit=self._pre_commit_sinks)
         if chosen is not None:
@@ -485,42 +500,6 @@ class StreamingContext:
                      "%d batch(es)", self.name, chosen.checkpoint_id, chosen.barrier_batch,
                      len(pending))
         return pending
-
-    def _choose_checkpoint(self, storage: CheckpointStorage, restore_id: int | None,
-                           ) -> tuple[CompletedCheckpoint | None, list[CompletedCheckpoint]]:
-        """The checkpoint to restore (the latest readable one, or ``restore_id``) and the
-        retained ones, newest first."""
-        ids = storage.completed_ids()
-        if restore_id is not None and restore_id not in ids:
-            raise CheckpointError(
-                f"pipeline {self.name}: expected checkpoint {restore_id} in {storage.uri}, "
-                f"found completed checkpoints {ids or 'none'}"
-            )
-        usable: list[CompletedCheckpoint] = []
-        self._skipped_checkpoints: list[int] = []
-        for cid in reversed(ids):
-            if restore_id is not None and cid > restore_id:
-                continue
-            try:
-                meta = storage.read_metadata(cid, self.pipeline_id or None)
-                missing = [p for p, size in zip(*_state_paths(meta), strict=True)
-                           if size is None]
-                if missing:
-                    raise CheckpointError(
-                        f"checkpoint {cid} references {len(missing)} missing state file(s), "
-                        f"e.g. {missing[0]}"
-                    )
-            except CheckpointError as exc:
-                if cid == restore_id or isinstance(exc.__cause__, RecordError):
-                    raise  # a hand-edited record is refused, not silently stepped over
-                log.warning("Pipeline %s: checkpoint %d cannot be restored (%s); falling back "
-                            "to the previous one", self.name, cid, exc)
-                self._skipped_checkpoints.append(cid)
-                continue
-            usable.append(CompletedCheckpoint(cid, int(meta["barrier_batch"]), meta))
-            if len(usable) >= self.settings.checkpoint_retained:
-                break
-        return (usable[0] if usable else None), usable
 
     def _claimed_at(self) -> Any:
         """When this driver claimed the checkpoint directory, by the storage's own clock (the
@@ -533,36 +512,6 @@ class StreamingContext:
         return self.storage.fs.get_file_info(
             join(self.root, "runs", f"{self._run:08d}.json")).mtime
 
-    def _cleanup_state(self, retained: list[CompletedCheckpoint]) -> None:
-        """Delete state files no retained checkpoint references (left by a crashed run)
-        and older than this driver's claim (a newer driver's files are left alone)."""
-        keep = {p for c in retained for p in c.state_files()}
-        keep_names = {p.rsplit("/", 1)[-1] for p in keep}
-        claimed_at = self._claimed
-        doomed = []
-        for info in self.storage.list_files(join(self.root, "state"), recursive=True):
-            if info.base_name not in keep_names and (
-                    claimed_at is None or info.mtime is None or info.mtime < claimed_at):
-                doomed.append(info.path)
-        self.check_fenced()  # right before deleting: only the owner deletes
-        for path in doomed:
-            try:
-                self.storage.fs.delete_file(path)
-            except OSError as exc:
-                log.warning("Pipeline %s: could not delete orphan state file %s: %s",
-                            self.name, path, exc)
-        if doomed:
-            log.info("Pipeline %s: deleted %d state file(s) no retained checkpoint references",
-                     self.name, len(doomed))
-
-    def _first_checkpoint_id(self, storage: CheckpointStorage) -> int:
-        """Past every id used here, and past those an older driver may still hold pending
-        (at most its ``maxConcurrent``, not yet on storage; 16 covers an older driver that ran
-        with a different setting): a stale driver that wakes and writes its checkpoint's
-        metadata then never takes an id this run uses. Ids are labels: gaps cost nothing."""
-        held = max(self.settings.checkpoint_max_concurrent, 16) if (self._run or 0) > 1 else 0
-        return storage.highest_id() + 1 + held
-
     def _set_aside_torn_records(self) -> None:
         """A crash mid-write on a store without atomic publish can leave the newest allocation
         or commit record torn. A torn allocation of a batch that was never submitted (no
@@ -572,33 +521,6 @@ class StreamingContext:
         # only the owner moves records; the check runs again right before each move
         self._allocations.set_aside_torn_tail(lambda b: b not in ran, self.check_fenced)
         self.commits.set_aside_torn_tail(lambda _b: True, self.check_fenced)
-
-    def _discard_unretained(self, storage: CheckpointStorage,
-                            retained: list[CompletedCheckpoint]) -> None:
-        """Discard completed checkpoints older than the oldest retained one: a driver killed
-        between completing a checkpoint and subsuming the oldest leaves one behind, and its
-        state files are gone with the clean-up above, so it could not be restored anyway."""
-        if not retained:
-            return
-        oldest = min(c.checkpoint_id for c in retained)
-        for cid in storage.completed_ids():
-            if cid < oldest:
-                try:
-                    storage.discard(cid)
-                except OSError as exc:
-                    log.warning("Pipeline %s: could not discard unretained checkpoint %d: %s",
-                                self.name, cid, exc)
-                else:
-                    log.info("Pipeline %s: discarded checkpoint %d, older than the %d "
-                             "retained", self.name, cid, len(retained))
-
-    def _delete_state_files(self, paths: list[str]) -> None:
-        for path in paths:
-            try:
-                self.storage.fs.delete_file(self.storage.fs_path(path))
-            except OSError as exc:
-                log.warning("Pipeline %s: could not delete state file %s: %s", self.name, path,
-                            exc)
 
     def _pre_commit_sinks(self, checkpoint_id: int, batch_id: int,
                           ) -> dict[str, TaskAck | Exception]:
@@ -619,30 +541,6 @@ class StreamingContext:
     def _live_state_files(self) -> set[str]:
         return {f for op in self.graph.stateful for f in op.live_files}
 
-    def _checkpoint_failed(self, exc: BaseException) -> None:
-        exc = self._fenced_instead(exc)
-        log.error("%s", exc)
-        self._finish(exc)
-
-    def _fenced_instead(self, exc: BaseException) -> BaseException:
-        """A failure of a driver a newer one has fenced is reported as the fencing (its
-        cause attached): the newer driver's start-up removes this one's uncommitted state and
-        staged files, so a task of this one fails on a missing file before its next check."""
-        if isinstance(exc, JobFencedError):
-            return exc
-        try:
-            self.check_fenced()
-        except JobFencedError as fenced:
-            fenced.__cause__ = exc
-            return fenced
-        except Exception:  # noqa: BLE001 - the fence cannot be read: report the failure itself
-            return exc
-        return exc
-
-    def _checkpoint_stats(self, stats: dict[str, Any]) -> None:
-        self._checkpoint_history.append(stats)
-        notify(self.listeners, "on_checkpoint", stats)
-
     def checkpoint_handles(self, operator: str, checkpoint_id: int) -> list[Any]:
         """The state handles of ``operator`` in completed checkpoint ``checkpoint_id``."""
         from spark_ckpt.state.chain import StateHandle
@@ -654,129 +552,43 @@ class StreamingContext:
         return [StateHandle.from_json(h) for _p, h in
                 sorted(handles.items(), key=lambda kv: int(kv[0]))]
 
-    def _batch_completed(self, progress: dict[str, Any]) -> None:
-        """Housekeeping after batch ``progress["batch_id"]`` committed (scheduler thread).
-
-        The batch is committed whatever happens here: a failure is a warning, never "batch N
-        failed" (which would make a user think N reruns), and a failed purge is retried after
-        a later batch."""
-        b = progress["batch_id"]
-        self._progress.append(progress)
-        try:
-            self.progress_log.append(progress)
-        except Exception as exc:  # noqa: BLE001 - informational record only
-            log.warning("Pipeline %s batch %d committed; writing its progress line failed: %s",
-                        self.name, b, exc)
-        notify(self.listeners, "on_batch_completed", progress)
-        log.info("Pipeline %s batch %d: %s rows in %d ms", self.name, b,
-                 progress["num_input_rows"], progress["durations_ms"]["total"])
-        try:
-            self._purge(b)
-        except Exception as exc:  # noqa: BLE001 - the records stay until a later purge
-            log.warning("Pipeline %s batch %d committed; purging the records of older batches "
-                        "failed (tried again after a later batch): %s", self.name, b, exc)
-
-    def _purge(self, committed: int) -> None:
-        keep = max(self.settings.stream_min_batches_to_retain, self.graph.remember_batches)
-        below = committed - keep + 1
-        if self.coordinator is not None:  # restores replay from the oldest retained barrier
-            below = min(below, self.coordinator.oldest_barrier)
-        if below <= 0 or committed % 10:
-            return
-        fault_point("stream.purge")
-        assert self.tracker is not None
-        self.tracker.purge(below)
-        for output in self.graph.outputs:
-            purge_sink = getattr(output.sink, "purge", None)
-            if purge_sink is not None:
-                purge_sink(below)
-        self.commits.purge(below)
-        self.driver_state.purge(below)
-
     @property
     def last_progress(self) -> dict[str, Any] | None:
         return self._progress.last()
 
-    def _batch_failed(self, batch_id: int, exc: BaseException, *, drain: bool = False) -> None:
-        """A batch failed (or, ``drain``, the generator could not allocate one: the batches
-        already allocated still run first). Any pipeline thread."""
-        if self._lifecycle.stopping_now:  # cancelled by stop(graceful=False)
-            self._finish(None)
-            return
-        exc = self._fenced_instead(exc)
-        if isinstance(exc, JobFencedError):
-            error: BaseException = exc
-        elif drain:  # the generator: batch_id was not (wholly) allocated
-            error = PipelineFailedError(
-                f"pipeline {self.name}: allocating batch {batch_id} failed and the pipeline "
-                f"stopped after the batches already allocated; nothing is lost: {exc}"
-            )
-            error.__cause__ = exc
-        else:
-            error = PipelineFailedError(
-                f"pipeline {self.name}: batch {batch_id} failed and the pipeline stopped; it "
-                f"reruns over the same input on restart: {exc}"
-            )
-            error.__cause__ = exc
-        log.error("%s", error)
-        self._finish(error, drain=drain)
+    def _checkpoint_stats(self, stats: dict[str, Any]) -> None:
+        """A checkpoint ended (the coordinator's thread, before its waiters are told)."""
+        self._checkpoint_history.append(stats)
+        self._post(CheckpointStats(stats))
 
-    def _finish(self, error: BaseException | None, *, drain: bool = False) -> None:
-        """Stop the pipeline's threads with ``error`` as its outcome (the first call wins)."""
-        if not self._lifecycle.finish(error):
-            return
-        if self.generator is not None:
-            self.generator.stop()
-        if self.scheduler is not None:
-            self.scheduler.stop(drain=drain)
-        thread = threading.Thread(target=self._shutdown, args=(error,),
-                                  name=f"spark-ckpt-shutdown-{self.name}", daemon=True)
-        self._shutdown_thread = thread
-        thread.start()
-
-    def _shutdown(self, error: BaseException | None) -> None:
-        # await_termination returns only when no thread of this pipeline can still commit
-        try:
-            for component in (self.scheduler, self.generator):
-                if component is not None and component.thread.ident is not None:
-                    component.thread.join()
-            if self.tracker is not None:
-                self.tracker.stop()
-            if self.coordinator is not None:
-                self.coordinator.stop()
-            notify(self.listeners, "on_pipeline_terminated", error)
-        finally:
-            self._lifecycle.terminate()
+    def _post(self, event: Any) -> None:
+        """Hand ``event`` to the pipeline loop (any thread; never blocks)."""
+        assert self.loop is not None
+        self.loop.post(event)
 
     def stop(self, graceful: bool = True, timeout: float | None = None) -> None:
-        """Stop: ``graceful`` finishes the running batch first; otherwise it is cancelled
-        (it reruns on restart). Batches allocated but not started rerun on restart. A no-op on
-        a pipeline that never started, already stopped, or whose start failed."""
-        state = self._lifecycle.request_stop(now=not graceful)
+        """Stop: ``graceful`` finishes the running batch first and takes a final checkpoint;
+        otherwise it is cancelled (it reruns on restart). Batches allocated but not started
+        rerun on restart. A no-op on a pipeline that never started, already stopped, or whose
+        start failed. From a listener (the loop's own thread) it asks and returns at once."""
+        state = self._lifecycle.request_stop()
         if state in (PipelineState.CREATED, PipelineState.STOPPED, PipelineState.FAILED):
             return
-        if state is PipelineState.STARTING:  # start() finishes the pipeline once it is up
-            self._lifecycle.terminated.wait(timeout)
+        if state in (PipelineState.RUNNING, PipelineState.STOPPING):  # STARTING: start()
+            self._post(StopRequested(graceful=graceful, cancel=not graceful))  # stops it
+        if self.loop is not None and self.loop.on_loop_thread:
             return
-        assert self.scheduler is not None
-        if self.generator is not None:
-            self.generator.stop()
-            if self.generator.thread.ident is not None:
-                self.generator.thread.join(timeout)
-        self.scheduler.graceful = graceful
-        if not graceful:
-            group = self.scheduler.running_group
-            if group:
-                spark_api(self.spark).cancel_group(group)
-        self.scheduler.stop()
-        if self.scheduler.thread.ident is not None:
-            self.scheduler.thread.join(timeout)
-        self._finish(None)
         self._lifecycle.terminated.wait(timeout)
 
     def await_termination(self, timeout: float | None = None) -> bool:
         """Wait for the pipeline to stop; True if it did. Raises the error that stopped it
         (or that made ``start()`` fail)."""
+        if self.loop is not None and self.loop.on_loop_thread and \
+                not self._lifecycle.terminated.is_set():
+            raise JobDefinitionError(
+                f"pipeline {self.name}: await_termination() called from a listener would wait "
+                "for the thread that runs it; call stop() there, or wait on another thread"
+            )
         stopped = self._lifecycle.terminated.wait(timeout)
         error = self._lifecycle.error
         if stopped and error is not None:
@@ -791,9 +603,3 @@ class StreamingContext:
             self.stop(graceful=False)
             raise PipelineFailedError(f"pipeline {self.name}: not done after {timeout} s")
         return self.recent_progress
-
-
-def _state_paths(meta: dict[str, Any]) -> tuple[list[str], list[int | None]]:
-    paths = sorted({f["path"] for op in meta.get("operators", {}).values()
-                    for h in op.get("handles", {}).values() for f in h.get("files", [])})
-    return paths, stat_any(paths)

@@ -1,4 +1,4 @@
-"""The JobGenerator: ticks on the batch interval and runs seed 002's five steps per batch.
+"""The JobGenerator: seed 002's five steps for each batch, on the pipeline loop's ticks.
 
 1. the ReceiverTracker allocates the input since the previous batch, durably;
 2. the template is instantiated from the outputs (lazily, by the scheduler: BFS, each stream
@@ -7,24 +7,23 @@
 4. the batch is handed to the JobScheduler through the :class:`BatchQueue`;
 5. the driver's state is checkpointed (``driver/<batch>.json``).
 
-When batches take longer than the interval the generator runs behind: it allocates the next
-batch as soon as fewer than ``spark.ckpt.stream.maxBatchesInFlight`` are queued or running.
-
-Thread ownership: everything here belongs to the generator's own thread; other threads only
-call :meth:`stop`. It touches the rest of the pipeline through what it is given: the tracker,
-the batch queue, the driver-state log, a fencing check, a clock and a failure callback.
+The generator has no thread of its own: the :class:`~spark_ckpt.streaming.pipeline_loop.
+PipelineLoop` calls :meth:`JobGenerator.generate` when a batch is due on its clock and an
+in-flight slot is free (when batches take longer than the interval the generator runs behind:
+the next batch is generated as soon as a slot frees), so the next batch id and the allocations
+it records have one owner, the loop's thread. It touches the rest of the pipeline through what
+it is given: the tracker, the batch queue, the driver-state log, a fencing check and a clock.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.faults import fault_point
-from spark_ckpt.streaming.batch_queue import FINISH, BatchQueue, QueuedBatch
+from spark_ckpt.streaming.batch_queue import BatchQueue, QueuedBatch
 
 if TYPE_CHECKING:
     from spark_ckpt.clock import Clock
@@ -40,8 +39,7 @@ class JobGenerator:
     def __init__(self, pipeline: str, *, tracker: ReceiverTracker, batches: BatchQueue,
                  driver_state: MetadataLog, positions: Callable[[], dict[str, Any]],
                  fence: Callable[[], None], clock: Clock, interval_ms: int, next_batch: int,
-                 available_now: bool, skip_empty: bool,
-                 on_failure: Callable[[int, BaseException], None]) -> None:
+                 skip_empty: bool) -> None:
         self.pipeline = pipeline
         self._tracker = tracker
         self._batches = batches
@@ -50,43 +48,10 @@ class JobGenerator:
         self._fence = fence
         self._clock = clock
         self._interval_ms = interval_ms
-        self._on_failure = on_failure
         self.next_batch = next_batch
-        self.available_now = available_now
-        self._skip_empty = skip_empty or available_now
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._loop,
-                                       name=f"spark-ckpt-generator-{pipeline}", daemon=True)
+        self._skip_empty = skip_empty
 
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.stopping.set()
-
-    def _loop(self) -> None:
-        next_ms = self._clock.now_ms()
-        try:
-            while not self.stopping.is_set():
-                if not self.available_now and self._clock.wait_until(next_ms, self.stopping):
-                    return
-                if not self._batches.reserve(self.stopping):
-                    return
-                try:
-                    queued = self._generate(next_ms)
-                except BaseException:
-                    self._batches.release()
-                    raise
-                if queued is None:
-                    self._batches.release()
-                    if self.available_now:  # the scheduler finishes after the batches queued
-                        self._batches.put_control(FINISH)
-                        return
-                next_ms = self._next_tick(next_ms)
-        except BaseException as exc:  # noqa: BLE001 - handed to await_termination
-            self._on_failure(self.next_batch, exc)
-
-    def _generate(self, batch_time_ms: int) -> QueuedBatch | None:
+    def generate(self, batch_time_ms: int) -> QueuedBatch | None:
         """Steps 1-5 for the next batch; None when it would be empty and may be skipped."""
         t0 = time.perf_counter()
         self._fence()
@@ -100,12 +65,12 @@ class JobGenerator:
         self._batches.put(queued)  # steps 2-4
         self._driver_state.put(allocation.batch_id, {  # step 5
             "batch_time_ms": batch_time_ms,
-            "next_batch_time_ms": self._next_tick(batch_time_ms),
+            "next_batch_time_ms": self.next_tick(batch_time_ms),
             "positions": self._positions(),
         })
         self.next_batch += 1
         return queued
 
-    def _next_tick(self, previous_ms: int) -> int:
+    def next_tick(self, previous_ms: int) -> int:
         """The next tick; when behind, now (as fast as possible, never a burst to catch up)."""
         return max(previous_ms + self._interval_ms, self._clock.now_ms())

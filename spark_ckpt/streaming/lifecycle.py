@@ -7,9 +7,11 @@ checkpoint failure and a user's ``stop()`` racing each other finish the pipeline
 the first to move RUNNING -> STOPPING wins and its error is the one ``await_termination``
 raises.
 
-Thread ownership: any thread may call every method; ``_lock`` guards ``_state``, ``_error``,
-``_stop_now`` and ``_stop_requested``. ``terminated`` is set once, after the pipeline's threads
-have ended (STOPPED) or ``start()`` gave up (FAILED).
+Thread ownership: any thread may call every method; ``_lock`` guards ``_state``, ``_error``
+and ``_stop_requested``. Once RUNNING, the pipeline loop's thread decides the outcome
+(``finish``) and the termination; the user's thread only reads, asks to stop and waits.
+``terminated`` is set once, after the pipeline's threads have ended (STOPPED) or ``start()``
+gave up (FAILED).
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ class Lifecycle:
         self._lock = threading.Lock()
         self._state = P.CREATED
         self._error: BaseException | None = None
-        self._stop_now = False
         self._stop_requested = False
         self.terminated = threading.Event()
 
@@ -68,12 +69,6 @@ class Lifecycle:
     def error(self) -> BaseException | None:
         with self._lock:
             return self._error
-
-    @property
-    def stopping_now(self) -> bool:
-        """A ``stop(graceful=False)`` was asked: a batch failing now failed because of it."""
-        with self._lock:
-            return self._stop_now
 
     def _set(self, target: PipelineState) -> None:
         """Move to ``target`` (``_lock`` held); a move the table forbids is a bug here."""
@@ -115,12 +110,10 @@ class Lifecycle:
                 self._set(P.RUNNING)
             return self._stop_requested
 
-    def request_stop(self, *, now: bool) -> PipelineState:
+    def request_stop(self) -> PipelineState:
         """Note a user's stop; return the state it found (CREATED becomes STOPPED)."""
         with self._lock:
             self._stop_requested = True
-            if now and self._state in (P.STARTING, P.RUNNING):
-                self._stop_now = True
             state = self._state
             if state is P.CREATED:
                 self._set(P.STOPPED)

@@ -14,8 +14,10 @@ log = logging.getLogger(__name__)
 
 
 class StreamingListener:
-    """Subclass and pass to ``StreamingContext.add_listener``. Called on the driver, from the
-    scheduler thread; an exception here is logged and ignored."""
+    """Subclass and pass to ``StreamingContext.add_listener``. Called on the driver, in order,
+    from the pipeline loop's thread (a slow listener delays the next batch's allocation, not the
+    running batch); an exception here is logged and ignored. ``stop()`` from a listener asks
+    and returns; ``await_termination()`` from one is refused (it would wait for itself)."""
 
     def on_batch_started(self, info: dict[str, Any]) -> None:
         """``info``: pipeline, batch_id, batch_time_ms, recovered, input rows per source."""
@@ -26,7 +28,7 @@ class StreamingListener:
     def on_checkpoint(self, stats: dict[str, Any]) -> None:
         """A checkpoint completed or was aborted; ``stats``: see docs/checkpointing.md (id,
         status, barrier batch, duration, full and incremental bytes, per-task sync, async and
-        alignment times). Called from the checkpoint coordinator's thread."""
+        alignment times)."""
 
     def on_pipeline_terminated(self, error: BaseException | None) -> None:
         """The pipeline stopped; ``error`` is the batch failure, if that is why."""
@@ -39,7 +41,7 @@ class ProgressLog:
     keeping ``keep`` files in all. Object stores cannot append: there each batch is its own
     ``progress-<batch>.json`` and only the newest ``keep_files`` of them are kept.
 
-    Thread ownership: the scheduler's thread only.
+    Thread ownership: the pipeline loop's thread only.
     """
 
     def __init__(self, storage: Storage, root: str, *, max_bytes: int = 10 << 20,

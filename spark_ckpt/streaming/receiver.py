@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from spark_ckpt.streaming.batch import BatchRun
+    from spark_ckpt.streaming.sources import SourceScope
 
 __all__ = ["BlockStore", "QueueSource", "ReceiverSource", "SocketSource"]
 
@@ -127,7 +128,7 @@ class ReceiverSource(Source):
     def schema(self) -> StructType:
         return self._schema
 
-    def bind(self, pipeline: Any) -> None:
+    def bind(self, pipeline: SourceScope) -> None:
         super().bind(pipeline)
         self.store = BlockStore(pipeline.storage, join(pipeline.root, "receivedData", self.name))
 

@@ -13,12 +13,12 @@ then, per output:
   triggered while the next batch runs places its barrier there at once.
 
 Threads: this thread owns the batch run and the stateful operators' live handles. It takes
-batches from the :class:`BatchQueue` and gives their in-flight slots back; it reads the
-pipeline's definition (template, outputs, sinks' transactions, coordinator, logs), all fixed
-before ``start()`` starts any thread; allocations come from the :class:`AllocationStore`; it
-reports to the context only through three callbacks (a batch completed, a batch failed, the
-pipeline finished) and to the coordinator only by posting boundaries (and, for a final
-checkpoint, by waiting on a future).
+batches from the :class:`BatchQueue`; it reads the pipeline's definition (template, outputs,
+sinks' transactions, coordinator, logs), all fixed before ``start()`` starts any thread;
+allocations come from the :class:`AllocationStore`. It reports only by posting events to the
+pipeline loop (a batch completed, with its in-flight slot; a batch failed; the available-now
+end; its thread ended), and to the coordinator only by posting boundaries (and, for a final
+checkpoint, by waiting on a future). Timestamps come from the injected clock.
 """
 
 from __future__ import annotations
@@ -36,11 +36,18 @@ from spark_ckpt.faults import fault_point
 from spark_ckpt.sparkapi import spark_api
 from spark_ckpt.streaming.batch import BatchAllocation, BatchRun
 from spark_ckpt.streaming.batch_queue import FINISH, STOP, BatchQueue, QueuedBatch
-from spark_ckpt.streaming.progress import notify
+from spark_ckpt.streaming.pipeline_loop import (
+    BatchCompleted,
+    BatchFailed,
+    BatchStarted,
+    Finished,
+    SchedulerExited,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from spark_ckpt.clock import Clock
     from spark_ckpt.options import Settings
     from spark_ckpt.streaming.graph import StreamGraph
     from spark_ckpt.streaming.history import RecentHistory
@@ -55,7 +62,7 @@ class SchedulerScope(Protocol):
     """What the scheduler reads of its pipeline (the StreamingContext), all fixed before
     ``start()`` starts any thread: the template and its outputs' transactions, the logs it
     appends to, the coordinator it posts boundaries to, the fence it checks before committing.
-    It reports back only through the callbacks it is given."""
+    It reports back only through the events it posts."""
 
     name: str
     owner_tag: str  # tags every Spark operation of this run (Spark Connect)
@@ -83,19 +90,16 @@ class SchedulerScope(Protocol):
 
 class JobScheduler:
     def __init__(self, ctx: SchedulerScope, *, batches: BatchQueue,
-                 checkpoints: RecentHistory,
-                 on_completed: Callable[[dict[str, Any]], None],
-                 on_failure: Callable[[int, BaseException], None],
-                 on_finished: Callable[[], None]) -> None:
+                 checkpoints: RecentHistory, post: Callable[[Any], None],
+                 clock: Clock) -> None:
         self.ctx = ctx
         self.batches = batches
         self._checkpoints = checkpoints
-        self._on_completed = on_completed
-        self._on_failure = on_failure
-        self._on_finished = on_finished
+        self._post = post
+        self._clock = clock
         self.thread = threading.Thread(target=self._loop, name=f"spark-ckpt-scheduler-{ctx.name}",
                                        daemon=True)
-        self.running_group: str | None = None  # read by stop(graceful=False) to cancel it
+        self.running_group: str | None = None  # cancelled by stop(graceful=False)
         self.graceful = False  # stop(graceful=True): take a final checkpoint before leaving
         self._last_start: float | None = None
         self._stopping = threading.Event()
@@ -107,14 +111,36 @@ class JobScheduler:
         self._publish_boundary(self.last_batch)  # where a barrier goes before the first batch
         self.thread.start()
 
+    def started(self) -> bool:
+        return self.thread.ident is not None
+
+    def join(self) -> None:
+        if self.started() and threading.current_thread() is not self.thread:
+            self.thread.join()
+
     def stop(self, *, drain: bool = False) -> None:
         """Stop after the running batch; with ``drain``, after every batch already queued."""
         if not drain:
             self._stopping.set()
-        self.batches.close()
         self.batches.put_control(STOP)
 
+    def cancel_running(self) -> None:
+        """Cancel the running batch's Spark jobs (any thread); it fails and reruns on restart."""
+        group = self.running_group
+        if group:
+            try:
+                spark_api(self.ctx.spark).cancel_group(group)
+            except Exception as exc:  # noqa: BLE001 - the stop goes on after the batch
+                log.warning("Pipeline %s: could not cancel the running batch (%s): %s",
+                            self.ctx.name, group, exc)
+
     def _loop(self) -> None:
+        try:
+            self._run_queue()
+        finally:
+            self._post(SchedulerExited())
+
+    def _run_queue(self) -> None:
         ctx = self.ctx
         while True:
             item = self.batches.take()
@@ -122,9 +148,9 @@ class JobScheduler:
                 try:
                     self.final_checkpoint()
                 except BaseException as exc:  # noqa: BLE001 - handed to await_termination
-                    self._on_failure(self.last_batch, exc)
+                    self._post(BatchFailed(self.last_batch, exc))
                     return
-                self._on_finished()
+                self._post(Finished())
                 return
             if item == STOP or self._stopping.is_set():
                 if self.graceful:
@@ -136,12 +162,11 @@ class JobScheduler:
                 return
             assert isinstance(item, QueuedBatch)
             try:
-                self.run_batch(item.allocation, item.recovered, item.allocation_ms)
+                progress = self.run_batch(item.allocation, item.recovered, item.allocation_ms)
             except BaseException as exc:  # noqa: BLE001 - handed to await_termination
-                self._on_failure(item.allocation.batch_id, exc)
+                self._post(BatchFailed(item.allocation.batch_id, exc, item.holds_slot))
                 return
-            finally:
-                self.batches.done(item)
+            self._post(BatchCompleted(progress, item.holds_slot))
 
     # -- checkpoints ---------------------------------------------------------------------
     def _publish_boundary(self, batch_id: int) -> None:
@@ -195,7 +220,7 @@ class JobScheduler:
         ctx = self.ctx
         b = allocation.batch_id
         started = time.perf_counter()
-        wall_start = time.time()
+        wall_start = self._clock.now_ms() / 1000
         since_last = (started - self._last_start) if self._last_start is not None else None
         self._last_start = started
         run = BatchRun(ctx, allocation)
@@ -206,9 +231,9 @@ class JobScheduler:
         durations: dict[str, float] = {}
         outputs: dict[str, Any] = {}
         staged: dict[str, Any] = {}
-        notify(ctx.listeners, "on_batch_started", {
+        self._post(BatchStarted({
             "pipeline": ctx.name, "batch_id": b, "batch_time_ms": allocation.batch_time_ms,
-            "recovered": recovered})
+            "recovered": recovered}))
         try:
             scope.enter_context(api.job_group(group, f"spark_ckpt pipeline {ctx.name} batch {b}",
                                               owner=ctx.owner_tag or None))
@@ -270,7 +295,7 @@ class JobScheduler:
                     outputs[name] = output.sink.commit(b, staged[name]) or {}  # type: ignore[union-attr]
                     fault_point("stream.output.committed")
             record = {"outputs": {k: _jsonable(v) for k, v in outputs.items()},
-                      "finished_ms": int(time.time() * 1000)}
+                      "finished_ms": self._clock.now_ms()}
             ctx.check_fenced()  # and before the commit record (replaced in checkpoint mode)
             if ctx.coordinator is not None:  # replays after a restore record the batch again
                 ctx.commits.put(b, record)
@@ -314,8 +339,7 @@ class JobScheduler:
             "durations_ms": durations,
             "outputs": {k: _jsonable(v) for k, v in outputs.items()},
         }
-        self._on_completed(progress)  # housekeeping: its failures are warnings, b committed
-        return progress
+        return progress  # housekeeping (the loop's) can only warn: b is committed
 
 
 def _ms(seconds: float) -> int:

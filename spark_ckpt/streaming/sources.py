@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_ckpt.errors import JobDefinitionError, RecordError, SourceError
 from spark_ckpt.formats import ANY, PATH, ListOf, MapOf, Opt, Row, integer, validate
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
+    from spark_ckpt.options import Settings
     from spark_ckpt.streaming.batch import BatchRun
 
 __all__ = ["DeltaStreamSource", "FileStreamSource", "GeneratorSource", "Source"]
@@ -40,6 +41,17 @@ JSON_MAX_STRING_LEN = 20_000_000  # Spark's default maxStringLen (Jackson's limi
 _KEEP = 1 << 62  # the mtime of a seen file recorded before mtimes were: never forgotten
 
 
+class SourceScope(Protocol):
+    """What a source reads of the pipeline it is bound to: its options, the checkpoint
+    directory it keeps its records under, and the schema recorded for it."""
+
+    settings: Settings
+    storage: Storage
+    root: str
+
+    def recorded_schema(self, source: str) -> StructType | None: ...
+
+
 class Source:
     """Base class of streaming sources. ``name`` is unique within a pipeline."""
 
@@ -48,9 +60,9 @@ class Source:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.pipeline: Any = None  # the Pipeline (context) it is bound to
+        self.pipeline: Any = None  # the pipeline it is bound to (a SourceScope)
 
-    def bind(self, pipeline: Any) -> None:
+    def bind(self, pipeline: SourceScope) -> None:
         self.pipeline = pipeline
 
     def schema(self) -> StructType:

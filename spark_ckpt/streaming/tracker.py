@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class ReceiverTracker:
-    """Thread ownership: ``allocate`` runs on the generator's thread, ``purge`` on the
-    scheduler's (after a commit); sources guard their own positions, and the allocation
+    """Thread ownership: ``allocate`` (the generator's step 1) and ``purge`` (after a commit)
+    run on the pipeline loop's thread; sources guard their own positions, and the allocation
     records belong to the :class:`AllocationStore`."""
 
     def __init__(self, pipeline: str, sources: list[Source], allocations: AllocationStore,

@@ -458,14 +458,13 @@ class Settings:
             getter = lambda _k: None  # noqa: E731
         elif hasattr(conf, "get"):
             runtime = conf
-            _warn_unknown(_session_keys(runtime))
+            every = _listing(runtime)
+            _warn_unknown([k for k in every or {}
+                           if isinstance(k, str) and k.startswith("spark.ckpt.")])
             from spark_ckpt.sparkapi import is_connect
 
-            if is_connect(runtime):
-                # one round trip to the server for every setting, not one per option
-                listed = runtime.getAll  # type: ignore[union-attr]
-                every = dict(listed() if callable(listed) else listed)
-                getter = every.get
+            if every is not None and is_connect(runtime):
+                getter = every.get  # one round trip to the server, not one per option
             else:
                 def getter(key: str) -> Any:
                     return runtime.get(key, None)  # type: ignore[union-attr]
@@ -493,14 +492,13 @@ def _closest(key: str) -> str:
     return f"; did you mean {match[0]}?" if match else ""
 
 
-def _session_keys(conf: Any) -> list[str]:
-    """The ``spark.ckpt.*`` keys set in a session's runtime conf, if it can list them."""
+def _listing(conf: Any) -> dict[Any, Any] | None:
+    """Every key set in a session's runtime conf (one call), if it can list them."""
     try:
         listed = conf.getAll  # PySpark 4: a property holding every set key
-        keys = listed() if callable(listed) else listed
+        return dict(listed() if callable(listed) else listed)
     except Exception:  # noqa: BLE001 - an older or foreign conf object: nothing to check
-        return []
-    return [k for k in dict(keys) if isinstance(k, str) and k.startswith("spark.ckpt.")]
+        return None
 
 
 def _warn_unknown(keys: list[str]) -> None:

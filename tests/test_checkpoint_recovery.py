@@ -155,17 +155,17 @@ def drive(tmp_path, total: int, env: dict[str, str], kill: str | None,
 @pytest.mark.parametrize("api", ["per_key", "vectorized"])
 def test_exactly_once_across_sigkills_at_every_fault_point(spark, tmp_path, api):
     """The chain, once with the sequencer as a KeyedProcessor and once as a
-    VectorizedProcessor (in CI its first four kills, the restores of a pending, a completed
+    VectorizedProcessor (in CI its first three kills, the restores of a pending, a completed
     and a half-committed checkpoint; the whole chain with SPARK_CKPT_LONG_FAULTS=1)."""
     rng = random.Random(20261121)
     spread = spread_defaults(tmp_path)
-    # CI: the vectorized chain's first four kills; the per-key chain's first two (a completed
-    # checkpoint) and its last three here, and all nine as Spark Connect clients
+    # CI: the vectorized chain's first three kills; the per-key chain's first two (a completed
+    # checkpoint) and its last two here, and all nine as Spark Connect clients
     # (tests/test_connect.py); every chain whole with SPARK_CKPT_LONG_FAULTS=1
     if LONG_FAULTS or os.environ.get("SPARK_CKPT_TEST_REMOTE"):
         schedule = SCHEDULE
     else:
-        schedule = SCHEDULE[:4] if api == "vectorized" else SCHEDULE[:2] + SCHEDULE[6:]
+        schedule = SCHEDULE[:3] if api == "vectorized" else SCHEDULE[:2] + SCHEDULE[7:]
     for attempt, kill in enumerate((*schedule, None)):
         # every other driver runs with one task per key-group range: both task paths, and a
         # switch between them at every restart

@@ -219,7 +219,7 @@ deadline = time.monotonic() + 120
 while not (os.path.exists(sys.argv[1] + ".ours") and os.path.exists(sys.argv[1] + ".others")):
     if time.monotonic() > deadline:
         sys.exit("the server never ran both operations")
-    time.sleep(0.05)  # both operations run in the server before this client dies
+    time.sleep(0.05)  # a poll of the files, not a wait: it ends when both tasks run (120 s bound)
 print("RUNNING", flush=True)
 threading.Event().wait()  # until the test SIGKILLs this client
 """

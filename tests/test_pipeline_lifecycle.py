@@ -142,7 +142,7 @@ def _loop(clock, max_in_flight=1, available_now=False, empty_from=None):
     parts = (_Generator(batches, empty_from), _Scheduler(), _Housekeeping())
     loop = PipelineLoop("p", lifecycle=life, generator=parts[0], batches=batches,
                         scheduler=parts[1], housekeeping=parts[2], clock=clock,
-                        interval_ms=10_000, max_in_flight=max_in_flight,
+                        max_in_flight=max_in_flight,
                         available_now=available_now)
     return loop, life, batches, *parts
 

@@ -393,7 +393,6 @@ class StreamingContext:
         self.loop = PipelineLoop(
             self.name, lifecycle=self._lifecycle, generator=self.generator, batches=batches,
             scheduler=self.scheduler, housekeeping=housekeeping, clock=self.clock,
-            interval_ms=int(round(self.batch_interval * 1000)),
             max_in_flight=self.settings.stream_max_batches_in_flight,
             available_now=available_now)
         return pending, next_batch

@@ -144,7 +144,7 @@ class Housekeeping(Protocol):
 class PipelineLoop:
     def __init__(self, pipeline: str, *, lifecycle: Lifecycle, generator: JobGenerator,
                  batches: BatchQueue, scheduler: SchedulerControl, housekeeping: Housekeeping,
-                 clock: Clock, interval_ms: int, max_in_flight: int,
+                 clock: Clock, max_in_flight: int,
                  available_now: bool) -> None:
         self.pipeline = pipeline
         self._lifecycle = lifecycle
@@ -153,7 +153,6 @@ class PipelineLoop:
         self._scheduler = scheduler
         self._housekeeping = housekeeping
         self._clock = clock
-        self._interval_ms = interval_ms
         self._max_in_flight = max(1, max_in_flight)
         self._available_now = available_now
         self._events: queue.Queue[Any] = queue.Queue()

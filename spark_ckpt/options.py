@@ -145,6 +145,15 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         minimum=0,
     ),
     _opt(
+        "spark.ckpt.batch.exchangeCuts",
+        "bool",
+        True,
+        "auto cuts: the split-by-split inputs of a vertex that joins them by its key are written "
+        "per wave bucketed by the key into its partitions (Spark's exchange, made durable), so "
+        "the join reads bucket j of each input without a shuffle. Needs a session catalog that "
+        "can create bucketed Parquet tables; where it cannot, the inputs are chained.",
+    ),
+    _opt(
         "spark.ckpt.batch.concurrentWaves",
         "int",
         2,
@@ -400,6 +409,7 @@ class Settings:
     batch_partitions_per_wave: int = 0
     batch_cuts: str = "auto"
     batch_cut_max_percent: int = 10
+    batch_exchange_cuts: bool = True
     batch_concurrent_waves: int = 2
     batch_poll_interval_ms: int = 300
     batch_cleanup_on_success: bool = True

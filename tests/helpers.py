@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "jobs" / "orders_report.py"
 PARALLELISM = 4
 AGG_PARALLELISM = 2
-# Partitions the example job runs: enriched, settled (4 each), daily (2); sources are read in
-# place by their consumers.
-TOTAL_PARTITIONS = 2 * PARALLELISM + AGG_PARALLELISM
+# Partitions the example job runs: enriched, payments-to-settled (the durable exchange of
+# payments into settled's join), settled (4 each), daily (2); sources are read in place.
+TOTAL_PARTITIONS = 3 * PARALLELISM + AGG_PARALLELISM
 # The long versions of the fault tests (many more SIGKILLs at random wall-clock moments, each
 # kill point in its own test): SPARK_CKPT_LONG_FAULTS=1 python -m pytest -m slow. CI runs the
 # short, deterministic versions, which hit every kill point at least once.

@@ -197,6 +197,86 @@ def test_cut_rules_and_settings_by_hand(spark, shape_input, tmp_path):
     assert cuts["few"].durable and "cheap cut" in cuts["few"].reason
 
 
+# -- durable exchanges ---------------------------------------------------------------------------
+def _join_job(spark, shape_input, out: str, work: str, settings=SETTINGS) -> BatchJob:
+    return shapes.build("join", BatchJob("join", spark=spark, work_dir=work, settings=settings),
+                        str(shape_input / "join"), out, parallelism=4)
+
+
+def test_a_join_reads_its_inputs_through_durable_exchanges(spark, shape_input, tmp_path):
+    """Two large inputs joined by key: each is written per wave bucketed by the key into the
+    join's partitions, and the join's own Spark job has no exchange at all."""
+    out, work = str(tmp_path / "out"), str(tmp_path / "work")
+    plan = _join_job(spark, shape_input, out, work).explain(show=False)
+    for source in ("orders", "details"):
+        cut = plan.cuts[f"{source}-to-joined"]
+        assert cut.durable and cut.bucket_for == "joined" and cut.exchanges == []
+        assert plan.cuts[source].reason == f"read in place by {source}-to-joined"
+    assert plan.cuts["joined"].exchanges == []  # bucket j joins bucket j: no shuffle
+    assert "bucketed by ['order_id'] into joined's partitions" in str(plan)
+    assert not (tmp_path / "work").exists(), "explain must write nothing"
+
+    settings = dataclasses.replace(SETTINGS, batch_cleanup_on_success=False)
+    result = _join_job(spark, shape_input, out, work, settings).run()
+    assert {v: s.ran for v, s in result.vertices.items()} == \
+        {"orders-to-joined": 8, "details-to-joined": 8, "joined": 4}
+    plain = plain_output(spark, "join", shape_input, tmp_path)
+    for name in ("joined", "joined_delta"):
+        assert_same_rows(_load(f"{out}/{name}"), _load(f"{plain}/joined"))
+    files = list((tmp_path / "work" / "join" / "results" / "orders-to-joined").rglob("*.parquet"))
+    assert files
+    for f in files:  # wave <tag>-b4, bucket directory j, Spark's bucket id _0000j in the name
+        j = int(f.parent.name.removeprefix("spark_ckpt_bucket="))
+        assert f.parent.parent.name.endswith("-b4") and f.name.split(".")[0].endswith(f"_{j:05d}")
+    assert not spark.sql("SHOW TABLES IN spark_catalog.default LIKE 'spark_ckpt_*'").collect()
+
+    # the same job without exchanges: the inputs are read in place, chained into the join
+    off = dataclasses.replace(SETTINGS, batch_exchange_cuts=False)
+    plan = _join_job(spark, shape_input, out, str(tmp_path / "w2"), off).explain(show=False)
+    assert "orders-to-joined" not in plan.cuts
+    assert any("hashpartitioning(order_id, 4" in e for e in plan.cuts["joined"].exchanges)
+
+
+def test_a_file_nobody_recorded_in_an_exchange_is_never_read(spark, shape_input, tmp_path):
+    """A catalog partition reads every file of its directory: a stray file in a finished
+    wave's bucket directory (a copy, a leftover) makes the join read the recorded files
+    plainly, never the stray one."""
+    out, work = str(tmp_path / "out"), str(tmp_path / "work")
+    os.environ["SPARK_CKPT_FAULT"] = "vertex.finished:2:fail"  # both exchanges finished
+    try:
+        with pytest.raises(OSError, match="injected"):
+            _join_job(spark, shape_input, out, work).run()
+    finally:
+        del os.environ["SPARK_CKPT_FAULT"]
+    wave = next((tmp_path / "work" / "join" / "results" / "details-to-joined").iterdir())
+    bucket = next(d for d in wave.iterdir() if d.name.startswith("spark_ckpt_bucket="))
+    original = next(bucket.glob("part-*.parquet"))
+    stray = bucket / original.name.replace("part-", "part-99999-copy-", 1)
+    stray.write_bytes(original.read_bytes())
+    result = _join_job(spark, shape_input, out, work).run()
+    assert {v: (s.reused, s.ran) for v, s in result.vertices.items()} == \
+        {"orders-to-joined": (8, 0), "details-to-joined": (8, 0), "joined": (0, 4)}
+    plain = plain_output(spark, "join", shape_input, tmp_path)
+    assert_same_rows(_load(f"{out}/joined"), _load(f"{plain}/joined"))
+
+
+def test_bucket_layout_accepts_only_files_written_for_the_count():
+    from spark_ckpt.batch.buckets import bucket_layout
+
+    def path(wave: str, j: int, named: int | None = None) -> str:
+        named = j if named is None else named
+        return f"file:/w/{wave}/spark_ckpt_bucket={j}/part-00001-ab-cd_{named:05d}.c000.parquet"
+
+    good = [path("a1-u0-x-b4", 0), path("a1-u0-x-b4", 3), path("a1-u1-y-b4", 3)]
+    assert bucket_layout(good, 4) == {
+        "file:/w/a1-u0-x-b4": {0: [good[0]], 3: [good[1]]}, "file:/w/a1-u1-y-b4": {3: [good[2]]}}
+    assert bucket_layout(good, 8) is None  # written for 4 buckets, read for 8
+    assert bucket_layout([path("a1-u0-x-b4", 2, named=1)], 4) is None
+    assert bucket_layout([path("a1-u0-x-b4", 5)], 4) is None
+    assert bucket_layout(["file:/w/a1-u0-x/part-00001-ab.c000.parquet"], 4) is None
+    assert bucket_layout([], 4) == {}
+
+
 # -- failures ----------------------------------------------------------------------------------
 def _shape_driver(shape: str, shape_input, out: str, work: str, fault: str,
                   **env: str) -> subprocess.CompletedProcess:
@@ -241,13 +321,16 @@ def test_sinks_of_one_layout_are_written_once_and_survive_a_kill(spark, shape_in
     sink's files are hard links; killed as the third partition's files are in place (linked,
     not yet logged), the resubmission commits both with exactly plain Spark's rows."""
     out, work = str(tmp_path / "out"), str(tmp_path / "work")
-    proc = _shape_driver("join", shape_input, out, work, "partition.written:3")
+    # 16 exchange partitions (8 waves of each input) first, then joined's third
+    proc = _shape_driver("join", shape_input, out, work, "partition.written:19")
     assert proc.returncode == KILLED, proc.stderr[-3000:]
     job = shapes.build("join", BatchJob("join", spark=spark, work_dir=work,
                                         settings=SETTINGS),
                        str(shape_input / "join"), out, parallelism=4)
     result = job.run()
-    assert result.reused <= 2 and result.ran == 4 - result.reused
+    joined = result.vertices["joined"]
+    assert joined.reused <= 2 and joined.ran == 4 - joined.reused
+    assert result.vertices["orders-to-joined"].reused == 8
     plain = plain_output(spark, "join", shape_input, tmp_path)
     for name in ("joined", "joined_delta"):
         assert_same_rows(_load(f"{out}/{name}"), _load(f"{plain}/joined"))

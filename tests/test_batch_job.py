@@ -30,7 +30,7 @@ def test_job_output_equals_plain_spark_and_every_partition_is_logged(
     assert result.status == "succeeded"
     assert (result.ran, result.reused) == (TOTAL_PARTITIONS, 0)
     assert {v: s.partitions for v, s in result.vertices.items()} == {
-        "enriched": 4, "settled": 4, "daily": 2}
+        "enriched": 4, "payments-to-settled": 4, "settled": 4, "daily": 2}
     assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
     assert result.sinks == {"settled-parquet": 1, "daily-delta": 1}
     assert len(finished_in_log(str(tmp_path / "work"))) == TOTAL_PARTITIONS
@@ -38,7 +38,7 @@ def test_job_output_equals_plain_spark_and_every_partition_is_logged(
     events = read_events(Storage(str(tmp_path / "work")), str(tmp_path / "work/orders/events"))
     types = [e.type.value for e in events.events]
     assert types[0] == "JobAttemptStarted" and types[-1] == "JobAttemptFinished"
-    assert types.count("JobVertexInitialized") == 6  # virtual sources too: their splits
+    assert types.count("JobVertexInitialized") == 7  # virtual sources too: their splits
     finished = [e for e in events.events if e.type.value == "ExecutionVertexFinished"]
     for e in finished:
         assert e.attempt_id and e.duration_ms is not None and e.bytes > 0

@@ -248,8 +248,9 @@ def _check_batch(run: dict, plain: dict[str, pd.DataFrame], spark) -> None:  # n
     finished = _finished_events(run["work"])
     counts = Counter(zip(finished["vertex_id"], finished["partition"].astype(int),
                          strict=True))
-    want = {(v, p) for v, n in (("enriched", PARALLELISM), ("settled", PARALLELISM),
-                                ("daily", AGG_PARALLELISM)) for p in range(n)}
+    want = {(v, p) for v, n in (("enriched", PARALLELISM), ("payments-to-settled", PARALLELISM),
+                                ("settled", PARALLELISM), ("daily", AGG_PARALLELISM))
+            for p in range(n)}
     assert set(counts) == want, sorted(counts)
     doubled = {k: n for k, n in counts.items() if n != 1}
     assert not doubled, f"partitions recorded more than once: {doubled}"
@@ -266,7 +267,8 @@ def _check_batch(run: dict, plain: dict[str, pd.DataFrame], spark) -> None:  # n
         for o in outputs:
             recorded.setdefault(o["target"], []).append(Path(o["path"]).name)
     for target, names in recorded.items():
-        if target != "enriched":  # split mode: a wave's partitions share its files
+        if target not in ("enriched", "payments-to-settled"):  # split mode: a wave's
+            # partitions share its files
             assert len(names) == len(set(names)), (target, names)
 
     # committed and staged files: one per partition, exactly the recorded ones

@@ -32,13 +32,13 @@ PARITY = {
     ],
     "batch-client-killed": [
         "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
-        "[vertex.finished:1-6]",
+        "[vertex.finished:1-10]",
         "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
         "[sink.commit.files]",
         "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
-        "[vertex.finished:2-2]",
+        "[vertex.finished:3-2]",
         "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
-        "[vertex.finished:3-0]",
+        "[vertex.finished:4-0]",
         "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
         "[sink.commit.started:2]",
         "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"

@@ -70,8 +70,8 @@ ON_CONNECT_IN_CI = pytest.mark.skipif(
     ("partition.written:7", None),  # a task's file is in place, its event is not logged yet
     ("partition.finished:2", None),  # right after finished events became durable
     ("vertex.finished:1", TOTAL_PARTITIONS - 4),  # enriched done
-    pytest.param("vertex.finished:2", 2, marks=ON_CONNECT_IN_CI),  # all but daily done
-    pytest.param("vertex.finished:3", 0, marks=ON_CONNECT_IN_CI),  # all done, none committed
+    pytest.param("vertex.finished:3", 2, marks=ON_CONNECT_IN_CI),  # all but daily done
+    pytest.param("vertex.finished:4", 0, marks=ON_CONNECT_IN_CI),  # all done, none committed
 ])
 def test_kill_before_and_after_each_kind_of_event(
         spark, orders_input, expected_daily, tmp_path, fault, expected_ran):
@@ -148,23 +148,24 @@ def test_killed_from_outside_mid_vertex(spark, orders_input, expected_daily, tmp
 
 def test_deleted_result_file_reruns_its_partition_and_everything_that_read_it(
         spark, orders_input, expected_daily, tmp_path):
-    crash(orders_input, tmp_path, "vertex.finished:2")  # enriched and settled finished
-    # enriched has no key: a wave per partition here (4 partitions), its files in one directory
+    crash(orders_input, tmp_path, "vertex.finished:3")  # all but daily finished
+    # enriched has no key: a wave per partition here (4 partitions), its files in one
+    # directory, bucketed for settled (its durable exchange)
     victim = sorted((tmp_path / "work" / "orders" / "results" / "enriched")
-                    .glob("a1-u2-*/part-*.parquet"))
+                    .glob("a1-u2-*/spark_ckpt_bucket=*/part-*.parquet"))
     assert len(victim) >= 1
     victim[0].unlink()
     result = resubmit(spark, orders_input, tmp_path)
     # enriched 2 again, then settled (all 4 read it through a hash edge) and daily
     assert {v: s.ran for v, s in result.vertices.items()} == {
-        "enriched": 1, "settled": 4, "daily": 2}
+        "enriched": 1, "payments-to-settled": 0, "settled": 4, "daily": 2}
     assert result.lost == [("enriched", 2)]
     assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
 
 
 def test_deleted_file_of_a_consumed_partition_invalidates_its_consumers(
         spark, orders_input, expected_daily, tmp_path):
-    crash(orders_input, tmp_path, "vertex.finished:3")  # all finished, nothing committed
+    crash(orders_input, tmp_path, "vertex.finished:4")  # all finished, nothing committed
     # settled is keyed by order_id: partition 1 is its task's file, staged for the Parquet
     # sink and read from there by daily
     victim = next((tmp_path / "out" / "settled" / "_spark_ckpt_staging" / "orders" / "settled")
@@ -174,7 +175,7 @@ def test_deleted_file_of_a_consumed_partition_invalidates_its_consumers(
     # settled 1 alone runs again (enriched is reused, its hash input filtered to partition 1);
     # both daily partitions read it (hash edge), so they are invalidated and run again
     assert {v: s.ran for v, s in result.vertices.items()} == {
-        "enriched": 0, "settled": 1, "daily": 2}
+        "enriched": 0, "payments-to-settled": 0, "settled": 1, "daily": 2}
     assert result.lost == [("settled", 1)]
     assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
 

@@ -16,7 +16,14 @@ without ``durable=`` (the default), the planner decides:
 4. a split-by-split vertex whose output is at most ``cutMaxRatio`` of its input on a sample
    split (a filter, a projection) is durable: a cheap cut;
 5. anything else (a wide intermediate, a shuffle intermediate with one consumer) is chained
-   into its consumer, as Spark pipelines it.
+   into its consumer, as Spark pipelines it;
+6. a vertex that joins two or more inputs by its key, each computed split by split and read
+   by it alone, gets *durable exchanges* (batch.buckets, ``spark.ckpt.batch.exchangeCuts``):
+   what Spark would shuffle inside the join's job is written per wave of input splits,
+   bucketed by the key into the join's partitions (a source gets an inserted
+   ``<source>-to-<join>`` vertex; a chained input becomes durable so), and the join reads
+   bucket *j* of each input without a shuffle. A killed job keeps every finished wave, and a
+   re-run of some join partitions reads only their buckets.
 
 The user's ``durable=True``/``False`` wins everywhere. The sample is one input split of the
 vertex, run once when the vertex is first initialized; its figures and the decision are
@@ -63,6 +70,7 @@ class Cut:
     partial: bool = False  # set on a chained vertex whose consumer's partials are the cut
     source: bool = False  # a source: read in place, never written
     exchanges: list[str] = dataclasses.field(default_factory=list)
+    bucket_for: str | None = None  # written bucketed for this consumer (a durable exchange)
 
     def record(self) -> dict[str, Any]:
         out = {"durable": self.durable, "reason": self.reason, "by_hand": self.by_hand,
@@ -70,6 +78,8 @@ class Cut:
                "source": self.source}
         if self.partial_of:
             out["partial_of"] = self.partial_of
+        if self.bucket_for:
+            out["bucket_for"] = self.bucket_for
         return out
 
     @classmethod
@@ -77,7 +87,8 @@ class Cut:
         return cls(vertex, bool(record["durable"]), str(record.get("reason", "")),
                    bool(record.get("by_hand", False)), record.get("ratio"),
                    record.get("est_bytes"), record.get("partial_of"),
-                   bool(record.get("partial", False)), bool(record.get("source", False)))
+                   bool(record.get("partial", False)), bool(record.get("source", False)),
+                   bucket_for=record.get("bucket_for"))
 
 
 @dataclasses.dataclass
@@ -204,10 +215,12 @@ def split_source(graph: JobGraph, vertex: JobVertex) -> str:
 
 
 def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str = "auto",
-              recorded: dict[str, dict[str, Any]] | None = None) -> CutPlan:
+              recorded: dict[str, dict[str, Any]] | None = None,
+              exchanges: Callable[[], bool] | None = None) -> CutPlan:
     """Decide every live vertex's durability and insert the partial vertices; mutates
     ``graph`` (before its vertices are initialized). ``recorded``: decisions logged for
-    vertices whose definition is unchanged, reused as they are."""
+    vertices whose definition is unchanged, reused as they are. ``exchanges``: whether
+    durable exchanges can be written here (asked only when one would be chosen; None: no)."""
     recorded = recorded or {}
     plan = CutPlan(graph.job_id, {})
     live = graph.live_vertices()
@@ -233,7 +246,88 @@ def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str 
     for vid, cut in plan.cuts.items():  # a partial vertex re-made from a recorded decision
         if cut.partial_of and cut.ratio is None and vid in recorded:
             plan.cuts[vid] = Cut.from_record(vid, recorded[vid])
+    if exchanges is not None and mode != "sinks":
+        _plan_exchanges(graph, plan, consumers, sampler, exchanges, insert=mode == "auto")
     return plan
+
+
+def exchange_rows(rows: DataFrame) -> DataFrame:
+    """A durable exchange's function: its input's rows as they are (written bucketed)."""
+    return rows
+
+
+def _plan_exchanges(graph: JobGraph, plan: CutPlan, consumers: dict[str, list[tuple[str, Edge]]],
+                    sampler: Sampler, supported: Callable[[], bool], *, insert: bool) -> None:
+    """Durable exchanges (batch.buckets) for every vertex that joins two or more inputs by
+    its key, each of them computed split by split and read by that vertex alone: a durable
+    input is written bucketed by the key into the joining vertex's partitions; a source (or
+    a chained input) gets an inserted vertex that writes its rows so, per wave of its splits.
+    Spark would shuffle exactly these rows inside the join's job; written, they survive the
+    driver and the join reads bucket j of each without a shuffle."""
+    for consumer in list(graph.live_vertices()):
+        if not consumer.key or consumer.declared_durable is False or consumer.fn_final or \
+                consumer.partial_of or consumer.exchange_of:
+            continue
+        main = [e for e in consumer.inputs if e.kind != "broadcast"]
+        if len(main) < 2 or len({e.upstream for e in main}) != len(main) or \
+                any(e.kind != "hash" or tuple(e.columns) != tuple(consumer.key) for e in main):
+            continue
+        ups = [graph.vertices[e.upstream] for e in main]
+        if not all(_exchangeable(graph, u, consumers, insert) for u in ups) or not supported():
+            continue
+        columns = tuple(consumer.key)
+        how = (f"bucketed by {list(columns)} into {consumer.id}'s partitions, so "
+               f"{consumer.id} reads bucket j of each input without a shuffle")
+        for edge, upstream in zip(main, ups, strict=True):
+            cut = plan.cuts[upstream.id]
+            if not upstream.is_source:
+                upstream.bucket_for, upstream.bucket_by = consumer.id, columns
+                if not upstream.durable:
+                    upstream.durable = cut.durable = True
+                    cut.reason = (f"{consumer.id} joins it by its key: its rows are the "
+                                  f"exchange into {consumer.id}, written per wave, {how}")
+                else:
+                    cut.reason += f"; written per wave {how}"
+                cut.bucket_for = consumer.id
+                continue
+            eid = f"{upstream.id}-to-{consumer.id}"
+            while eid in graph.vertices:
+                eid += "_"
+            vertex = JobVertex(
+                eid, upstream.parallelism, inputs=(Edge(upstream.id, "forward"),),
+                fn=exchange_rows, key=(),
+                # what its files mean: these columns, bucketed for the consumer's partitions
+                version=f"exchange|{','.join(columns)}|{consumer.descriptor()['parallelism']}",
+                durable=True, auto_parallelism=upstream.auto_parallelism,
+                inherits=upstream.id if upstream.auto_parallelism else None,
+                declared_parallelism=upstream.declared_parallelism,
+            )
+            vertex.exchange_of = vertex.bucket_for = consumer.id
+            vertex.bucket_by = columns
+            vertex.declared_durable = True
+            graph.insert_before(consumer.id, vertex)
+            consumer.inputs = tuple(Edge(eid, "hash", e.columns) if e is edge else e
+                                    for e in consumer.inputs)
+            total = sampler.input_bytes(split_source(graph, upstream), None)
+            plan.cuts[eid] = Cut(eid, True, f"the exchange of {upstream.id} into "
+                                 f"{consumer.id}, per wave of {upstream.id}'s splits, {how}",
+                                 est_bytes=total, bucket_for=consumer.id)
+            cut.reason = f"read in place by {eid}" if upstream.is_source else \
+                f"chained into {eid}, the exchange into {consumer.id}"
+
+
+def _exchangeable(graph: JobGraph, vertex: JobVertex,
+                  consumers: dict[str, list[tuple[str, Edge]]], insert: bool) -> bool:
+    """True when ``vertex``'s rows can be its one consumer's durable exchange: computed split
+    by split, read by that consumer alone, no sinks, and durable (or free to become so)."""
+    if vertex.sinks or len(consumers.get(vertex.id, ())) != 1 or vertex.partial_of or \
+            not split_mode_chain(graph, vertex):
+        return False
+    if vertex.is_source:
+        return insert
+    if vertex.durable:
+        return True
+    return insert and vertex.declared_durable is None
 
 
 def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[str, Edge]]],

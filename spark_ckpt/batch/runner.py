@@ -364,6 +364,7 @@ class JobRunner:
         for vertex in self.graph.live_vertices():
             if vertex.sinks or vertex.is_source or not vertex.durable or \
                     vertex.declared_durable is True or vertex.partial_of is not None or \
+                    vertex.bucket_for is not None or \
                     not split_mode_chain(self.graph, vertex):
                 continue  # durable=True by hand is the user's word
             source = split_source(self.graph, vertex)
@@ -499,7 +500,9 @@ class JobRunner:
                 owner=self.owner_tag):
             plan = plan_cuts(self.graph, planner_sampler(planner, splits),
                              max_ratio=self.settings.batch_cut_max_percent / 100.0,
-                             mode=self.settings.batch_cuts, recorded=recorded)
+                             mode=self.settings.batch_cuts, recorded=recorded,
+                             exchanges=planner.exchanges_supported
+                             if self.settings.batch_exchange_cuts else None)
         self.graph.validate()
         log.info("Job %s attempt %d: planned durable cuts in %.1f s\n%s", self.run_id,
                  self.attempt, time.perf_counter() - t0, plan.text(list(self.graph.ids())))
@@ -530,6 +533,7 @@ class JobRunner:
                 cut.exchanges = exchanges(df)
             except Exception as exc:  # a definition error shows where run() would fail
                 cut.exchanges = [f"(cannot plan: {exc})"]
+        runner.tables.drop_all()
         plan.order = list(self.graph.ids())
         return plan
 

@@ -35,6 +35,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_ckpt.sinks import Sink, partition_values, written_files
+from spark_ckpt.batch.buckets import BucketedTables
 from spark_ckpt.batch.sources import FileSource
 from spark_ckpt.errors import JobDefinitionError, TaskExecutionError
 from spark_ckpt.execution.graph import Edge, JobVertex
@@ -141,6 +142,11 @@ class _Write:
     directory: str  # Spark URI of a directory only this write uses
     partition_by: tuple[str, ...] = ()
     done: bool = False
+    # Written bucketed by these columns into ``buckets`` buckets (batch.cuts' exchange cuts):
+    # file .../<wave>-b<buckets>/spark_ckpt_bucket=<j>/part-..._<j>.c000.parquet holds the
+    # wave's rows of bucket j, which a bucketed table over the waves reads as bucket j.
+    bucket_by: tuple[str, ...] = ()
+    buckets: int = 0
     # Another write of the same rows with the same layout: this one's files are that one's,
     # linked (or copied) into this directory, so Spark writes the rows once.
     mirror_of: _Write | None = None
@@ -165,6 +171,8 @@ class VertexRunner:
         # schema, so a vertex's plan shows its own exchanges only. Nothing is written.
         self.planning: str | None = None
         self.sample_rows: int | None = None  # planning: read at most this many rows a source
+        self.tables = BucketedTables(self.spark, self._table_location)  # durable exchanges
+        self._scratch: str | None = None
 
     # -- modes -----------------------------------------------------------------------------
     def hash_mode(self, vertex: JobVertex) -> bool:
@@ -184,6 +192,42 @@ class VertexRunner:
             if not spec.partition_by:
                 return spec.name
         return None
+
+    def bucketing(self, vertex: JobVertex) -> tuple[tuple[str, ...], int]:
+        """(columns, bucket count) the vertex's result files are written bucketed by, or
+        ((), 0): a durable exchange (batch.buckets) where the planner chose one and this
+        session's catalog can write it."""
+        consumer = self.graph.vertices.get(vertex.bucket_for or "")
+        if consumer is None or not vertex.bucket_by or self.hash_mode(vertex) or \
+                not self.exchanges_supported():
+            return (), 0
+        return tuple(vertex.bucket_by), consumer.parallelism
+
+    def exchanges_supported(self) -> bool:
+        """True when this session's catalog creates the bucketed tables durable exchanges
+        need (asked once)."""
+        return self.tables.supported()
+
+    def _table_location(self) -> str:
+        """The empty directory temporary tables point at: ``results/_tables`` in the job's
+        directory once it exists, else (a plan, which writes nothing there, before the job's
+        first run) a new temporary directory of the driver's, removed when the process ends."""
+        if self._scratch is None:
+            job_dir = self.job.paths["job"]
+            if self.job.storage.exists(job_dir):
+                self._scratch = join(job_dir, "results", "_tables")
+                self.job.storage.makedirs(self._scratch)
+                self._scratch = self.job.storage.spark_path(self._scratch)
+            else:
+                import atexit
+                import pathlib
+                import shutil
+                import tempfile
+
+                scratch = tempfile.mkdtemp(prefix="spark-ckpt-tables-")
+                atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+                self._scratch = pathlib.Path(scratch).as_uri()
+        return self._scratch
 
     def _needs_results(self, vertex: JobVertex) -> bool:
         live = {v.id for v in self.graph.live_vertices()}
@@ -281,6 +325,9 @@ class VertexRunner:
         if edge.kind == "broadcast":
             return F.broadcast(self.frame(upstream.id, None))
         if edge.kind == "hash":
+            bucketed = self._bucketed_input(upstream, edge, consumer, parts)
+            if bucketed is not None:
+                return bucketed
             df = self.frame(upstream.id, None)
             if parts is not None:
                 bucket = F.pmod(F.hash(*edge.columns), F.lit(consumer.parallelism))
@@ -292,6 +339,30 @@ class VertexRunner:
         # forward: partition j of the consumer reads partition j of the upstream, which is
         # what the graph's restart and invalidation rules assume (checked in run())
         return self.frame(upstream.id, parts)
+
+    def _bucketed_input(self, upstream: JobVertex, edge: Edge, consumer: JobVertex,
+                        parts: list[int] | None) -> DataFrame | None:
+        """A durable exchange's rows for ``parts`` of its consumer, read bucketed (Spark
+        needs no exchange to join or group them by the key); None: read them plainly."""
+        if self.planning == "inline" or upstream.bucket_for != consumer.id or \
+                tuple(upstream.bucket_by) != tuple(edge.columns) or not upstream.durable or \
+                upstream.sinks:
+            return None
+        files: dict[str, None] = {}
+        for p in range(0 if self.planning == "explain" else upstream.parallelism):
+            finished = self.job.finished.get((upstream.id, p))
+            if finished is None:
+                return None  # the plain read names what is missing
+            for o in finished.outputs:
+                if o.kind == "result":
+                    files[o.path] = None
+        df = self.tables.read(self.output_schema(upstream.id), list(files),
+                              tuple(edge.columns), consumer.parallelism, parts)
+        if df is None:
+            log.info("Job %s attempt %d: %s reads %s plainly (not bucketed for its %d "
+                     "partitions)", self.job.run_id, self.job.attempt, consumer.id,
+                     upstream.id, consumer.parallelism)
+        return df
 
     def _compute(self, vertex: JobVertex, parts: list[int] | None) -> DataFrame:
         """The vertex output for ``parts`` (None: all), before it is arranged for writing."""
@@ -346,6 +417,22 @@ class VertexRunner:
         log.info("Job %s attempt %d: vertex %s runs %d of %d partitions in %d Spark job(s) "
                  "(%s mode)", self.job.run_id, self.job.attempt, vertex.id, len(parts),
                  vertex.parallelism, len(units), "hash" if self.hash_mode(vertex) else "split")
+        try:
+            self._run_units(vertex, units)
+        finally:  # after every wave thread ended
+            self.tables.drop_all()
+        missing = [p for p in parts if (vertex.id, p) not in self.job.finished]
+        if missing:
+            raise TaskExecutionError(
+                f"vertex {vertex.id}: expected every one of partitions {parts} recorded when "
+                f"their Spark jobs ended, found {missing} not recorded (their files: see the "
+                "write directories under results/ and the sinks' _spark_ckpt_staging/)"
+            )
+        log.info("Job %s attempt %d: vertex %s finished %d partitions in %.1f s",
+                 self.job.run_id, self.job.attempt, vertex.id, len(parts),
+                 time.perf_counter() - started)
+
+    def _run_units(self, vertex: JobVertex, units: list[list[int]]) -> None:
         groups: list[str] = []
         workers = min(self.job.settings.batch_concurrent_waves, len(units))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
@@ -364,23 +451,14 @@ class VertexRunner:
                 for group in groups:
                     spark_api(self.spark).cancel_group(group)
                 raise
-        missing = [p for p in parts if (vertex.id, p) not in self.job.finished]
-        if missing:
-            raise TaskExecutionError(
-                f"vertex {vertex.id}: expected every one of partitions {parts} recorded when "
-                f"their Spark jobs ended, found {missing} not recorded (their files: see the "
-                "write directories under results/ and the sinks' _spark_ckpt_staging/)"
-            )
-        log.info("Job %s attempt %d: vertex %s finished %d partitions in %.1f s",
-                 self.job.run_id, self.job.attempt, vertex.id, len(parts),
-                 time.perf_counter() - started)
 
     def _waves(self, vertex: JobVertex, parts: list[int]) -> list[list[int]]:
         size = self.job.settings.batch_partitions_per_wave
         if size <= 0:
-            # Partial aggregates are small and their waves the unit a killed job keeps:
-            # finer waves for them.
-            size = max(1, math.ceil(vertex.parallelism / (8 if vertex.partial_of else 4)))
+            # Partial aggregates and durable exchanges: their waves are the unit a killed
+            # job keeps, and what a wave costs does not grow with its size: finer waves.
+            fine = vertex.partial_of or vertex.exchange_of
+            size = max(1, math.ceil(vertex.parallelism / (8 if fine else 4)))
         return [parts[i:i + size] for i in range(0, len(parts), size)]
 
     def arranged(self, vertex: JobVertex, parts: list[int]) -> DataFrame:
@@ -451,10 +529,13 @@ class VertexRunner:
             for w in writes:
                 if w.mirror_of is not None:
                     continue
-                writer = df.write.mode("append").options(**_V2)
-                if w.partition_by:
-                    writer = writer.partitionBy(*w.partition_by)
-                writer.parquet(w.directory)
+                if w.buckets:
+                    self.tables.write_bucketed(df, w.directory, w.bucket_by, w.buckets, _V2)
+                else:
+                    writer = df.write.mode("append").options(**_V2)
+                    if w.partition_by:
+                        writer = writer.partitionBy(*w.partition_by)
+                    writer.parquet(w.directory)
                 w.done = True
                 for mirror in writes:
                     if mirror.mirror_of is w:
@@ -479,8 +560,12 @@ class VertexRunner:
         writes = []
         result_sink = self._result_sink(vertex)
         if self._needs_results(vertex) and result_sink is None:
+            bucket_by, buckets = self.bucketing(vertex)
+            if buckets:
+                tag += f"-b{buckets}"
             directory = join(result_dir(job.paths["job"], vertex.id), tag)
-            writes.append(_Write("result", vertex.id, job.storage.spark_path(directory)))
+            writes.append(_Write("result", vertex.id, job.storage.spark_path(directory),
+                                 bucket_by=bucket_by, buckets=buckets))
         for spec in vertex.sinks:
             staging = self.sinks[spec.name].staging_dir(vertex.id, tag)
             write = _Write("sink", spec.name, staging, tuple(spec.partition_by))

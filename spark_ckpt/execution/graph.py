@@ -89,6 +89,11 @@ class JobVertex:
         declared_durable: what the user declared: True, False, or None (the planner decides).
         partial_of: set on a vertex the planner inserted: the map-side partial aggregates of
             this consumer, which then merges them with ``fn_final``.
+        exchange_of: set on a vertex the planner inserted: a source's rows on their way to
+            this consumer, which reads them bucketed (see ``bucket_for``).
+        bucket_for: the one consumer that reads this vertex hashed by ``bucket_by``: its
+            output is written bucketed by those columns into the consumer's partitions, a
+            durable form of the exchange Spark would run inside the consumer (batch.cuts).
     """
 
     id: str
@@ -110,6 +115,9 @@ class JobVertex:
     declared_durable: bool | None = None
     partial_of: str | None = None
     fn_final: Callable[..., Any] | None = None
+    exchange_of: str | None = None
+    bucket_for: str | None = None
+    bucket_by: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.declared_durable is None and not self.durable:

@@ -110,15 +110,25 @@ class ClassicSpark:
         if _kind(plan) == "AdaptiveSparkPlanExec":
             plan = plan.inputPlan()
         partitioning = plan.outputPartitioning()
-        if _kind(partitioning) != "HashPartitioning":
-            return None
-        names: list[str] | None = []
-        for e in _seq(partitioning.expressions()):
-            if _kind(e) != "AttributeReference":
-                names = None
-                break
-            names.append(e.name())  # type: ignore[union-attr]
-        return (tuple(names) if names is not None else None), int(partitioning.numPartitions())
+        # a join's output is partitioned as each side is (PartitioningCollection): rows are
+        # where either side's key puts them, and the key attributes are the ones kept
+        found = _seq(partitioning.partitionings()) \
+            if _kind(partitioning) == "PartitioningCollection" else [partitioning]
+        output = {a.exprId().id() for a in _seq(plan.output())}
+        best = None
+        for candidate in found:
+            if _kind(candidate) != "HashPartitioning":
+                continue
+            names: list[str] | None = []
+            for e in _seq(candidate.expressions()):
+                if _kind(e) != "AttributeReference" or e.exprId().id() not in output:
+                    names = None
+                    break
+                names.append(e.name())  # type: ignore[union-attr]
+            if names is not None:
+                return tuple(names), int(candidate.numPartitions())
+            best = best or (None, int(candidate.numPartitions()))
+        return best
 
     def deterministic(self, df: DataFrame) -> bool | None:
         return bool(df._jdf.queryExecution().analyzed().deterministic())

@@ -239,13 +239,14 @@ def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str 
             durable = mode == "all"
             cut = Cut(vertex.id, durable, f"spark.ckpt.batch.cuts={mode}")
         else:
-            cut = _decide(graph, vertex, consumers, sampler, max_ratio,
-                          recorded.get(vertex.id), plan)
+            cut = _decide(graph, vertex, consumers, sampler, max_ratio, recorded, plan,
+                          exchanges if mode == "auto" else None)
         plan.cuts[vertex.id] = cut
         vertex.durable = cut.durable
     for vid, cut in plan.cuts.items():  # a partial vertex re-made from a recorded decision
         if cut.partial_of and cut.ratio is None and vid in recorded:
             plan.cuts[vid] = Cut.from_record(vid, recorded[vid])
+            plan.cuts[vid].bucket_for = graph.vertices[vid].bucket_for  # as inserted now
     if exchanges is not None and mode != "sinks":
         _plan_exchanges(graph, plan, consumers, sampler, exchanges, insert=mode == "auto")
     return plan
@@ -331,9 +332,10 @@ def _exchangeable(graph: JobGraph, vertex: JobVertex,
 
 
 def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[str, Edge]]],
-            sampler: Sampler, max_ratio: float, recorded: dict[str, Any] | None,
-            plan: CutPlan) -> Cut:
+            sampler: Sampler, max_ratio: float, records: dict[str, dict[str, Any]],
+            plan: CutPlan, exchanges: Callable[[], bool] | None) -> Cut:
     vid = vertex.id
+    recorded = records.get(vid)
     if vertex.declared_durable is not None:
         how = "durable" if vertex.declared_durable else "chained into its consumers"
         cut = Cut(vid, vertex.declared_durable, f"set by hand ({how})", by_hand=True)
@@ -354,8 +356,11 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                     found = _split_over_sample(graph, vertex, consumer_id, sampler)
                 except NotSplittable:
                     found = None
+            pid = f"{consumer_id}{PARTIAL_SUFFIX}"
+            bucketed = bool(records.get(pid, {}).get("bucket_for")) and \
+                exchanges is not None and exchanges()
             if consumer_id is None or _insert_partial(graph, vertex, consumer_id, plan,
-                                                      found) is None:
+                                                      found, bucketed) is None:
                 cut.partial = False
                 cut.reason += " (its consumer no longer splits: chained)"
         return cut
@@ -373,8 +378,13 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
             else:
                 ratio = sampler.ratio(partial, split_source(graph, vertex))
                 est = _estimate(sampler, graph, vertex, ratio)
-                if ratio <= max_ratio:
-                    pid = _insert_partial(graph, vertex, consumer_id, plan, (split, partial))
+                # Written bucketed for the consumer, the partials are the exchange Spark
+                # would run inside its job (after its own partial aggregation), made
+                # durable: never more than Spark shuffles, so a cut however they reduce.
+                bucketed = exchanges is not None and exchanges()
+                if ratio <= max_ratio or bucketed:
+                    pid = _insert_partial(graph, vertex, consumer_id, plan, (split, partial),
+                                          bucketed)
                     assert pid is not None
                     plan.cuts[pid].ratio, plan.cuts[pid].est_bytes = ratio, est
                     plan.cuts[pid].reason += f" ({ratio:.2%} of the input on a sample split)"
@@ -453,9 +463,12 @@ def _split_over_sample(graph: JobGraph, vertex: JobVertex, consumer_id: str,
 
 
 def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str, plan: CutPlan,
-                    split_and_sample: tuple[AggSplit, DataFrame] | None) -> str | None:
+                    split_and_sample: tuple[AggSplit, DataFrame] | None,
+                    bucketed: bool) -> str | None:
     """Insert ``<consumer>-partial`` between ``vertex`` and its aggregating consumer; return
-    its id (None: the consumer no longer splits)."""
+    its id (None: the consumer no longer splits). ``bucketed``: its waves are written
+    bucketed by the consumer's key into the consumer's partitions (a durable exchange), so
+    the consumer merges them without a shuffle."""
     consumer = graph.vertices[consumer_id]
     if split_and_sample is None:
         return None
@@ -483,6 +496,12 @@ def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str, plan: 
     consumer.inputs = (Edge(pid, "hash", edge.columns),)
     consumer.fn_final = split.final_frame
     plan.splits[consumer_id] = split
+    how = ""
+    if bucketed:
+        partial.bucket_for, partial.bucket_by = consumer_id, tuple(edge.columns)
+        how = (f", bucketed by {list(edge.columns)} into {consumer_id}'s partitions (Spark's "
+               f"exchange of the aggregation, made durable)")
     plan.cuts[pid] = Cut(pid, True, f"the map-side partial aggregates of {consumer_id}, per "
-                         f"wave of {vertex.id}'s splits", partial_of=consumer_id)
+                         f"wave of {vertex.id}'s splits{how}", partial_of=consumer_id,
+                         bucket_for=partial.bucket_for)
     return pid

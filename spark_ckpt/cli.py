@@ -6,6 +6,10 @@
     spark-ckpt plan JOB                  # where the job became durable, why, bytes written
     spark-ckpt checkpoints list CKPT_DIR # a pipeline's checkpoints: retained and history
     spark-ckpt checkpoints show CKPT_DIR [ID]   # one checkpoint: sources, state, sinks, sizes
+    spark-ckpt validate CKPT_DIR | --job JOB    # what a restore or a resubmission relies on
+
+Every command takes ``--json``. Exit codes: 0 done (validate: nothing wrong), 1 an error or
+(validate) something missing or corrupt, 2 a usage error.
 """
 
 from __future__ import annotations
@@ -43,6 +47,19 @@ def _default_work_dir() -> str:
     return Settings().work_dir
 
 
+def _console() -> Console:
+    """Wide enough that a table's cells are not cut to "com…" when output is not a
+    terminal (a pipe, a file, a notebook cell)."""
+    return Console(width=max(160, Console().width))
+
+
+def _table(*columns: str, title: str | None = None) -> Table:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
 def _time(us: int | None) -> str:
     if not us:
         return "-"
@@ -76,11 +93,11 @@ def _load(work_dir: str | None, job_id: str):  # noqa: ANN202
 
 @main.command()
 @work_dir_option
-def jobs(work_dir: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead.")
+def jobs(work_dir: str | None, as_json: bool) -> None:
     """List the jobs under the work directory."""
     storage = Storage(work_dir or _default_work_dir())
-    console = Console()
-    table = Table("job", "attempts", "status", "last event (UTC)", "finished partitions")
+    rows = []
     if storage.exists(storage.root):
         infos = storage.fs.get_file_info(FileSelector(storage.root))
         for info in sorted(infos, key=lambda i: i.base_name):
@@ -89,16 +106,25 @@ def jobs(work_dir: str | None) -> None:
             try:
                 read = read_events(storage, job_paths(storage, info.base_name)["events"])
             except EventLogUnreadable:
-                table.add_row(info.base_name, "?", "[red]log unreadable", "-", "-")
+                rows.append({"job_id": info.base_name, "attempts": None,
+                             "status": "log unreadable", "last_event": None, "finished": None})
                 continue
             if not read.events:
                 continue
             history = replay(read.events)
             status = "completed" if history.completed else (
                 history.attempts[history.last_attempt].status if history.attempts else "?")
-            table.add_row(info.base_name, str(len(history.attempts)), status,
-                          _time(read.events[-1].time_us), str(len(history.finished)))
-    console.print(table)
+            rows.append({"job_id": info.base_name, "attempts": len(history.attempts),
+                         "status": status, "last_event": _time(read.events[-1].time_us),
+                         "finished": len(history.finished)})
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row))
+        return
+    table = _table("job", "attempts", "status", "last event (UTC)", "finished partitions")
+    for row in rows:
+        table.add_row(*("-" if v is None else str(v) for v in row.values()))
+    _console().print(table)
 
 
 @main.command()
@@ -240,27 +266,37 @@ storage_option = click.option("--storage", default=None,
 @click.option("--json", "as_json", is_flag=True, help="Print the history as JSON lines.")
 def checkpoints_list(checkpoint_dir: str, storage: str | None, as_json: bool) -> None:
     """Every checkpoint in the history: status, barrier batch, duration, sizes."""
+    from spark_ckpt.validate import checkpoint_dirs
+
     store = _checkpoint_storage(checkpoint_dir, storage)
-    history = store.history()
-    retained = set(store.completed_ids())
+    history = {int(st["checkpoint_id"]): st for st in store.history()}
+    dirs = checkpoint_dirs(store.uri)
+    rows = []
+    for cid in sorted(set(history) | set(dirs)):
+        st = dict(history.get(cid) or {"checkpoint_id": cid})
+        on_disk = dirs.get(cid)  # None: its files were removed (only statistics remain)
+        # completed and retained, abandoned by a restore of an older one, or what the
+        # statistics say (aborted, or completed and since removed by retention)
+        st["retained"] = on_disk == "completed"
+        st["restorable"] = on_disk == "completed"
+        st["status"] = "abandoned" if on_disk == "abandoned" else \
+            st.get("status") or ("incomplete" if on_disk == "incomplete" else "unknown")
+        rows.append(st)
     if as_json:
-        for stats in history:
-            click.echo(json.dumps(stats, sort_keys=True))
+        for st in rows:
+            click.echo(json.dumps(st, sort_keys=True))
         return
-    table = Table(title=f"Checkpoints in {store.uri}")
-    for column in ("id", "status", "retained", "barrier batch", "duration ms", "state",
-                   "incremental", "max sync ms", "max async ms", "max alignment ms",
-                   "reason"):
-        table.add_column(column)
-    for st in history:
-        cid = int(st["checkpoint_id"])
-        table.add_row(str(cid), st["status"], "yes" if cid in retained else "",
-                      str(st.get("barrier_batch")), str(st.get("duration_ms")),
+    table = _table("id", "status", "retained", "barrier batch", "duration ms", "state",
+                   "incremental", "max sync ms", "max async ms", "max alignment ms", "reason",
+                   title=f"Checkpoints in {store.uri}")
+    for st in rows:
+        table.add_row(str(st["checkpoint_id"]), st["status"], "yes" if st["retained"] else "",
+                      str(st.get("barrier_batch", "-")), str(st.get("duration_ms", "-")),
                       _size(st.get("full_bytes")), _size(st.get("incremental_bytes")),
-                      str(st.get("sync_ms")), str(st.get("async_ms")),
-                      str(st.get("alignment_ms")), (st.get("reason") or "")[:60])
-    Console().print(table)
-    if not history:
+                      str(st.get("sync_ms", "-")), str(st.get("async_ms", "-")),
+                      str(st.get("alignment_ms", "-")), st.get("reason") or "")
+    _console().print(table)
+    if not rows:
         click.echo("no checkpoints yet")
 
 
@@ -268,29 +304,44 @@ def checkpoints_list(checkpoint_dir: str, storage: str | None, as_json: bool) ->
 @click.argument("checkpoint_dir")
 @click.argument("checkpoint_id", required=False, type=int)
 @storage_option
+@click.option("--json", "as_json", is_flag=True, help="Print the metadata as JSON.")
 def checkpoints_show(checkpoint_dir: str, checkpoint_id: int | None,
-                     storage: str | None) -> None:
-    """One completed checkpoint (default: the latest): its sources' offsets, each operator's
-    state (rows, bytes, files per task) and each sink's pending transactions."""
+                     storage: str | None, as_json: bool) -> None:
+    """One checkpoint (default: the latest completed): its sources' offsets, each operator's
+    state (rows, bytes, files per task) and each sink's pending transactions. An abandoned
+    checkpoint (a restore chose an older one) is shown, marked as not restorable."""
     from spark_ckpt.errors import CheckpointError
+    from spark_ckpt.validate import checkpoint_dirs
 
     store = _checkpoint_storage(checkpoint_dir, storage)
-    ids = store.completed_ids()
-    if not ids:
+    dirs = checkpoint_dirs(store.uri)
+    ids = [c for c, status in dirs.items() if status == "completed"]
+    if checkpoint_id is None and not ids:
         raise click.ClickException(f"expected completed checkpoints in {store.uri}, found none")
     cid = checkpoint_id if checkpoint_id is not None else ids[-1]
+    status = dirs.get(cid)
+    if status not in ("completed", "abandoned"):
+        listed = ", ".join(f"{c} ({s})" for c, s in dirs.items()) or "none"
+        what = "was never completed (no metadata)" if status else "is not there"
+        raise click.ClickException(
+            f"checkpoint {cid} in {store.uri} {what}; checkpoints there: {listed}")
     try:
-        meta = store.read_metadata(cid)
+        meta = store.read_metadata(cid, abandoned=status == "abandoned")
     except CheckpointError as exc:
         raise click.ClickException(str(exc)) from exc
-    console = Console()
+    if as_json:
+        click.echo(json.dumps(meta | {"status": status}, indent=2, sort_keys=True))
+        return
+    console = _console()
+    if status == "abandoned":
+        console.print(f"[bold red]Checkpoint {cid} is abandoned[/]: a restore chose an older "
+                      "checkpoint and started a new history from it; it is not restorable "
+                      "and is shown for inspection only.")
     console.print(f"[bold]Checkpoint {cid}[/bold] of pipeline {meta['pipeline']} "
                   f"(id {meta.get('pipeline_id') or '-'}): barrier after batch "
                   f"{meta['barrier_batch']}, mode {meta.get('mode')}, completed "
                   f"{_time(int(meta['completed_ms']) * 1000)}")
-    sources = Table(title="Sources at the barrier")
-    sources.add_column("source")
-    sources.add_column("position")
+    sources = _table("source", "position", title="Sources at the barrier")
     for name, ack in sorted(meta.get("sources", {}).items()):
         piece = ack.get("piece") or {}
         shown = {k: v for k, v in piece.items() if k != "files"}
@@ -298,21 +349,85 @@ def checkpoints_show(checkpoint_dir: str, checkpoint_id: int | None,
             shown["files"] = len(piece["files"])
         sources.add_row(name, json.dumps(shown, sort_keys=True))
     console.print(sources)
-    ops = Table(title="Keyed state")
-    for column in ("operator", "task", "key groups", "rows", "files", "bytes"):
-        ops.add_column(column)
+    ops = _table("operator", "task", "key groups", "rows", "files", "bytes", title="Keyed state")
     for op, entry in sorted(meta.get("operators", {}).items()):
         for pid, handle in sorted(entry["handles"].items(), key=lambda kv: int(kv[0])):
             files = handle.get("files", [])
             ops.add_row(op, pid, handle["range"], str(handle.get("rows", 0)), str(len(files)),
                         _size(sum(f["bytes"] for f in files)))
     console.print(ops)
-    sinks = Table(title="Sinks: transactions this checkpoint commits (if not yet done)")
-    sinks.add_column("sink")
-    sinks.add_column("checkpoints")
+    sinks = _table("sink", "checkpoints",
+                   title="Sinks: transactions this checkpoint commits (if not yet done)")
     for name, ack in sorted(meta.get("sinks", {}).items()):
         sinks.add_row(name, ", ".join(str(p[0]) for p in ack.get("pending", [])) or "-")
     console.print(sinks)
+
+
+@main.command()
+@click.argument("checkpoint_dir", required=False)
+@click.option("--job", "job_id", default=None, help="Validate this batch job's event log "
+              "and finished partitions instead of a checkpoint directory.")
+@work_dir_option
+@storage_option
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def validate(checkpoint_dir: str | None, job_id: str | None, work_dir: str | None,
+             storage: str | None, as_json: bool) -> None:
+    """Check what a restart relies on, changing nothing: a pipeline's checkpoints (metadata
+    readable, every state file present with its recorded size) or, with --job, a batch job's
+    event log and every file of its finished partitions. Exit code 1 when something is
+    missing or corrupt."""
+    from spark_ckpt.validate import validate_checkpoints, validate_job
+
+    if (checkpoint_dir is None) == (job_id is None):
+        raise click.UsageError("expected either CHECKPOINT_DIR or --job JOB, found "
+                               + ("both" if job_id else "neither"))
+    if job_id is not None:
+        report = validate_job(work_dir or _default_work_dir(), job_id)
+        if as_json:
+            click.echo(json.dumps(report.to_json(), indent=2))
+        else:
+            if report.completed:
+                click.echo(f"Job {job_id}: completed ({report.events} events); a resubmission "
+                           "needs none of its files")
+            else:
+                click.echo(f"Job {job_id}: {report.events} events, "
+                           f"{report.finished_partitions} finished partitions, "
+                           f"{report.files_checked} files checked: "
+                           + ("intact" if report.ok else f"{len(report.problems)} problem(s)"))
+            for problem in report.problems:
+                click.echo(f"  {problem}")
+            if report.lost:
+                click.echo(f"  a resubmission runs these again (and what read them): "
+                           f"{', '.join(f'{v}/{p}' for v, p in report.lost)}")
+        sys.exit(0 if report.ok else 1)
+    assert checkpoint_dir is not None
+    store = _checkpoint_storage(checkpoint_dir, storage)
+    reports = validate_checkpoints(store.uri)
+    completed = [r for r in reports if r.status == "completed"]
+    newest = next((r for r in reversed(completed) if r.restorable), None)
+    ok = bool(completed) and completed[-1].restorable
+    if as_json:
+        click.echo(json.dumps({"checkpoints": [r.to_json() for r in reports], "ok": ok,
+                               "restores": newest.checkpoint_id if newest else None},
+                              indent=2))
+    else:
+        table = _table("id", "status", "state files", "state bytes", "problems",
+                       title=f"Checkpoints in {store.uri}")
+        for r in reports:
+            table.add_row(str(r.checkpoint_id), r.status,
+                          str(r.state_files) if r.status == "completed" else "-",
+                          _size(r.state_bytes) if r.status == "completed" else "-",
+                          "\n".join(r.problems) or ("ok" if r.status == "completed" else "-"))
+        _console().print(table)
+        if newest is None:
+            click.echo("No restorable checkpoint: a restart starts from the sources' "
+                       "beginning (or fails, if the pipeline requires a checkpoint).")
+        else:
+            click.echo(f"A restart restores checkpoint {newest.checkpoint_id}."
+                       + ("" if ok else " Newer completed checkpoints are damaged: a restart "
+                          "steps over one with missing state files and refuses one whose "
+                          "metadata does not read (see the problems above)."))
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -135,6 +135,10 @@ def test_default_cuts_chain_the_join_and_make_partial_aggregates_durable(
     assert plan.cuts["report-partial"].ratio < 0.10
     assert any("hashpartitioning(carrier, month" in e
                for e in plan.cuts["report-partial"].exchanges)
+    # the partials are written bucketed for report, which merges them without a shuffle
+    assert plan.cuts["report-partial"].bucket_for == "report"
+    assert not any("ENSURE_REQUIREMENTS" in e for e in plan.cuts["report"].exchanges), \
+        plan.cuts["report"].exchanges
     text = str(plan)
     assert "enriched: chained: report aggregates it" in text
     assert "report: durable: has sinks (report-delta)" in text
@@ -203,9 +207,20 @@ def _join_job(spark, shape_input, out: str, work: str, settings=SETTINGS) -> Bat
                         str(shape_input / "join"), out, parallelism=4)
 
 
-def test_a_join_reads_its_inputs_through_durable_exchanges(spark, shape_input, tmp_path):
+def assert_placed(spark, directory: str, column: str, n: int) -> None:
+    """Every row of file part-<j>-* is a row of partition j: pmod(hash(key), n) == j."""
+    df = spark.read.parquet(directory).withColumn("file", F.input_file_name())
+    misplaced = df.where(F.regexp_extract("file", r"part-(\d+)-", 1).cast("int")
+                         != F.pmod(F.hash(column), F.lit(n)))
+    assert df.count() > 0 and misplaced.count() == 0
+
+
+def test_a_join_reads_its_inputs_through_durable_exchanges(spark, shape_input, tmp_path,
+                                                           caplog):
     """Two large inputs joined by key: each is written per wave bucketed by the key into the
     join's partitions, and the join's own Spark job has no exchange at all."""
+    from spark_ckpt.batch.buckets import job_table_prefix, layout_suffix
+
     out, work = str(tmp_path / "out"), str(tmp_path / "work")
     plan = _join_job(spark, shape_input, out, work).explain(show=False)
     for source in ("orders", "details"):
@@ -217,7 +232,13 @@ def test_a_join_reads_its_inputs_through_durable_exchanges(spark, shape_input, t
     assert not (tmp_path / "work").exists(), "explain must write nothing"
 
     settings = dataclasses.replace(SETTINGS, batch_cleanup_on_success=False)
+    # a table a killed driver of this job left in a lasting catalog is dropped
+    leftover = f"spark_catalog.default.{job_table_prefix('join')}leftover"
+    spark.sql(f"CREATE TABLE {leftover} (k INT) USING parquet LOCATION "
+              f"'{(tmp_path / 'leftover').as_uri()}'")
+    caplog.set_level("INFO", logger="spark_ckpt")
     result = _join_job(spark, shape_input, out, work, settings).run()
+    assert "reads its inputs plainly" not in caplog.text
     assert {v: s.ran for v, s in result.vertices.items()} == \
         {"orders-to-joined": 8, "details-to-joined": 8, "joined": 4}
     plain = plain_output(spark, "join", shape_input, tmp_path)
@@ -225,10 +246,12 @@ def test_a_join_reads_its_inputs_through_durable_exchanges(spark, shape_input, t
         assert_same_rows(_load(f"{out}/{name}"), _load(f"{plain}/joined"))
     files = list((tmp_path / "work" / "join" / "results" / "orders-to-joined").rglob("*.parquet"))
     assert files
-    for f in files:  # wave <tag>-b4, bucket directory j, Spark's bucket id _0000j in the name
+    suffix = layout_suffix(("order_id",), 4)
+    for f in files:  # wave <tag>-b4-k.., bucket directory j, Spark's bucket id _0000j in names
         j = int(f.parent.name.removeprefix("spark_ckpt_bucket="))
-        assert f.parent.parent.name.endswith("-b4") and f.name.split(".")[0].endswith(f"_{j:05d}")
+        assert f.parent.parent.name.endswith(suffix) and f.name.split(".")[0].endswith(f"_{j:05d}")
     assert not spark.sql("SHOW TABLES IN spark_catalog.default LIKE 'spark_ckpt_*'").collect()
+    assert_placed(spark, f"{out}/joined", "order_id", 4)
 
     # the same job without exchanges: the inputs are read in place, chained into the join
     off = dataclasses.replace(SETTINGS, batch_exchange_cuts=False)
@@ -237,7 +260,8 @@ def test_a_join_reads_its_inputs_through_durable_exchanges(spark, shape_input, t
     assert any("hashpartitioning(order_id, 4" in e for e in plan.cuts["joined"].exchanges)
 
 
-def test_a_file_nobody_recorded_in_an_exchange_is_never_read(spark, shape_input, tmp_path):
+def test_a_file_nobody_recorded_in_an_exchange_is_never_read(spark, shape_input, tmp_path,
+                                                            caplog):
     """A catalog partition reads every file of its directory: a stray file in a finished
     wave's bucket directory (a copy, a leftover) makes the join read the recorded files
     plainly, never the stray one."""
@@ -253,7 +277,11 @@ def test_a_file_nobody_recorded_in_an_exchange_is_never_read(spark, shape_input,
     original = next(bucket.glob("part-*.parquet"))
     stray = bucket / original.name.replace("part-", "part-99999-copy-", 1)
     stray.write_bytes(original.read_bytes())
+    caplog.set_level("INFO", logger="spark_ckpt")
     result = _join_job(spark, shape_input, out, work).run()
+    assert "differ from the recorded ones" in caplog.text
+    assert "joined reads its inputs plainly" in caplog.text  # both, not one of them
+    assert_placed(spark, f"{out}/joined", "order_id", 4)
     assert {v: (s.reused, s.ran) for v, s in result.vertices.items()} == \
         {"orders-to-joined": (8, 0), "details-to-joined": (8, 0), "joined": (0, 4)}
     plain = plain_output(spark, "join", shape_input, tmp_path)
@@ -261,20 +289,25 @@ def test_a_file_nobody_recorded_in_an_exchange_is_never_read(spark, shape_input,
 
 
 def test_bucket_layout_accepts_only_files_written_for_the_count():
-    from spark_ckpt.batch.buckets import bucket_layout
+    from spark_ckpt.batch.buckets import bucket_layout, layout_suffix
+
+    key = ("order_id",)
+    b4 = layout_suffix(key, 4)
 
     def path(wave: str, j: int, named: int | None = None) -> str:
         named = j if named is None else named
         return f"file:/w/{wave}/spark_ckpt_bucket={j}/part-00001-ab-cd_{named:05d}.c000.parquet"
 
-    good = [path("a1-u0-x-b4", 0), path("a1-u0-x-b4", 3), path("a1-u1-y-b4", 3)]
-    assert bucket_layout(good, 4) == {
-        "file:/w/a1-u0-x-b4": {0: [good[0]], 3: [good[1]]}, "file:/w/a1-u1-y-b4": {3: [good[2]]}}
-    assert bucket_layout(good, 8) is None  # written for 4 buckets, read for 8
-    assert bucket_layout([path("a1-u0-x-b4", 2, named=1)], 4) is None
-    assert bucket_layout([path("a1-u0-x-b4", 5)], 4) is None
-    assert bucket_layout(["file:/w/a1-u0-x/part-00001-ab.c000.parquet"], 4) is None
-    assert bucket_layout([], 4) == {}
+    good = [path(f"a1-u0-x{b4}", 0), path(f"a1-u0-x{b4}", 3), path(f"a1-u1-y{b4}", 3)]
+    assert bucket_layout(good, key, 4) == {f"file:/w/a1-u0-x{b4}": {0: [good[0]], 3: [good[1]]},
+                                           f"file:/w/a1-u1-y{b4}": {3: [good[2]]}}
+    assert bucket_layout(good, key, 8) is None  # written for 4 buckets, read for 8
+    assert bucket_layout(good, ("customer_id",), 4) is None  # bucketed by another key
+    assert layout_suffix(key, 4) == layout_suffix(("order_id",), 4) != layout_suffix(key, 8)
+    assert bucket_layout([path(f"a1-u0-x{b4}", 2, named=1)], key, 4) is None
+    assert bucket_layout([path(f"a1-u0-x{b4}", 5)], key, 4) is None
+    assert bucket_layout(["file:/w/a1-u0-x/part-00001-ab.c000.parquet"], key, 4) is None
+    assert bucket_layout([], key, 4) == {}
 
 
 # -- failures ----------------------------------------------------------------------------------

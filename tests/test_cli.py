@@ -52,3 +52,20 @@ def test_unknown_job_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(main, ["history", "nope", "--work-dir", str(tmp_path)])
     assert result.exit_code != 0
     assert "no event log for job 'nope'" in result.output
+
+
+def test_jobs_json_and_validate_of_a_completed_job(finished_job):
+    listed = CliRunner().invoke(main, ["jobs", "--work-dir", finished_job, "--json"])
+    rows = [json.loads(line) for line in listed.output.splitlines()]
+    assert rows == [{**rows[0], "job_id": "cli-job", "status": "completed"}]
+    checked = CliRunner().invoke(main, ["validate", "--job", "cli-job", "--work-dir",
+                                        finished_job])
+    assert checked.exit_code == 0, checked.output
+    assert "completed" in checked.output and "needs none of its files" in checked.output
+    usage = CliRunner().invoke(main, ["validate"])
+    assert usage.exit_code == 2 and "expected either CHECKPOINT_DIR or --job JOB" in usage.output
+
+
+def test_wide_tables_are_not_cut_when_output_is_not_a_terminal(finished_job):
+    shown = CliRunner().invoke(main, ["jobs", "--work-dir", finished_job], env={"COLUMNS": "40"})
+    assert "completed" in shown.output and "…" not in shown.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from spark_ckpt.delta_reader import read_delta
 import json
+import os
 import shutil
 
 import pandas as pd
@@ -231,6 +232,36 @@ def test_restore_by_id_replays_from_that_checkpoint(spark, tmp_path):
     assert all(c["barrier_batch"] <= 4 for c in ctx2.recent_checkpoints)
     with pytest.raises(CheckpointError, match="expected checkpoint 999"):
         agg_pipeline(spark, tmp_path, total=2000)[0].start(restore_checkpoint=999)
+
+    # the command line marks the abandoned checkpoints, shows one, and validates the rest
+    from click.testing import CliRunner
+
+    from spark_ckpt.cli import main
+
+    ckpt = str(tmp_path / "ckpt")
+    listed = CliRunner().invoke(main, ["checkpoints", "list", ckpt, "--json"])
+    status = {r["checkpoint_id"]: r["status"]
+              for r in map(json.loads, listed.output.splitlines())}
+    abandoned = [c["checkpoint_id"] for c in done if c["checkpoint_id"] > early["checkpoint_id"]]
+    assert abandoned and {status[c] for c in abandoned} == {"abandoned"}, status
+    assert status[early["checkpoint_id"]] == "completed"
+    shown = CliRunner().invoke(main, ["checkpoints", "show", ckpt, str(abandoned[0])])
+    assert shown.exit_code == 0 and f"Checkpoint {abandoned[0]} is abandoned" in shown.output
+    missing = CliRunner().invoke(main, ["checkpoints", "show", ckpt, "999"])
+    assert missing.exit_code == 1 and "checkpoint 999 in" in missing.output \
+        and "is not there" in missing.output and f"{abandoned[0]} (abandoned)" in missing.output
+    newest = ctx2.checkpoint_storage.completed_ids()[-1]
+    checked = CliRunner().invoke(main, ["validate", ckpt, "--json"])
+    assert checked.exit_code == 0, checked.output
+    assert json.loads(checked.output)["restores"] == newest
+    meta = ctx2.checkpoint_storage.read_metadata(newest)
+    # the newest changelog: only the newest checkpoint holds it (earlier files are shared)
+    victim = max((f for e in meta["operators"].values() for h in e["handles"].values()
+                  for f in h["files"]), key=lambda f: f["batch"])["path"]
+    os.remove(victim.removeprefix("file://"))
+    checked = CliRunner().invoke(main, ["validate", ckpt])
+    assert checked.exit_code == 1 and "state file missing" in checked.output
+    assert "A restart restores checkpoint" in checked.output
 
 
 def test_corrupt_latest_checkpoint_falls_back_and_shows_nothing_twice(spark, tmp_path, caplog):

@@ -155,6 +155,15 @@ def test_deleted_result_file_reruns_its_partition_and_everything_that_read_it(
                     .glob("a1-u2-*/spark_ckpt_bucket=*/part-*.parquet"))
     assert len(victim) >= 1
     victim[0].unlink()
+    from click.testing import CliRunner
+
+    from spark_ckpt.cli import main
+
+    checked = CliRunner().invoke(main, ["validate", "--job", "orders", "--work-dir",
+                                        str(tmp_path / "work"), "--json"])
+    assert checked.exit_code == 1, checked.output  # found, not repaired
+    assert json.loads(checked.output)["lost"] == [["enriched", 2]]
+    assert victim[0].name in checked.output
     result = resubmit(spark, orders_input, tmp_path)
     # enriched 2 again, then settled (all 4 read it through a hash edge) and daily
     assert {v: s.ran for v, s in result.vertices.items()} == {

@@ -248,7 +248,8 @@ def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str 
             plan.cuts[vid] = Cut.from_record(vid, recorded[vid])
             plan.cuts[vid].bucket_for = graph.vertices[vid].bucket_for  # as inserted now
     if exchanges is not None and mode != "sinks":
-        _plan_exchanges(graph, plan, consumers, sampler, exchanges, insert=mode == "auto")
+        _plan_exchanges(graph, plan, consumers, sampler, exchanges, recorded,
+                        insert=mode == "auto")
     return plan
 
 
@@ -258,13 +259,16 @@ def exchange_rows(rows: DataFrame) -> DataFrame:
 
 
 def _plan_exchanges(graph: JobGraph, plan: CutPlan, consumers: dict[str, list[tuple[str, Edge]]],
-                    sampler: Sampler, supported: Callable[[], bool], *, insert: bool) -> None:
+                    sampler: Sampler, supported: Callable[[], bool],
+                    recorded: dict[str, dict[str, Any]], *, insert: bool) -> None:
     """Durable exchanges (batch.buckets) for every vertex that joins two or more inputs by
     its key, each of them computed split by split and read by that vertex alone: a durable
     input is written bucketed by the key into the joining vertex's partitions; a source (or
     a chained input) gets an inserted vertex that writes its rows so, per wave of its splits.
     Spark would shuffle exactly these rows inside the join's job; written, they survive the
-    driver and the join reads bucket j of each without a shuffle."""
+    driver and the join reads bucket j of each without a shuffle. A decision recorded by an
+    earlier attempt stands whatever this session's catalog can do (its fingerprints depend
+    on it); the files are then read plainly, with the same rows."""
     for consumer in list(graph.live_vertices()):
         if not consumer.key or consumer.declared_durable is False or consumer.fn_final or \
                 consumer.partial_of or consumer.exchange_of:
@@ -274,7 +278,11 @@ def _plan_exchanges(graph: JobGraph, plan: CutPlan, consumers: dict[str, list[tu
                 any(e.kind != "hash" or tuple(e.columns) != tuple(consumer.key) for e in main):
             continue
         ups = [graph.vertices[e.upstream] for e in main]
-        if not all(_exchangeable(graph, u, consumers, insert) for u in ups) or not supported():
+        if not all(_exchangeable(graph, u, consumers, insert) for u in ups):
+            continue
+        decided = all(recorded.get(f"{u.id}-to-{consumer.id}" if u.is_source else u.id, {})
+                      .get("bucket_for") == consumer.id for u in ups)
+        if not decided and not supported():
             continue
         columns = tuple(consumer.key)
         how = (f"bucketed by {list(columns)} into {consumer.id}'s partitions, so "
@@ -357,8 +365,8 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                 except NotSplittable:
                     found = None
             pid = f"{consumer_id}{PARTIAL_SUFFIX}"
-            bucketed = bool(records.get(pid, {}).get("bucket_for")) and \
-                exchanges is not None and exchanges()
+            # as recorded: the partials' layout does not change with this session's catalog
+            bucketed = exchanges is not None and bool(records.get(pid, {}).get("bucket_for"))
             if consumer_id is None or _insert_partial(graph, vertex, consumer_id, plan,
                                                       found, bucketed) is None:
                 cut.partial = False

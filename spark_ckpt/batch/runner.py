@@ -31,6 +31,7 @@ from spark_ckpt.batch.cuts import (
     split_source,
 )
 from spark_ckpt.batch.progress import JobProgress
+from spark_ckpt.batch.buckets import BucketedTables, job_table_prefix
 from spark_ckpt.batch.recovery import plan_recovery
 from spark_ckpt.sinks import Sink, make_sink, micros_timestamps
 from spark_ckpt.batch.sources import FileSource, decode_splits
@@ -116,6 +117,7 @@ class JobRunner:
                  settings: Settings, clock: Clock | None = None) -> None:
         self.run_id = run_id
         self.clock = clock or SystemClock()  # markers' and events' timestamps
+        self.explaining = False  # explain(): writes nothing in the job's directory
         self.graph = graph.copy()  # a run decides parallelism and cuts on its own copy
         self.spark = spark
         self.settings = settings
@@ -277,6 +279,9 @@ class JobRunner:
         log.info("Job %s attempt %d started (%s; %d events replayed)", job_id, self.attempt,
                  mode, history.events)
 
+        # durable exchanges' tables a killed driver of this job left in a lasting catalog
+        # (a Hive metastore, a Spark Connect server)
+        BucketedTables(self.spark, lambda: "", job_table_prefix(job_id)).drop_leftovers()
         splits = self._initialize_vertices(history)
         fault_point("vertex.initialized")
 
@@ -511,6 +516,7 @@ class JobRunner:
     def explain(self) -> CutPlan:
         """Plan the job as ``run()`` would (reading, never writing, its event log) and list
         the Spark exchanges each vertex's job keeps."""
+        self.explaining = True
         self.graph.validate()
         try:
             table, _version, _problems = read_table(self.storage, self.paths["events"])

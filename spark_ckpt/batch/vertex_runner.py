@@ -35,7 +35,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_ckpt.sinks import Sink, partition_values, written_files
-from spark_ckpt.batch.buckets import BucketedTables
+from spark_ckpt.batch.buckets import BucketedTables, job_table_prefix, layout_suffix
 from spark_ckpt.batch.sources import FileSource
 from spark_ckpt.errors import JobDefinitionError, TaskExecutionError
 from spark_ckpt.execution.graph import Edge, JobVertex
@@ -73,6 +73,7 @@ class Attempt(Protocol):
     registry: ExecutionRegistry
     finished: dict[tuple[str, int], FinishedPartition]
     clock: Clock  # the partitions' start and finish times
+    explaining: bool  # BatchJob.explain: nothing may be written in the job's directory
 
     def partition_finished(self, result: PartitionResult) -> bool:
         """Record a finished partition once; False for duplicates and stale attempts."""
@@ -171,7 +172,9 @@ class VertexRunner:
         # schema, so a vertex's plan shows its own exchanges only. Nothing is written.
         self.planning: str | None = None
         self.sample_rows: int | None = None  # planning: read at most this many rows a source
-        self.tables = BucketedTables(self.spark, self._table_location)  # durable exchanges
+        # durable exchanges' catalog tables
+        self.tables = BucketedTables(self.spark, self._table_location,
+                                     job_table_prefix(job.run_id))
         self._scratch: str | None = None
 
     # -- modes -----------------------------------------------------------------------------
@@ -210,11 +213,12 @@ class VertexRunner:
 
     def _table_location(self) -> str:
         """The empty directory temporary tables point at: ``results/_tables`` in the job's
-        directory once it exists, else (a plan, which writes nothing there, before the job's
-        first run) a new temporary directory of the driver's, removed when the process ends."""
+        directory once it exists, else (``explain``, which writes nothing there, or a plan
+        before the job's first run) a new temporary directory of the driver's, removed when
+        the process ends."""
         if self._scratch is None:
             job_dir = self.job.paths["job"]
-            if self.job.storage.exists(job_dir):
+            if self.job.storage.exists(job_dir) and not self.job.explaining:
                 self._scratch = join(job_dir, "results", "_tables")
                 self.job.storage.makedirs(self._scratch)
                 self._scratch = self.job.storage.spark_path(self._scratch)
@@ -325,9 +329,6 @@ class VertexRunner:
         if edge.kind == "broadcast":
             return F.broadcast(self.frame(upstream.id, None))
         if edge.kind == "hash":
-            bucketed = self._bucketed_input(upstream, edge, consumer, parts)
-            if bucketed is not None:
-                return bucketed
             df = self.frame(upstream.id, None)
             if parts is not None:
                 bucket = F.pmod(F.hash(*edge.columns), F.lit(consumer.parallelism))
@@ -339,6 +340,28 @@ class VertexRunner:
         # forward: partition j of the consumer reads partition j of the upstream, which is
         # what the graph's restart and invalidation rules assume (checked in run())
         return self.frame(upstream.id, parts)
+
+    def _bucketed_inputs(self, vertex: JobVertex, parts: list[int] | None
+                         ) -> dict[int, DataFrame]:
+        """Every hash input of ``vertex`` read bucketed (by input index), or none of them:
+        a join of a bucketed and a plain input lets Spark broadcast one side and stream the
+        other as plain splits (adaptive execution may switch to that while running), so
+        partition j would no longer be bucket j."""
+        hashed = [i for i, e in enumerate(vertex.inputs) if e.kind == "hash"]
+        if not hashed or any(self.graph.vertices[vertex.inputs[i].upstream].bucket_for
+                             != vertex.id for i in hashed):
+            return {}
+        out = {}
+        for i in hashed:
+            edge = vertex.inputs[i]
+            df = self._bucketed_input(self.graph.vertices[edge.upstream], edge, vertex, parts)
+            if df is None:
+                log.info("Job %s attempt %d: %s reads its inputs plainly (%s is not bucketed "
+                         "for its %d partitions)", self.job.run_id, self.job.attempt,
+                         vertex.id, edge.upstream, vertex.parallelism)
+                return {}
+            out[i] = df
+        return out
 
     def _bucketed_input(self, upstream: JobVertex, edge: Edge, consumer: JobVertex,
                         parts: list[int] | None) -> DataFrame | None:
@@ -356,13 +379,8 @@ class VertexRunner:
             for o in finished.outputs:
                 if o.kind == "result":
                     files[o.path] = None
-        df = self.tables.read(self.output_schema(upstream.id), list(files),
-                              tuple(edge.columns), consumer.parallelism, parts)
-        if df is None:
-            log.info("Job %s attempt %d: %s reads %s plainly (not bucketed for its %d "
-                     "partitions)", self.job.run_id, self.job.attempt, consumer.id,
-                     upstream.id, consumer.parallelism)
-        return df
+        return self.tables.read(self.output_schema(upstream.id), list(files),
+                                tuple(edge.columns), consumer.parallelism, parts)
 
     def _compute(self, vertex: JobVertex, parts: list[int] | None) -> DataFrame:
         """The vertex output for ``parts`` (None: all), before it is arranged for writing."""
@@ -370,7 +388,9 @@ class VertexRunner:
             return self._source_frame(vertex, parts)
         assert vertex.fn is not None
         fn = vertex.fn_final or vertex.fn  # a consumer of partial aggregates merges them
-        out = fn(*[self._input(edge, vertex, parts) for edge in vertex.inputs])
+        bucketed = self._bucketed_inputs(vertex, parts) if self.planning != "inline" else {}
+        out = fn(*[bucketed[i] if i in bucketed else self._input(edge, vertex, parts)
+                   for i, edge in enumerate(vertex.inputs)])
         if out is None or not hasattr(out, "schema"):
             raise JobDefinitionError(
                 f"vertex {vertex.id}: expected its function to return a DataFrame, found "
@@ -562,7 +582,7 @@ class VertexRunner:
         if self._needs_results(vertex) and result_sink is None:
             bucket_by, buckets = self.bucketing(vertex)
             if buckets:
-                tag += f"-b{buckets}"
+                tag += layout_suffix(bucket_by, buckets)
             directory = join(result_dir(job.paths["job"], vertex.id), tag)
             writes.append(_Write("result", vertex.id, job.storage.spark_path(directory),
                                  bucket_by=bucket_by, buckets=buckets))

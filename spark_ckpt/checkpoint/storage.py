@@ -55,8 +55,12 @@ class CheckpointStorage:
             )
         return len(data)
 
-    def read_metadata(self, checkpoint_id: int, pipeline_id: str | None = None) -> dict[str, Any]:
+    def read_metadata(self, checkpoint_id: int, pipeline_id: str | None = None, *,
+                      abandoned: bool = False) -> dict[str, Any]:
+        """A completed checkpoint's metadata (``abandoned``: an abandoned one's, to inspect)."""
         path = self.metadata_path(checkpoint_id)
+        if abandoned:
+            path = path.replace("_metadata.json", "_metadata.abandoned.json")
         try:
             raw = self.store.read_bytes(path)
         except OSError as exc:

@@ -108,7 +108,9 @@ class ClassicSpark:
     def hash_partitioning(self, df: DataFrame) -> tuple[tuple[str, ...] | None, int] | None:
         plan = df._jdf.queryExecution().executedPlan()
         if _kind(plan) == "AdaptiveSparkPlanExec":
-            plan = plan.inputPlan()
+            # the plan adaptive execution starts from: after EnsureRequirements and the rule
+            # that turns a bucketed scan nobody needs into a plain one
+            plan = plan.executedPlan()
         partitioning = plan.outputPartitioning()
         # a join's output is partitioned as each side is (PartitioningCollection): rows are
         # where either side's key puts them, and the key attributes are the ones kept

@@ -237,6 +237,7 @@ def shape_child(shape: str, mode: str, input_dir: str, output: str, work_dir: st
     from spark_ckpt import BatchJob, Settings, get_or_create_session
 
     logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("spark_ckpt").setLevel(logging.INFO)  # kept beside the JSON
     spark = get_or_create_session(f"bench-{shape}-{mode}")
     _quiet(spark)
     print("STARTED", flush=True)
@@ -272,10 +273,22 @@ def run_shape(shape: str, mode: str, args: argparse.Namespace, input_dir: str, o
     proc = subprocess.run(_shape_cmd(shape, mode, args, input_dir, output, work_dir),
                           env=_env(), capture_output=True, text=True, cwd=ROOT,
                           start_new_session=True)
+    _keep_log(args, f"{shape}-{mode}", proc.stderr)
     if proc.returncode != 0:
         raise SystemExit(f"{shape} {mode} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     line = next(li for li in proc.stdout.splitlines() if li.startswith("RESULT "))
     return {**json.loads(line[7:]), "process_seconds": time.perf_counter() - started}
+
+
+def _keep_log(args: argparse.Namespace, name: str, text: str) -> None:
+    """The driver's log (spark_ckpt at INFO: its plan, what each vertex read and ran) in
+    ``<json>.logs/``, numbered in run order."""
+    if not args.json:
+        return
+    directory = Path(f"{args.json}.logs")
+    directory.mkdir(exist_ok=True)
+    number = len(list(directory.iterdir()))
+    (directory / f"{number:03d}-{name}.log").write_text(text)
 
 
 def kill_shape(shape: str, args: argparse.Namespace, input_dir: str, output: str,

@@ -181,7 +181,9 @@ class BucketedTables:
         probe = f"{self._location().rstrip('/')}/probe-{uuid.uuid4().hex[:8]}"
         names = [self._new_name(), self._new_name()]
         try:
-            (self.spark.createDataFrame([], f"k INT, {BUCKET_COLUMN} INT").write
+            # no rows from Python: a classic createDataFrame would start a Python worker
+            (self.spark.range(0).selectExpr("CAST(id AS INT) AS k",
+                                            f"CAST(id AS INT) AS {BUCKET_COLUMN}").write
              .mode("append").format("parquet").option("path", probe)
              .partitionBy(BUCKET_COLUMN).bucketBy(2, "k").saveAsTable(names[0]))
             name = names[1]

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.batch.aggsplit import AggSplit, NotSplittable, check_split, split_aggregate
 from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex
+from spark_ckpt.sparkapi import empty_frame
 from spark_ckpt.storage import human_size
 
 if TYPE_CHECKING:
@@ -453,7 +454,7 @@ def _split_over_sample(graph: JobGraph, vertex: JobVertex, consumer_id: str,
     edge = next(e for e in consumer.inputs if e.upstream == vertex.id)
     try:
         sample = sampler.compute(vertex.id, [0])
-        leaf = sample.sparkSession.createDataFrame([], sample.schema)
+        leaf = empty_frame(sample.sparkSession, sample.schema)
         aggregated = consumer.fn(leaf)
         split = split_aggregate(aggregated)
         check_split(split, aggregated)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from spark_ckpt.errors import InputChangedError, JobDefinitionError, SourceError
+from spark_ckpt.sparkapi import empty_frame
 from spark_ckpt.storage import Storage, stat_any
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ class FileSource:
                         missing[0])
             files = [f for f in files if f not in set(missing)]
             if not files:
-                return spark.createDataFrame([], schema)
+                return empty_frame(spark, schema)
         reader = spark.read.format(self.format).options(**self.options).schema(schema)
         if self.is_directory() and self._option("basePath") is None:
             reader = reader.option("basePath", self.path)  # keep partition columns

@@ -42,7 +42,7 @@ from spark_ckpt.execution.graph import Edge, JobVertex
 from spark_ckpt.execution.result_partition import OutputFile, PartitionResult, result_dir
 from spark_ckpt.execution.state import ExecutionState
 from spark_ckpt.faults import fault_point
-from spark_ckpt.sparkapi import frame_api, spark_api
+from spark_ckpt.sparkapi import empty_frame, frame_api, spark_api
 from spark_ckpt.storage import Storage, join
 
 if TYPE_CHECKING:
@@ -266,7 +266,7 @@ class VertexRunner:
         if not vertex.durable or self.planning == "inline":
             return self._compute(vertex, parts)
         if self.planning == "explain":
-            return self.spark.createDataFrame([], self.output_schema(vertex_id))
+            return empty_frame(self.spark, self.output_schema(vertex_id))
         return self._read_results(vertex, parts)
 
     def compute_inline(self, vertex_id: str, parts: list[int] | None) -> DataFrame:
@@ -292,7 +292,7 @@ class VertexRunner:
             files = [path for p in chosen for path, _ in splits[p]]
             schema = self.source_schemas[vertex.id]
             if not files:
-                return self.spark.createDataFrame([], schema)
+                return empty_frame(self.spark, schema)
             return source.read(self.spark, schema, files)
         df = source.build(self.spark)
         if parts is not None and vertex.parallelism > 1:
@@ -318,7 +318,7 @@ class VertexRunner:
         if result_sink is not None:
             files = dict.fromkeys(self.sinks[result_sink].locate(list(files)))
         if not files:
-            return self.spark.createDataFrame([], schema)
+            return empty_frame(self.spark, schema)
         return self.spark.read.schema(schema).parquet(*files)
 
     def _input(self, edge: Edge, consumer: JobVertex, parts: list[int] | None) -> DataFrame:

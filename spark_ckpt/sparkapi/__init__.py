@@ -22,8 +22,10 @@ from spark_ckpt.sparkapi.types import Expr, PlanNode, SparkApi, walk
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
-__all__ = ["Expr", "PlanNode", "SparkApi", "frame_api", "is_connect", "spark_api", "walk"]
+__all__ = ["Expr", "PlanNode", "SparkApi", "empty_frame", "frame_api", "is_connect", "spark_api",
+           "walk"]
 
 
 def is_connect(obj: Any) -> bool:
@@ -45,3 +47,13 @@ def spark_api(spark: SparkSession) -> SparkApi:
 def frame_api(df: DataFrame) -> SparkApi:
     """The seam for the session ``df`` belongs to."""
     return spark_api(df.sparkSession)
+
+
+def empty_frame(spark: SparkSession, schema: StructType) -> DataFrame:
+    """No rows, with ``schema``'s column names and types (all nullable, as a file read gives),
+    built without Python in Spark tasks: a classic ``createDataFrame([], schema)`` would start a
+    Python worker when it runs, which a cluster without Python for its executors cannot."""
+    from pyspark.sql import functions as F
+
+    return spark.range(0).select(
+        *[F.lit(None).cast(field.dataType).alias(field.name) for field in schema.fields])

@@ -660,7 +660,8 @@ def main() -> None:
 
     if "rerun" not in skip:
         out, work = fresh("rerun")
-        crashed = run_child("ckpt", args, out, work, fault="vertex.finished:3")
+        # after every vertex (enriched, payments-to-settled, settled, daily) finished
+        crashed = run_child("ckpt", args, out, work, fault="vertex.finished:4")
         staged = sorted((Path(out) / "settled" / "_spark_ckpt_staging" / "bench" / "settled")
                         .glob("*/part-*.parquet"))
         lost = max(1, args.parallelism // 10)

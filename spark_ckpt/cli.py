@@ -430,5 +430,60 @@ def validate(checkpoint_dir: str | None, job_id: str | None, work_dir: str | Non
     sys.exit(0 if ok else 1)
 
 
+@main.command()
+@click.argument("checkpoint_dir")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for the driver's answer.")
+@click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
+def stop(checkpoint_dir: str, timeout: float, as_json: bool) -> None:
+    """Stop the pipeline running on CHECKPOINT_DIR with a final checkpoint (as Flink's stop
+    with a savepoint): its driver finishes the running batch, takes a checkpoint, commits its
+    sinks and exits; this prints the checkpoint id. Exit code 0 when it stopped so; 1 when it
+    failed, did not answer in time, or was gone (a later driver answers the request
+    "abandoned" and is not stopped by it)."""
+    import time
+
+    from spark_ckpt.storage import Storage
+    from spark_ckpt.streaming.stop_control import latest_run, read_answer, request_stop, withdraw
+
+    store = Storage(checkpoint_dir)
+    run = latest_run(store, store.root)
+    if run is None:
+        raise click.ClickException(f"no pipeline has run on {checkpoint_dir}: expected a "
+                                   "checkpoint directory with runs/, found none")
+    request = request_stop(store, store.root, run, int(time.time() * 1000))
+    if not as_json:
+        click.echo(f"Asked run {run} of the pipeline on {checkpoint_dir} to stop with a final "
+                   f"checkpoint (request {request.request_id}); waiting up to {timeout:g} s")
+    deadline = time.monotonic() + timeout
+    answer = read_answer(store, store.root, request.request_id)
+    while answer is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        answer = read_answer(store, store.root, request.request_id)
+    if answer is None:
+        withdraw(store, store.root, request.request_id)
+        newer = latest_run(store, store.root)
+        why = (f"run {newer} started since" if newer is not None and newer > run else
+               f"is run {run}'s driver still running?")
+        message = (f"no answer from run {run} within {timeout:g} s ({why}); the request is "
+                   "withdrawn (a driver that already took it still stops and answers in "
+                   f"control/stop-{request.request_id}.answer.json)")
+        if as_json:
+            click.echo(json.dumps({"request_id": request.request_id, "run": run,
+                                   "status": "no answer", "message": message}, indent=2))
+            sys.exit(1)
+        raise click.ClickException(message)
+    if as_json:
+        click.echo(json.dumps(answer.as_dict(), indent=2))
+    elif answer.status == "stopped":
+        click.echo(f"Stopped: {answer.message}")
+        if answer.checkpoint_id is not None:
+            click.echo(f"checkpoint {answer.checkpoint_id}")
+    else:
+        click.echo(f"Not stopped as asked ({answer.status}, answered by run {answer.run}): "
+                   f"{answer.message}", err=True)
+    sys.exit(0 if answer.status == "stopped" else 1)
+
+
 if __name__ == "__main__":
     sys.exit(main())

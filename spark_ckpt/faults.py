@@ -42,6 +42,9 @@ POINTS = (
     "checkpoint.metadata",  # a completed checkpoint's metadata is about to be written
     "checkpoint.completed",  # a checkpoint's metadata is durable, sinks not yet committed
     "checkpoint.sink.committed",  # one sink committed a checkpoint's transaction
+    "stream.stop.requested",  # a driver took a stop request (spark-ckpt stop), not yet acting
+    "stream.stop.checkpointed",  # stopped with its final checkpoint, not yet answered
+    "stream.stop.answered",  # the stop request's answer is durable, the driver not yet exited
 )
 
 _lock = threading.Lock()

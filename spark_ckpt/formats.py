@@ -178,6 +178,11 @@ RECORDS: dict[tuple[str, int], Any] = {
             "rows?": integer(0), "range": STR, "token?": Opt(STR)})}),
         "sinks?": MapOf({"pending": ListOf(Row(integer(0), _SINK_TXN))}),
     },
+    # streaming/stop_control.py: spark-ckpt stop's request and the driver's answer
+    ("stop-request", 1): {"request_id": STR, "run": integer(1), "requested_ms": MILLIS},
+    ("stop-answer", 1): {"request_id": STR, "run": integer(1), "status": STR,
+                         "checkpoint_id": Opt(integer(0)), "barrier_batch": Opt(BATCH_ID),
+                         "message": STR, "answered_ms": MILLIS},
 }
 
 

@@ -197,6 +197,15 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         minimum=1,
     ),
     _opt(
+        "spark.ckpt.stream.stopPollIntervalMs",
+        "int",
+        1000,
+        "A running driver looks this often for a stop request (spark-ckpt stop CKPT_DIR: "
+        "finish the running batch, take a final checkpoint, commit, exit) in the checkpoint "
+        "directory's control/ folder: one listing of that folder each time.",
+        minimum=50,
+    ),
+    _opt(
         "spark.ckpt.stream.receiverBlockIntervalMs",
         "int",
         200,
@@ -416,6 +425,7 @@ class Settings:
     stream_max_batches_in_flight: int = 2
     stream_skip_empty_batches: bool = False
     stream_min_batches_to_retain: int = 100
+    stream_stop_poll_interval_ms: int = 1000
     stream_receiver_block_interval_ms: int = 200
     stream_file_source_max_file_age_ms: int = 7 * 24 * 3600 * 1000
     stream_receiver_max_line_bytes: int = 1 << 20

@@ -162,6 +162,15 @@ class Storage:
             return
         self._fs.copy_file(src, dst)
 
+    def delete_file(self, path: str) -> None:
+        """Remove ``path``; no error if it is already gone."""
+        if faultfs.active("delete", path):
+            raise faultfs.enospc("delete", path)
+        try:
+            self._fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+
     def delete_dir(self, path: str) -> None:
         if faultfs.active("delete", path):
             raise faultfs.enospc("delete", path)

@@ -19,6 +19,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
+from helpers import TEST_JAVA_OPTIONS  # noqa: E402 - after the path above
+
 
 # Set by tests/test_connect.py for the runs it starts: the same tests, on a Spark Connect
 # session to that server (PySpark's parity tests run the same test classes both ways).
@@ -45,7 +47,8 @@ def spark():
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.extraJavaOptions",
-                f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}")
+                f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'} "
+                f"{TEST_JAVA_OPTIONS}")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
@@ -88,6 +91,7 @@ def connect_url(tmp_path_factory):
     in one interpreter). Stopped (its process group killed) at the end."""
     from connect_server import start_server, stop_server
 
-    server = start_server(tmp_path_factory.mktemp("connect-server"))
+    server = start_server(tmp_path_factory.mktemp("connect-server"),
+                          java_options=TEST_JAVA_OPTIONS)
     yield server.url
     stop_server(server)

@@ -31,12 +31,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def server_conf(port: int) -> list[str]:
+def server_conf(port: int, java_options: str = "") -> list[str]:
     """--conf arguments: the repository's defaults (a client cannot set a server's master or
-    memory) and the gRPC port."""
+    memory), the gRPC port and the server JVM's extra ``java_options``."""
     conf = {"spark.connect.grpc.binding.port": str(port),
             "spark.driver.extraJavaOptions":
-                f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}"}
+                f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'} "
+                f"{java_options}".strip()}
     for line in (ROOT / "spark-defaults.conf").read_text().splitlines():
         parts = line.strip().split(None, 1)
         if len(parts) == 2 and not parts[0].startswith("#"):
@@ -45,7 +46,8 @@ def server_conf(port: int) -> list[str]:
     return [arg for k, v in conf.items() for arg in ("--conf", f"{k}={v}")]
 
 
-def start_server(directory: Path, *, port: int | None = None, timeout: float = 180) -> Server:
+def start_server(directory: Path, *, port: int | None = None, timeout: float = 180,
+                 java_options: str = "") -> Server:
     """Start ``start-connect-server.sh --wait`` in its own process group; wait until it
     answers a query."""
     port = port or free_port()
@@ -59,7 +61,7 @@ def start_server(directory: Path, *, port: int | None = None, timeout: float = 1
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             ["bash", str(SPARK_HOME / "sbin" / "start-connect-server.sh"), "--wait",
-             *server_conf(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
+             *server_conf(port, java_options)], env=env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, cwd=directory)
     server = Server(f"sc://localhost:{port}", port, proc, log)
     deadline = time.monotonic() + timeout

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from spark_ckpt.delta_reader import read_delta
+import atexit
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,11 +35,39 @@ def job_command(input_dir: str, output: str, work_dir: str, job_id: str = "order
             "--agg-parallelism", str(AGG_PARALLELISM)]
 
 
+# The tests' JVMs compile with C1 only and collect with the serial collector: their jobs are
+# small and short, and on 2 cores C2's compiler threads and a parallel collector cost about a
+# third of a driver's CPU and buy nothing here. Benchmarks (scripts/) never use these.
+TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def defaults_text(driver_java_options: str = "") -> str:
+    """The repository's spark-defaults.conf with the tests' JVM options (and
+    ``driver_java_options`` besides), for a test that writes a defaults file of its own."""
+    return ((ROOT / "spark-defaults.conf").read_text() +
+            f"\nspark.driver.extraJavaOptions {driver_java_options} {TEST_JAVA_OPTIONS}\n"
+            f"spark.executor.extraJavaOptions {TEST_JAVA_OPTIONS}\n")
+
+
+_defaults: list[str] = []
+
+
+def test_defaults() -> str:
+    """A defaults file (written once per test process): :func:`defaults_text`."""
+    if not _defaults:
+        fd, path = tempfile.mkstemp(prefix="spark-ckpt-test-defaults-", suffix=".conf")
+        with os.fdopen(fd, "w") as out:
+            out.write(defaults_text())
+        atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+        _defaults.append(path)
+    return _defaults[0]
+
+
 def child_env(fault: str | None = None, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("SPARK_CKPT_FAULT", None)
     env["PYSPARK_PYTHON"] = sys.executable
-    env["SPARK_CKPT_DEFAULTS"] = str(ROOT / "spark-defaults.conf")
+    env["SPARK_CKPT_DEFAULTS"] = test_defaults()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     if fault:
         env["SPARK_CKPT_FAULT"] = fault

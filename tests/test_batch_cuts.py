@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from pyspark.sql import functions as F
 
 import batch_shapes as shapes
-from helpers import ROOT, child_env
+from helpers import ROOT, child_env, defaults_text
 from spark_ckpt import BatchJob, Settings
 from spark_ckpt.batch.aggsplit import NotSplittable, check_split, split_aggregate
 from spark_ckpt.cli import main as cli
@@ -327,7 +327,7 @@ def test_killed_during_partial_waves_resumes_from_them(spark, shape_input, tmp_p
     decision, reuses the partial waves and gives plain Spark's rows, committed once."""
     out, work = str(tmp_path / "out"), str(tmp_path / "work")
     defaults = tmp_path / "defaults.conf"  # one event a flush: the kill lands after 2 waves
-    defaults.write_text((ROOT / "spark-defaults.conf").read_text()
+    defaults.write_text(defaults_text()
                         + "\nspark.ckpt.eventLog.flushMaxEvents 1\n")
     proc = _shape_driver("report", shape_input, out, work, "partition.finished:2",
                          PYTHONHASHSEED="3", SPARK_CKPT_DEFAULTS=str(defaults))

@@ -97,6 +97,7 @@ class _Scheduler:
 
     def __init__(self):
         self.stops, self.cancels, self.running = [], 0, True
+        self.final, self.final_error = (None, None), None
 
     def stop(self, *, drain=False):
         self.stops.append(drain)
@@ -134,7 +135,7 @@ class _Housekeeping:
         self.shutdowns.append(error)
 
 
-def _loop(clock, max_in_flight=1, available_now=False, empty_from=None):
+def _loop(clock, max_in_flight=1, available_now=False, empty_from=None, control=None):
     life = Lifecycle("p")
     life.begin_start()
     life.started()
@@ -143,7 +144,7 @@ def _loop(clock, max_in_flight=1, available_now=False, empty_from=None):
     loop = PipelineLoop("p", lifecycle=life, generator=parts[0], batches=batches,
                         scheduler=parts[1], housekeeping=parts[2], clock=clock,
                         max_in_flight=max_in_flight,
-                        available_now=available_now)
+                        available_now=available_now, stop_control=control, stop_poll_ms=1000)
     return loop, life, batches, *parts
 
 
@@ -190,6 +191,72 @@ def test_a_cancelling_stop_is_no_failure_and_available_now_finishes():
     loop.post(Finished())
     loop.post(SchedulerExited())
     assert life.terminated.wait(10) and life.error is None and scheduler.stops == [False]
+
+
+def test_a_stop_request_from_outside_is_taken_on_the_clock_and_answered_after_the_stop(
+        tmp_path):
+    from spark_ckpt.streaming.stop_control import StopControl, read_answer, request_stop
+
+    store = Storage(str(tmp_path))
+    stale = request_stop(store, store.root, 1, 0)  # for run 1, whose driver is gone
+    clock = ManualClock(start_ms=0)
+    control = StopControl(store, store.root, "p", 2)
+    loop, life, batches, generator, scheduler, house = _loop(clock, max_in_flight=2,
+                                                             control=control)
+    loop.start()
+    assert batches.take().allocation.batch_id == 0
+    # the first look answers the stale request and does not stop this run
+    assert wait_for(lambda: read_answer(store, store.root, stale.request_id), 10, 0.02)
+    gone = read_answer(store, store.root, stale.request_id)
+    assert (gone.status, gone.run, gone.checkpoint_id) == ("abandoned", 2, None)
+    assert "run 1" in gone.message and not loop.stopping.is_set()
+    mine = request_stop(store, store.root, 2, 5)
+    assert not wait_for(lambda: loop.stopping.is_set(), 0.3, 0.02)  # not looked for yet
+    clock.advance(1000)  # the next look
+    assert wait_for(lambda: scheduler.stops == [False], 10, 0.02)
+    assert scheduler.graceful and loop.stopping.is_set()
+    assert read_answer(store, store.root, mine.request_id) is None  # not before it stopped
+    scheduler.final = (7, 41)  # the scheduler's final checkpoint
+    loop.post(SchedulerExited())
+    assert life.terminated.wait(10) and life.error is None
+    done = read_answer(store, store.root, mine.request_id)
+    assert (done.status, done.checkpoint_id, done.barrier_batch) == ("stopped", 7, 41)
+    assert "restoreFrom=7" in done.message
+
+    # a final checkpoint that failed is answered as such, with no checkpoint id
+    control = StopControl(store, store.root, "p", 3)
+    loop, life, batches, generator, scheduler, house = _loop(ManualClock(start_ms=0),
+                                                             control=control)
+    third = request_stop(store, store.root, 3, 0)
+    loop.start()
+    assert wait_for(lambda: scheduler.stops == [False], 10, 0.02)
+    scheduler.final_error = OSError("checkpoint storage full")
+    loop.post(SchedulerExited())
+    assert life.terminated.wait(10)
+    failed = read_answer(store, store.root, third.request_id)
+    assert (failed.status, failed.checkpoint_id) == ("failed", None)
+    assert "checkpoint storage full" in failed.message
+
+
+def test_stop_requests_that_cannot_be_read_are_skipped_with_a_warning(tmp_path, caplog):
+    from spark_ckpt.streaming.stop_control import StopControl, request_stop, withdraw
+
+    store = Storage(str(tmp_path))
+    (tmp_path / "control").mkdir()
+    (tmp_path / "control" / "stop-bad.request.json").write_text('{"kind": "nope"}')
+    control = StopControl(store, store.root, "p", 4)
+    with caplog.at_level(logging.WARNING):
+        assert control.poll(0) is None
+        assert control.poll(1) is None
+    assert sum("cannot be read" in r.getMessage() for r in caplog.records) == 1  # once
+    later = request_stop(store, store.root, 5, 0)  # for a newer run: not this driver's
+    assert control.poll(2) is None
+    mine = request_stop(store, store.root, 4, 3)
+    assert control.poll(4) == mine
+    withdraw(store, store.root, mine.request_id)
+    withdraw(store, store.root, mine.request_id)  # gone already: no error
+    assert control.poll(5) is None
+    assert os.path.exists(tmp_path / "control" / f"stop-{later.request_id}.request.json")
 
 
 def test_the_loop_drains_after_an_allocation_failure_and_a_failure_beats_a_graceful_stop():

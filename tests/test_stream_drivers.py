@@ -32,7 +32,7 @@ import orders_data
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from helpers import LONG_FAULTS, LONG_ONLY, ROOT, child_env, kill_group, wait_for
+from helpers import LONG_FAULTS, LONG_ONLY, ROOT, child_env, defaults_text, kill_group, wait_for
 from stream_orders import ORDER_EVENT_SCHEMA, enrich
 
 from spark_ckpt.delta_reader import read_delta
@@ -59,7 +59,7 @@ def orders_input(tmp_path_factory):
     # records (and Parquet commit markers) of old batches purged after batch 10: a stale
     # driver cannot lean on a marker of the batch it wakes in to find it already committed
     defaults = base / "spark-defaults.conf"
-    defaults.write_text((ROOT / "spark-defaults.conf").read_text() +
+    defaults.write_text(defaults_text() +
                         "\nspark.ckpt.stream.minBatchesToRetain 1\n"
                         "spark.sql.shuffle.partitions 2\n")
     return base

@@ -33,9 +33,10 @@ import logging
 import re
 import threading
 import uuid
+import weakref
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.storage import Storage
 
@@ -114,6 +115,12 @@ def _literal(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+# What the probe found, per session: a later job of the same session (a notebook's next run,
+# an in-process resubmission) does not ask its catalog again.
+_PROBED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_PROBED_LOCK = threading.Lock()
+
+
 class BucketedTables:
     """The temporary catalog tables of one runner's bucketed writes and reads.
 
@@ -170,11 +177,16 @@ class BucketedTables:
     def supported(self) -> bool:
         """True when this session's catalog does what durable exchanges need: a bucketed,
         partitioned write through ``saveAsTable`` and a partitioned bucketed table whose
-        partitions point at given directories. Asked once, with an empty write into a new
-        directory under ``location``."""
+        partitions point at given directories. Asked once per session (the catalog's answer
+        does not change while it lives), with an empty write into a new directory under
+        ``location``."""
         with self._probe_lock:
             if self._supported is None:
-                self._supported = self._probe()
+                with _PROBED_LOCK:
+                    known = _PROBED.get(self.spark)
+                self._supported = self._probe() if known is None else known
+                with _PROBED_LOCK:
+                    _PROBED[self.spark] = self._supported
             return self._supported
 
     def _probe(self) -> bool:

@@ -57,6 +57,7 @@ from spark_ckpt.streaming.graph import StreamGraph
 from spark_ckpt.streaming.history import RecentHistory
 from spark_ckpt.streaming.lifecycle import Lifecycle, PipelineState
 from spark_ckpt.streaming.metalog import MetadataLog
+from spark_ckpt.streaming.stop_control import StopControl
 from spark_ckpt.streaming.pipeline_loop import (
     CheckpointFailed,
     CheckpointStats,
@@ -394,7 +395,9 @@ class StreamingContext:
             self.name, lifecycle=self._lifecycle, generator=self.generator, batches=batches,
             scheduler=self.scheduler, housekeeping=housekeeping, clock=self.clock,
             max_in_flight=self.settings.stream_max_batches_in_flight,
-            available_now=available_now)
+            available_now=available_now,
+            stop_control=StopControl(self.storage, self.root, self.name, self._run),
+            stop_poll_ms=self.settings.stream_stop_poll_interval_ms)
         return pending, next_batch
 
     # -- checkpointing -------------------------------------------------------------------

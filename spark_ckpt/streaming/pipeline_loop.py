@@ -12,7 +12,10 @@ thread that decides. It owns, and only it touches:
 * allocations: recorded (the generator's step 1) and purged after commits, both here, so the
   :class:`~spark_ckpt.streaming.allocations.AllocationStore` has one writer;
 * the progress and checkpoint histories (written here; other threads read copies);
-* failures and stop: the pipeline's outcome (the first one wins) and its shutdown.
+* failures and stop: the pipeline's outcome (the first one wins) and its shutdown;
+* stop requests from outside (``spark-ckpt stop``): looked for on the loop's clock, taken as
+  a graceful stop, answered with the final checkpoint once the pipeline's threads ended
+  (:mod:`spark_ckpt.streaming.stop_control`).
 
 Every other thread only *posts* events: the JobScheduler (a batch completed or failed, the
 available-now end, its thread ended), the CheckpointCoordinator (a checkpoint's statistics, a
@@ -30,6 +33,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_ckpt.clock import SystemClock
+from spark_ckpt.faults import fault_point
 from spark_ckpt.streaming.batch_queue import FINISH
 
 if TYPE_CHECKING:
@@ -37,6 +41,7 @@ if TYPE_CHECKING:
     from spark_ckpt.streaming.batch_queue import BatchQueue
     from spark_ckpt.streaming.generator import JobGenerator
     from spark_ckpt.streaming.lifecycle import Lifecycle
+    from spark_ckpt.streaming.stop_control import StopControl, StopRequest
 
 __all__ = ["BatchCompleted", "BatchFailed", "BatchStarted", "CheckpointFailed", "CheckpointStats",
            "Finished", "PipelineLoop", "SchedulerExited", "StartFailed", "StopRequested"]
@@ -111,6 +116,10 @@ class SchedulerControl(Protocol):
     """What the loop does to the JobScheduler (its thread runs the batches)."""
 
     graceful: bool
+    # after a graceful stop: the final checkpoint (id, barrier batch; None: no checkpoints),
+    # or the error that kept it from completing
+    final: tuple[int | None, int | None]
+    final_error: BaseException | None
 
     def stop(self, *, drain: bool = False) -> None: ...
 
@@ -145,7 +154,8 @@ class PipelineLoop:
     def __init__(self, pipeline: str, *, lifecycle: Lifecycle, generator: JobGenerator,
                  batches: BatchQueue, scheduler: SchedulerControl, housekeeping: Housekeeping,
                  clock: Clock, max_in_flight: int,
-                 available_now: bool) -> None:
+                 available_now: bool, stop_control: StopControl | None = None,
+                 stop_poll_ms: int = 1000) -> None:
         self.pipeline = pipeline
         self._lifecycle = lifecycle
         self._generator = generator
@@ -155,12 +165,16 @@ class PipelineLoop:
         self._clock = clock
         self._max_in_flight = max(1, max_in_flight)
         self._available_now = available_now
+        self._control = stop_control
+        self._poll_ms = stop_poll_ms
         self._events: queue.Queue[Any] = queue.Queue()
         # -- owned by the loop's thread ---------------------------------------------------
         self._ticking = False  # batches are generated (from the first tick until a stop)
         self._next_ms = 0  # when the next batch is due
         self._in_flight = 0  # batches the generator allocated that are not done
         self._cancelled = False  # the user's stop cancelled the running batch
+        self._next_poll_ms = 0  # when to look for stop requests next
+        self._external: StopRequest | None = None  # the stop request this run took
         # -- read by other threads --------------------------------------------------------
         self.stopping = threading.Event()  # a stop or a failure was handled: no new batches
         self.thread = threading.Thread(target=self._run, name=f"spark-ckpt-pipeline-{pipeline}",
@@ -190,6 +204,8 @@ class PipelineLoop:
                 if event is not None:
                     self._handle(event)
                 if self._ticking:
+                    self._poll_stop_requests()
+                if self._ticking:
                     self._generate_if_due()
         except BaseException as exc:  # noqa: BLE001 - a bug here must still end the pipeline
             log.exception("Pipeline %s: the pipeline loop failed", self.pipeline)
@@ -206,12 +222,73 @@ class PipelineLoop:
                 timeout = max(0.0, (self._next_ms - self._clock.now_ms()) / 1000)
                 if not isinstance(self._clock, SystemClock):  # it may jump: look again soon
                     timeout = min(timeout, 0.5)
+        timeout = self._poll_timeout(timeout)
         try:
             if timeout == 0:
                 return self._events.get_nowait()
             return self._events.get(timeout=timeout)
         except queue.Empty:
             return None
+
+    def _poll_timeout(self, timeout: float | None) -> float | None:
+        if self._control is None or not self._ticking:
+            return timeout
+        until = max(0.0, (self._next_poll_ms - self._clock.now_ms()) / 1000)
+        return until if timeout is None else min(timeout, until)
+
+    def _poll_stop_requests(self) -> None:
+        """Take a stop request for this run if one came (``spark-ckpt stop``): a graceful
+        stop. A failure to look is a warning: the pipeline runs on and looks again."""
+        now = self._clock.now_ms()
+        if self._control is None or now < self._next_poll_ms:
+            return
+        self._next_poll_ms = now + self._poll_ms
+        try:
+            request = self._control.poll(now)
+        except Exception as exc:  # noqa: BLE001 - a stop request is never worth a failure
+            log.warning("Pipeline %s: looking for stop requests failed (looked for again in "
+                        "%d ms): %s", self.pipeline, self._poll_ms, exc)
+            return
+        if request is None:
+            return
+        log.info("Pipeline %s run %d: stop requested from outside (request %s): finishing the "
+                 "running batch, then a final checkpoint", self.pipeline, request.run,
+                 request.request_id)
+        fault_point("stream.stop.requested")
+        self._external = request
+        self._lifecycle.request_stop()
+        self._stop(StopRequested(graceful=True, cancel=False))
+
+    def _answer_stop_request(self) -> None:
+        """After the pipeline's threads ended: tell the client that asked how it stopped."""
+        request, control = self._external, self._control
+        if request is None or control is None:
+            return
+        error = self._lifecycle.error
+        checkpoint, barrier = self._scheduler.final
+        if error is not None:
+            status, message = "failed", f"the pipeline failed while stopping: {error}"
+        elif self._scheduler.final_error is not None:
+            status, message = "failed", (f"the final checkpoint did not complete: "
+                                         f"{self._scheduler.final_error}; the batches it ran "
+                                         "restart from the previous checkpoint")
+        elif checkpoint is None:
+            status, message = "stopped", ("stopped; this pipeline takes no checkpoints (every "
+                                          "batch it ran is committed)")
+        else:
+            status, message = "stopped", (f"stopped after batch {barrier} with checkpoint "
+                                          f"{checkpoint}; restore it by id with "
+                                          f"spark.ckpt.checkpoint.restoreFrom={checkpoint}")
+        fault_point("stream.stop.checkpointed")
+        try:
+            control.answer(request, status, checkpoint if status == "stopped" else None,
+                           barrier if status == "stopped" else None, message,
+                           self._clock.now_ms())
+        except Exception as exc:  # noqa: BLE001 - the stop itself happened
+            log.error("Pipeline %s: stopped, but answering stop request %s failed: %s",
+                      self.pipeline, request.request_id, exc)
+            return
+        fault_point("stream.stop.answered")
 
     def _handle(self, event: Any) -> None:
         if isinstance(event, BatchStarted):
@@ -308,6 +385,7 @@ class PipelineLoop:
             self._finish(None)  # a plain stop's outcome; a no-op after a failure
             self._housekeeping.shutdown(self._lifecycle.error)  # joins the coordinator
             self._handle_queued()  # checkpoints that ended during the shutdown
+            self._answer_stop_request()
         finally:
             self._finish(None)
             self._lifecycle.terminate()

@@ -101,6 +101,10 @@ class JobScheduler:
                                        daemon=True)
         self.running_group: str | None = None  # cancelled by stop(graceful=False)
         self.graceful = False  # stop(graceful=True): take a final checkpoint before leaving
+        # a graceful stop's final checkpoint (id, barrier batch; None: no checkpoints), or
+        # the error that kept it from completing; read by the loop after this thread ended
+        self.final: tuple[int | None, int | None] = (None, None)
+        self.final_error: BaseException | None = None
         self._last_start: float | None = None
         self._stopping = threading.Event()
         restored = ctx.restored
@@ -155,8 +159,9 @@ class JobScheduler:
             if item == STOP or self._stopping.is_set():
                 if self.graceful:
                     try:
-                        self.final_checkpoint()
+                        self.final = self.final_checkpoint()
                     except Exception as exc:  # noqa: BLE001 - a stop still stops
+                        self.final_error = exc
                         log.warning("Pipeline %s: final checkpoint on stop failed: %s",
                                     ctx.name, exc)
                 return
@@ -188,15 +193,18 @@ class JobScheduler:
                 acks.append(TaskAck(f"op:{op.operator}:{pid}", op.ack_state(pid), metrics))
         coordinator.publish_boundary(Boundary(batch_id, tuple(acks), tuple(ctx.transactions)))
 
-    def final_checkpoint(self) -> None:
-        """A checkpoint after the last batch, waited for (available-now end, graceful stop)."""
+    def final_checkpoint(self) -> tuple[int | None, int | None]:
+        """A checkpoint after the last batch, waited for (available-now end, graceful stop);
+        its id and barrier batch (the latest completed one's if nothing happened since; None
+        without checkpoints)."""
         ctx = self.ctx
         coordinator = ctx.coordinator
         if coordinator is None:
-            return
+            return None, None
         if coordinator.latest_barrier == self.last_batch and \
                 not any(t.open or t.pending for t in ctx.transactions.values()):
-            return  # nothing happened since the last checkpoint
+            # nothing happened since the last checkpoint
+            return coordinator.latest_checkpoint, coordinator.latest_barrier
         # The coordinator aborts a checkpoint past its timeout and so resolves the future; the
         # bound here only guards against a coordinator that is stuck (a sink's commit of an
         # earlier checkpoint can hold its thread longer than one checkpoint's timeout).
@@ -213,6 +221,7 @@ class JobScheduler:
                 f"pipeline {ctx.name}: final checkpoint {cid} completed but outputs {left} did "
                 "not commit (see the warnings); they commit on the next start"
             )
+        return cid, self.last_batch
 
     # -- one batch -----------------------------------------------------------------------
     def run_batch(self, allocation: BatchAllocation, recovered: bool,

@@ -154,6 +154,16 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "can create bucketed Parquet tables; where it cannot, the inputs are chained.",
     ),
     _opt(
+        "spark.ckpt.batch.exchangeMinBytes",
+        "int",
+        8 << 20,
+        "auto cuts: a durable exchange is made only when each of its files (one per wave of "
+        "input splits and partition of the joining vertex) would hold at least this many "
+        "bytes, estimated from its input's size on disk: smaller files cost more to write, "
+        "list and read back than re-running the input does. 0: always.",
+        minimum=0,
+    ),
+    _opt(
         "spark.ckpt.batch.concurrentWaves",
         "int",
         2,
@@ -419,6 +429,7 @@ class Settings:
     batch_cuts: str = "auto"
     batch_cut_max_percent: int = 10
     batch_exchange_cuts: bool = True
+    batch_exchange_min_bytes: int = 8 << 20
     batch_concurrent_waves: int = 2
     batch_poll_interval_ms: int = 300
     batch_cleanup_on_success: bool = True

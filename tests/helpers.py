@@ -46,7 +46,10 @@ def defaults_text(driver_java_options: str = "") -> str:
     ``driver_java_options`` besides), for a test that writes a defaults file of its own."""
     return ((ROOT / "spark-defaults.conf").read_text() +
             f"\nspark.driver.extraJavaOptions {driver_java_options} {TEST_JAVA_OPTIONS}\n"
-            f"spark.executor.extraJavaOptions {TEST_JAVA_OPTIONS}\n")
+            f"spark.executor.extraJavaOptions {TEST_JAVA_OPTIONS}\n"
+            # durable exchanges however small the tests' inputs: the orders report's join runs
+            # through them, as a large job's does
+            "spark.ckpt.batch.exchangeMinBytes 0\n")
 
 
 _defaults: list[str] = []

@@ -23,7 +23,9 @@ from spark_ckpt.batch.aggsplit import NotSplittable, check_split, split_aggregat
 from spark_ckpt.cli import main as cli
 from spark_ckpt.delta_reader import read_delta
 
-SETTINGS = Settings(progress="never", event_log_flush_interval_ms=200)
+# exchanges however small the tests' inputs (spark.ckpt.batch.exchangeMinBytes=0): the
+# orders report's join runs through its durable exchanges, as a large job's does
+SETTINGS = Settings(progress="never", event_log_flush_interval_ms=200, batch_exchange_min_bytes=0)
 KILLED = -signal.SIGKILL
 
 
@@ -258,6 +260,16 @@ def test_a_join_reads_its_inputs_through_durable_exchanges(spark, shape_input, t
     plan = _join_job(spark, shape_input, out, str(tmp_path / "w2"), off).explain(show=False)
     assert "orders-to-joined" not in plan.cuts
     assert any("hashpartitioning(order_id, 4" in e for e in plan.cuts["joined"].exchanges)
+
+    # by default, files this small (a few KiB per wave and partition) make no exchange: its
+    # writes, listings and catalog partitions would cost more than re-running its input
+    default = Settings(progress="never")
+    plan = _join_job(spark, shape_input, out, str(tmp_path / "w3"), default).explain(show=False)
+    assert "orders-to-joined" not in plan.cuts and "details-to-joined" not in plan.cuts
+    assert "below spark.ckpt.batch.exchangeMinBytes (8.0 MiB)" in plan.cuts["joined"].reason
+    floor = dataclasses.replace(default, batch_exchange_min_bytes=1)
+    plan = _join_job(spark, shape_input, out, str(tmp_path / "w4"), floor).explain(show=False)
+    assert plan.cuts["orders-to-joined"].bucket_for == "joined"
 
 
 def test_a_file_nobody_recorded_in_an_exchange_is_never_read(spark, shape_input, tmp_path,

@@ -14,7 +14,9 @@ from spark_ckpt import BatchJob, JobDefinitionError, Settings
 from spark_ckpt.eventlog.reader import read_events
 from spark_ckpt.storage import Storage
 
-SETTINGS = Settings(progress="never", event_log_flush_interval_ms=200)
+# exchanges however small the tests' inputs (spark.ckpt.batch.exchangeMinBytes=0): the
+# orders report's join runs through its durable exchanges, as a large job's does
+SETTINGS = Settings(progress="never", event_log_flush_interval_ms=200, batch_exchange_min_bytes=0)
 
 
 def build(spark, orders_input, tmp_path, job_id="orders"):

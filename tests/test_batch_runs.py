@@ -13,7 +13,9 @@ from pyspark.sql import functions as F
 
 from spark_ckpt import BatchJob, JobDefinitionError, Settings
 
-SETTINGS = Settings(progress="never", event_log_flush_interval_ms=200)
+# exchanges however small the tests' inputs (spark.ckpt.batch.exchangeMinBytes=0): the
+# orders report's join runs through its durable exchanges, as a large job's does
+SETTINGS = Settings(progress="never", event_log_flush_interval_ms=200, batch_exchange_min_bytes=0)
 
 
 def run(spark, tmp_path, run_key, rows, *, mode="append", partition_by=(), merge_keys=(),

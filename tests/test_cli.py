@@ -15,7 +15,7 @@ def finished_job(spark, orders_input, tmp_path_factory):
     base = tmp_path_factory.mktemp("cli")
     job = report.build_job("cli-job", orders_input, str(base / "out"), parallelism=4,
                            agg_parallelism=2, work_dir=str(base / "work"), spark=spark,
-                           settings=Settings(progress="never"))
+                           settings=Settings(progress="never", batch_exchange_min_bytes=0))
     job.run()
     return str(base / "work")
 

@@ -81,7 +81,8 @@ def build(job_id):
         return report.settle(enriched, payments).withColumn("quantity", gated("quantity"))
 
     job = BatchJob(job_id, spark=spark, work_dir=work_dir,
-                   settings=Settings(progress="never", work_dir=work_dir))
+                   settings=Settings(progress="never", work_dir=work_dir,
+                                     batch_exchange_min_bytes=0))
     orders = job.read_files("orders", f"{input_dir}/orders", parallelism=P)
     customers = job.read_files("customers", f"{input_dir}/customers", parallelism=1)
     payments = job.read_files("payments", f"{input_dir}/payments", parallelism=P)

@@ -69,7 +69,7 @@ def test_two_drivers_that_both_got_run_one_as_on_an_object_store_the_older_is_fe
 
     def make():
         ctx = StreamingContext(spark, 0.2, str(tmp_path / "ckpt"), "race",
-                               settings=Settings(progress="never"))
+                               settings=Settings(progress="never", batch_exchange_min_bytes=0))
         ctx.generator_stream("g", rows_per_batch=5).foreach_batch(lambda df, b: None, name="o")
         return ctx
 

@@ -35,7 +35,7 @@ def test_names_that_could_leave_their_directory_are_refused(name):
 
 def test_a_streaming_source_named_to_escape_the_checkpoint_is_refused(spark, tmp_path):
     ctx = StreamingContext(spark, 0.1, str(tmp_path / "ckpt"), "p",
-                           settings=Settings(progress="never"))
+                           settings=Settings(progress="never", batch_exchange_min_bytes=0))
     with pytest.raises(JobDefinitionError, match=r"source name: expected .*'\.\./up'"):
         ctx.queue_stream("../up", "id BIGINT")
     with pytest.raises(JobDefinitionError, match="output name"):
@@ -62,7 +62,7 @@ def test_a_pipeline_on_paths_with_spaces_and_non_ascii_characters(spark, tmp_pat
     base.mkdir()
     (base / "part 1.json").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(5)))
     ctx = StreamingContext(spark, 0.1, str(tmp_path / "check point é"), "odd",
-                           settings=Settings(progress="never"))
+                           settings=Settings(progress="never", batch_exchange_min_bytes=0))
     got: list[int] = []
     ctx.file_stream("f", str(base), "json", schema="id BIGINT").foreach_batch(
         lambda df, b: got.extend(r.id for r in df.collect()), name="o")
@@ -90,7 +90,8 @@ from spark_ckpt.errors import RecordError  # noqa: E402
 from spark_ckpt.formats import load_record  # noqa: E402
 from spark_ckpt.streaming.receiver import SocketSource  # noqa: E402
 
-QUIET = Settings(progress="never", event_log_flush_interval_ms=200)
+QUIET = Settings(progress="never", event_log_flush_interval_ms=200,
+                 batch_exchange_min_bytes=0)
 BASE = pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array(["a", "b"])})
 DRIFT = {  # one file each: how a later file differs from BASE
     "added": pa.table({"id": pa.array([3], pa.int64()), "v": pa.array(["c"]),

@@ -28,7 +28,9 @@ from spark_ckpt import InputChangedError, Settings
 
 pytestmark = pytest.mark.slow
 
-SETTINGS = Settings(progress="never", event_log_flush_interval_ms=200)
+# exchanges however small the tests' inputs (spark.ckpt.batch.exchangeMinBytes=0): the
+# orders report's join runs through its durable exchanges, as a large job's does
+SETTINGS = Settings(progress="never", event_log_flush_interval_ms=200, batch_exchange_min_bytes=0)
 KILLED = -signal.SIGKILL
 
 

@@ -33,6 +33,7 @@ pays no sample. Estimated bytes are the sample's ratio times the input's size on
 
 from __future__ import annotations
 
+import math
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -215,13 +216,25 @@ def split_source(graph: JobGraph, vertex: JobVertex) -> str:
     return vertex.id
 
 
+def wave_size(parallelism: int, per_wave: int, *, fine: bool) -> int:
+    """Partitions per wave of a split-mode vertex: ``spark.ckpt.batch.partitionsPerWave``,
+    or (0) a quarter of its partitions, an eighth for partial aggregates and durable
+    exchanges (``fine``: their waves are the unit a killed job keeps, and what a wave costs
+    does not grow with its size)."""
+    if per_wave > 0:
+        return per_wave
+    return max(1, math.ceil(parallelism / (8 if fine else 4)))
+
+
 def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str = "auto",
               recorded: dict[str, dict[str, Any]] | None = None,
-              exchanges: Callable[[], bool] | None = None) -> CutPlan:
+              exchanges: Callable[[], bool] | None = None, exchange_min_bytes: int = 0,
+              partitions_per_wave: int = 0) -> CutPlan:
     """Decide every live vertex's durability and insert the partial vertices; mutates
     ``graph`` (before its vertices are initialized). ``recorded``: decisions logged for
     vertices whose definition is unchanged, reused as they are. ``exchanges``: whether
-    durable exchanges can be written here (asked only when one would be chosen; None: no)."""
+    durable exchanges can be written here (asked only when one would be chosen; None: no);
+    ``exchange_min_bytes``: the least estimated bytes of one of their files."""
     recorded = recorded or {}
     plan = CutPlan(graph.job_id, {})
     live = graph.live_vertices()
@@ -250,7 +263,8 @@ def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str 
             plan.cuts[vid].bucket_for = graph.vertices[vid].bucket_for  # as inserted now
     if exchanges is not None and mode != "sinks":
         _plan_exchanges(graph, plan, consumers, sampler, exchanges, recorded,
-                        insert=mode == "auto")
+                        insert=mode == "auto", min_bytes=exchange_min_bytes,
+                        per_wave=partitions_per_wave)
     return plan
 
 
@@ -261,7 +275,8 @@ def exchange_rows(rows: DataFrame) -> DataFrame:
 
 def _plan_exchanges(graph: JobGraph, plan: CutPlan, consumers: dict[str, list[tuple[str, Edge]]],
                     sampler: Sampler, supported: Callable[[], bool],
-                    recorded: dict[str, dict[str, Any]], *, insert: bool) -> None:
+                    recorded: dict[str, dict[str, Any]], *, insert: bool, min_bytes: int = 0,
+                    per_wave: int = 0) -> None:
     """Durable exchanges (batch.buckets) for every vertex that joins two or more inputs by
     its key, each of them computed split by split and read by that vertex alone: a durable
     input is written bucketed by the key into the joining vertex's partitions; a source (or
@@ -283,8 +298,16 @@ def _plan_exchanges(graph: JobGraph, plan: CutPlan, consumers: dict[str, list[tu
             continue
         decided = all(recorded.get(f"{u.id}-to-{consumer.id}" if u.is_source else u.id, {})
                       .get("bucket_for") == consumer.id for u in ups)
-        if not decided and not supported():
-            continue
+        if not decided:
+            small = _smallest_exchange_file(graph, ups, consumer, sampler, per_wave)
+            if small is not None and small < min_bytes:
+                plan.cuts[consumer.id].reason += (
+                    f"; no durable exchange into it: its inputs' files would hold "
+                    f"~{human_size(small)} each (per wave and partition), below "
+                    f"spark.ckpt.batch.exchangeMinBytes ({human_size(min_bytes)})")
+                continue
+            if not supported():
+                continue
         columns = tuple(consumer.key)
         how = (f"bucketed by {list(columns)} into {consumer.id}'s partitions, so "
                f"{consumer.id} reads bucket j of each input without a shuffle")
@@ -324,6 +347,24 @@ def _plan_exchanges(graph: JobGraph, plan: CutPlan, consumers: dict[str, list[tu
                                  est_bytes=total, bucket_for=consumer.id)
             cut.reason = f"read in place by {eid}" if upstream.is_source else \
                 f"chained into {eid}, the exchange into {consumer.id}"
+
+
+def _smallest_exchange_file(graph: JobGraph, ups: list[JobVertex], consumer: JobVertex,
+                            sampler: Sampler, per_wave: int) -> float | None:
+    """The estimated bytes of the smallest file a durable exchange into ``consumer`` would
+    write: each input's size on disk over its waves times the consumer's partitions (None:
+    an input's size is unknown, as for a DataFrame source)."""
+    smallest = None
+    for upstream in ups:
+        total = sampler.input_bytes(split_source(graph, upstream), None)
+        if total is None:
+            return None
+        fine = upstream.is_source  # an inserted exchange vertex runs fine waves
+        waves = math.ceil(upstream.parallelism / wave_size(upstream.parallelism, per_wave,
+                                                            fine=fine))
+        each = total / (waves * consumer.parallelism)
+        smallest = each if smallest is None else min(smallest, each)
+    return smallest
 
 
 def _exchangeable(graph: JobGraph, vertex: JobVertex,

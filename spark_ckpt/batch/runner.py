@@ -507,7 +507,9 @@ class JobRunner:
                              max_ratio=self.settings.batch_cut_max_percent / 100.0,
                              mode=self.settings.batch_cuts, recorded=recorded,
                              exchanges=planner.exchanges_supported
-                             if self.settings.batch_exchange_cuts else None)
+                             if self.settings.batch_exchange_cuts else None,
+                             exchange_min_bytes=self.settings.batch_exchange_min_bytes,
+                             partitions_per_wave=self.settings.batch_partitions_per_wave)
         self.graph.validate()
         log.info("Job %s attempt %d: planned durable cuts in %.1f s\n%s", self.run_id,
                  self.attempt, time.perf_counter() - t0, plan.text(list(self.graph.ids())))

@@ -27,7 +27,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
-import math
 import re
 import threading
 import time
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_ckpt.sinks import Sink, partition_values, written_files
 from spark_ckpt.batch.buckets import BucketedTables, job_table_prefix, layout_suffix
+from spark_ckpt.batch.cuts import wave_size
 from spark_ckpt.batch.sources import FileSource
 from spark_ckpt.errors import JobDefinitionError, TaskExecutionError
 from spark_ckpt.execution.graph import Edge, JobVertex
@@ -473,12 +473,8 @@ class VertexRunner:
                 raise
 
     def _waves(self, vertex: JobVertex, parts: list[int]) -> list[list[int]]:
-        size = self.job.settings.batch_partitions_per_wave
-        if size <= 0:
-            # Partial aggregates and durable exchanges: their waves are the unit a killed
-            # job keeps, and what a wave costs does not grow with its size: finer waves.
-            fine = vertex.partial_of or vertex.exchange_of
-            size = max(1, math.ceil(vertex.parallelism / (8 if fine else 4)))
+        size = wave_size(vertex.parallelism, self.job.settings.batch_partitions_per_wave,
+                         fine=bool(vertex.partial_of or vertex.exchange_of))
         return [parts[i:i + size] for i in range(0, len(parts), size)]
 
     def arranged(self, vertex: JobVertex, parts: list[int]) -> DataFrame:

@@ -19,7 +19,23 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-from helpers import TEST_JAVA_OPTIONS  # noqa: E402 - after the path above
+from helpers import CDS_ENV, make_class_archive, test_java_options  # noqa: E402 - after the path
+
+
+def pytest_sessionstart(session):  # noqa: ANN001, ARG001
+    """One archive of Spark's classes for every JVM of the run (helpers.test_java_options);
+    a child pytest (tests/test_connect.py) inherits it through the environment."""
+    if os.environ.get(CDS_ENV):
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp(prefix="spark-ckpt-test-classes-"))
+    atexit.register(shutil.rmtree, directory, True)
+    archive = make_class_archive(directory)
+    if archive is not None:
+        os.environ[CDS_ENV] = archive
 
 
 # Set by tests/test_connect.py for the runs it starts: the same tests, on a Spark Connect
@@ -48,7 +64,7 @@ def spark():
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.extraJavaOptions",
                 f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'} "
-                f"{TEST_JAVA_OPTIONS}")
+                f"{test_java_options()}")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
@@ -92,6 +108,6 @@ def connect_url(tmp_path_factory):
     from connect_server import start_server, stop_server
 
     server = start_server(tmp_path_factory.mktemp("connect-server"),
-                          java_options=TEST_JAVA_OPTIONS)
+                          java_options=test_java_options())
     yield server.url
     stop_server(server)

@@ -432,8 +432,9 @@ def validate(checkpoint_dir: str | None, job_id: str | None, work_dir: str | Non
 
 @main.command()
 @click.argument("checkpoint_dir")
-@click.option("--timeout", type=float, default=600.0, show_default=True,
-              help="Seconds to wait for the driver's answer.")
+@click.option("--timeout", type=float, default=1800.0, show_default=True,
+              help="Seconds to wait for the driver's answer (a final checkpoint may take up "
+                   "to twice spark.ckpt.checkpoint.timeoutMs and a sink commit).")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 def stop(checkpoint_dir: str, timeout: float, as_json: bool) -> None:
     """Stop the pipeline running on CHECKPOINT_DIR with a final checkpoint (as Flink's stop
@@ -462,6 +463,8 @@ def stop(checkpoint_dir: str, timeout: float, as_json: bool) -> None:
         answer = read_answer(store, store.root, request.request_id)
     if answer is None:
         withdraw(store, store.root, request.request_id)
+        answer = read_answer(store, store.root, request.request_id)  # answered meanwhile?
+    if answer is None:
         newer = latest_run(store, store.root)
         why = (f"run {newer} started since" if newer is not None and newer > run else
                f"is run {run}'s driver still running?")

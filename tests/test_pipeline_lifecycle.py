@@ -97,7 +97,7 @@ class _Scheduler:
 
     def __init__(self):
         self.stops, self.cancels, self.running = [], 0, True
-        self.final, self.final_error = (None, None), None
+        self.final, self.final_error, self.final_taken = (None, None), None, False
 
     def stop(self, *, drain=False):
         self.stops.append(drain)
@@ -216,7 +216,7 @@ def test_a_stop_request_from_outside_is_taken_on_the_clock_and_answered_after_th
     assert wait_for(lambda: scheduler.stops == [False], 10, 0.02)
     assert scheduler.graceful and loop.stopping.is_set()
     assert read_answer(store, store.root, mine.request_id) is None  # not before it stopped
-    scheduler.final = (7, 41)  # the scheduler's final checkpoint
+    scheduler.final, scheduler.final_taken = (7, 41), True  # the final checkpoint
     loop.post(SchedulerExited())
     assert life.terminated.wait(10) and life.error is None
     done = read_answer(store, store.root, mine.request_id)
@@ -236,6 +236,23 @@ def test_a_stop_request_from_outside_is_taken_on_the_clock_and_answered_after_th
     failed = read_answer(store, store.root, third.request_id)
     assert (failed.status, failed.checkpoint_id) == ("failed", None)
     assert "checkpoint storage full" in failed.message
+
+    # a cancelling stop after the request (no final checkpoint taken) is no "stopped"
+    control = StopControl(store, store.root, "p", 4)
+    loop, life, batches, generator, scheduler, house = _loop(ManualClock(start_ms=0),
+                                                             control=control)
+    fourth = request_stop(store, store.root, 4, 0)
+    loop.start()
+    assert wait_for(lambda: scheduler.stops == [False], 10, 0.02)
+    loop.post(StopRequested(graceful=False, cancel=True))
+    loop.post(SchedulerExited())
+    assert life.terminated.wait(10)
+    cancelled = read_answer(store, store.root, fourth.request_id)
+    assert (cancelled.status, cancelled.checkpoint_id) == ("failed", None)
+    assert "without a final checkpoint" in cancelled.message
+    # the first answer stands
+    assert control.answer(fourth, "stopped", 9, 9, "late", 1).status == "stopped"
+    assert read_answer(store, store.root, fourth.request_id).status == "failed"
 
 
 def test_stop_requests_that_cannot_be_read_are_skipped_with_a_warning(tmp_path, caplog):

@@ -135,6 +135,9 @@ def test_stop_with_a_final_checkpoint_under_a_kill_at_each_point(tmp_path):
         # 4. a request while no driver runs: D answers it abandoned, restores C's final
         # checkpoint, and then stops cleanly when asked
         clients.append(stop_client(tmp_path))
+        # the request names run 3 before D claims run 4
+        assert wait_for(lambda: len(list((tmp_path / "ckpt" / "control")
+                                         .glob("*.request.json"))) == 4, SLOW)
         d = start("d")
         code, answer = answer_of(clients[3])
         assert (code, answer["status"]) == (1, "abandoned"), answer

@@ -299,7 +299,7 @@ def _plan_exchanges(graph: JobGraph, plan: CutPlan, consumers: dict[str, list[tu
         decided = all(recorded.get(f"{u.id}-to-{consumer.id}" if u.is_source else u.id, {})
                       .get("bucket_for") == consumer.id for u in ups)
         if not decided:
-            small = _smallest_exchange_file(graph, ups, consumer, sampler, per_wave)
+            small = _smallest_exchange_file(graph, plan, ups, consumer, sampler, per_wave)
             if small is not None and small < min_bytes:
                 plan.cuts[consumer.id].reason += (
                     f"; no durable exchange into it: its inputs' files would hold "
@@ -349,14 +349,18 @@ def _plan_exchanges(graph: JobGraph, plan: CutPlan, consumers: dict[str, list[tu
                 f"chained into {eid}, the exchange into {consumer.id}"
 
 
-def _smallest_exchange_file(graph: JobGraph, ups: list[JobVertex], consumer: JobVertex,
-                            sampler: Sampler, per_wave: int) -> float | None:
+def _smallest_exchange_file(graph: JobGraph, plan: CutPlan, ups: list[JobVertex],
+                            consumer: JobVertex, sampler: Sampler,
+                            per_wave: int) -> float | None:
     """The estimated bytes of the smallest file a durable exchange into ``consumer`` would
-    write: each input's size on disk over its waves times the consumer's partitions (None:
-    an input's size is unknown, as for a DataFrame source)."""
+    write: each input's size (a computed input's sampled estimate if there is one, else its
+    source's size on disk) over its waves times the consumer's partitions (None: an input's
+    size is unknown, as for a DataFrame source)."""
     smallest = None
     for upstream in ups:
-        total = sampler.input_bytes(split_source(graph, upstream), None)
+        estimate = None if upstream.is_source else plan.cuts[upstream.id].est_bytes
+        total = estimate if estimate is not None else \
+            sampler.input_bytes(split_source(graph, upstream), None)
         if total is None:
             return None
         fine = upstream.is_source  # an inserted exchange vertex runs fine waves

@@ -113,7 +113,7 @@ class CheckpointCoordinator:
         # barrier are never replayed; the latest completed barrier's batch
         self.oldest_barrier = -1
         self.latest_barrier: int | None = None
-        self.latest_checkpoint: int | None = None
+        self.latest_completed: tuple[int, int] | None = None  # (id, barrier), replaced whole
         for checkpoint in completed:
             self.store.add(checkpoint)
         self._update_oldest()
@@ -470,7 +470,8 @@ class CheckpointCoordinator:
         self.oldest_barrier = oldest.barrier_batch if oldest is not None else -1
         latest = self.store.latest
         self.latest_barrier = latest.barrier_batch if latest is not None else None
-        self.latest_checkpoint = latest.checkpoint_id if latest is not None else None
+        self.latest_completed = (latest.checkpoint_id, latest.barrier_batch) \
+            if latest is not None else None
 
     def _stop_pending(self) -> None:
         for pending in list(self.pending.values()):

@@ -120,6 +120,7 @@ class SchedulerControl(Protocol):
     # or the error that kept it from completing
     final: tuple[int | None, int | None]
     final_error: BaseException | None
+    final_taken: bool
 
     def stop(self, *, drain: bool = False) -> None: ...
 
@@ -272,6 +273,10 @@ class PipelineLoop:
             status, message = "failed", (f"the final checkpoint did not complete: "
                                          f"{self._scheduler.final_error}; the batches it ran "
                                          "restart from the previous checkpoint")
+        elif not self._scheduler.final_taken:
+            status, message = "failed", ("stopped without a final checkpoint (a stop that "
+                                         "cancels came after this request); the batches it "
+                                         "ran restart from the previous checkpoint")
         elif checkpoint is None:
             status, message = "stopped", ("stopped; this pipeline takes no checkpoints (every "
                                           "batch it ran is committed)")

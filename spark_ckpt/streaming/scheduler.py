@@ -105,6 +105,7 @@ class JobScheduler:
         # the error that kept it from completing; read by the loop after this thread ended
         self.final: tuple[int | None, int | None] = (None, None)
         self.final_error: BaseException | None = None
+        self.final_taken = False  # the final checkpoint ran to its end (or none is taken)
         self._last_start: float | None = None
         self._stopping = threading.Event()
         restored = ctx.restored
@@ -160,6 +161,7 @@ class JobScheduler:
                 if self.graceful:
                     try:
                         self.final = self.final_checkpoint()
+                        self.final_taken = True
                     except Exception as exc:  # noqa: BLE001 - a stop still stops
                         self.final_error = exc
                         log.warning("Pipeline %s: final checkpoint on stop failed: %s",
@@ -201,10 +203,10 @@ class JobScheduler:
         coordinator = ctx.coordinator
         if coordinator is None:
             return None, None
-        if coordinator.latest_barrier == self.last_batch and \
+        latest = coordinator.latest_completed  # (id, barrier batch), replaced whole
+        if latest is not None and latest[1] == self.last_batch and \
                 not any(t.open or t.pending for t in ctx.transactions.values()):
-            # nothing happened since the last checkpoint
-            return coordinator.latest_checkpoint, coordinator.latest_barrier
+            return latest  # nothing happened since the last checkpoint
         # The coordinator aborts a checkpoint past its timeout and so resolves the future; the
         # bound here only guards against a coordinator that is stuck (a sink's commit of an
         # earlier checkpoint can hold its thread longer than one checkpoint's timeout).

@@ -21,9 +21,10 @@ completed checkpoint like any other and the next run restores from it); after th
 the client has the checkpoint id. In no case does a batch commit twice or a row go missing:
 the stop only runs the pipeline's own graceful-stop path.
 
-Storage: the answer is written with :meth:`Storage.write_atomic` (a reader sees nothing or
-all of it: a rename on a local disk, one PUT on an object store); the request with
-:meth:`Storage.create_exclusive`.
+Storage: the request and the answer are each created with :meth:`Storage.create_exclusive`
+(a reader sees nothing or all of it; the first answer stands: atomic on a local disk, checked
+then written on an object store, where two drivers answering one request within the same
+instant could both write).
 """
 
 from __future__ import annotations
@@ -156,10 +157,14 @@ class StopControl:
         mine = None
         for request in self._requests():
             if request.run < self.run:
-                self.answer(request, "abandoned", None, None,
-                            f"run {request.run}, which the request was for, ended before it "
-                            f"answered; run {self.run} of this pipeline is running and was "
-                            f"not stopped: ask again to stop it", now_ms)
+                try:
+                    self.answer(request, "abandoned", None, None,
+                                f"run {request.run}, which the request was for, ended before "
+                                f"it answered; run {self.run} of this pipeline is running and "
+                                f"was not stopped: ask again to stop it", now_ms)
+                except Exception as exc:  # noqa: BLE001 - answered at the next look
+                    log.warning("Pipeline %s run %d: answering stale stop request %s failed: "
+                                "%s", self.pipeline, self.run, request.request_id, exc)
             elif request.run == self.run and mine is None:
                 mine = request
         return mine
@@ -169,7 +174,14 @@ class StopControl:
         answer = StopAnswer(request.request_id, self.run, status, checkpoint_id, barrier_batch,
                             message, now_ms)
         _, path = _paths(self.root, request.request_id)
-        self.storage.write_atomic(path, dump_record("stop-answer", 1, answer.as_dict()))
+        # the first answer stands: a driver still stopping when a newer run answered its
+        # request "abandoned" does not change what the client may already have read
+        if not self.storage.create_exclusive(path, dump_record("stop-answer", 1,
+                                                               answer.as_dict())):
+            log.warning("Pipeline %s run %d: stop request %s was answered already (%s); "
+                        "this run's answer (%s, checkpoint %s) is not written", self.pipeline,
+                        self.run, request.request_id, path, status, checkpoint_id)
+            return answer
         log.info("Pipeline %s run %d: answered stop request %s: %s (checkpoint %s)",
                  self.pipeline, self.run, request.request_id, status, checkpoint_id)
         return answer

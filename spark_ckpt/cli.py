@@ -7,9 +7,15 @@
     spark-ckpt checkpoints list CKPT_DIR # a pipeline's checkpoints: retained and history
     spark-ckpt checkpoints show CKPT_DIR [ID]   # one checkpoint: sources, state, sinks, sizes
     spark-ckpt validate CKPT_DIR | --job JOB    # what a restore or a resubmission relies on
+    spark-ckpt status CKPT_DIR | --job JOB      # running, stopped, failed; last batch, checkpoint
+    spark-ckpt plan --pipeline CKPT_DIR         # sources, operators (state schema), outputs
+    spark-ckpt stop CKPT_DIR                    # stop with a final checkpoint, print its id
+    spark-ckpt restore CKPT_DIR ID [--cancel]   # the next start restores checkpoint ID
+    spark-ckpt cleanup CKPT_DIR [--delete]      # files nothing reads again (dry run by default)
 
-Every command takes ``--json``. Exit codes: 0 done (validate: nothing wrong), 1 an error or
-(validate) something missing or corrupt, 2 a usage error.
+Every command takes ``--json``. Exit codes: 0 done (validate: nothing wrong; status: the
+pipeline or job is running, stopped or completed), 1 an error, something missing or corrupt
+(validate), a failed run (status), 2 a usage error.
 """
 
 from __future__ import annotations
@@ -65,6 +71,9 @@ def _time(us: int | None) -> str:
         return "-"
     return dt.datetime.fromtimestamp(us / 1e6, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
+
+storage_option = click.option("--storage", default=None,
+                              help="spark.ckpt.checkpoint.dir, if the pipeline set one.")
 
 work_dir_option = click.option(
     "--work-dir", default=None,
@@ -182,12 +191,25 @@ def history(job_id: str, work_dir: str | None, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("job_id")
+@click.argument("job_id", required=False)
+@click.option("--pipeline", "pipeline_dir", default=None,
+              help="Show the streaming pipeline whose checkpoint directory this is instead.")
 @work_dir_option
+@storage_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
-def plan(job_id: str, work_dir: str | None, as_json: bool) -> None:
+def plan(job_id: str | None, pipeline_dir: str | None, work_dir: str | None,
+         storage: str | None, as_json: bool) -> None:
     """Where JOB_ID becomes durable and why, as its driver decided (BatchJob.explain before
-    a run), with what each vertex wrote: estimated against actual bytes."""
+    a run), with what each vertex wrote: estimated against actual bytes. With --pipeline
+    CKPT_DIR: the pipeline's sources, stateful operators (keys, parallelism, state schema at
+    the latest checkpoint) and outputs."""
+    if (job_id is None) == (pipeline_dir is None):
+        raise click.UsageError("expected either JOB_ID or --pipeline CKPT_DIR, found "
+                               + ("both" if job_id else "neither"))
+    if pipeline_dir is not None:
+        _pipeline_plan(pipeline_dir, storage, as_json)
+        return
+    assert job_id is not None
     read = _load(work_dir, job_id)
     vertices: dict[str, dict] = {}
     files: dict[str, dict[str, int]] = defaultdict(dict)  # each file once: a wave's are shared
@@ -222,6 +244,46 @@ def plan(job_id: str, work_dir: str | None, as_json: bool) -> None:
     Console(width=max(160, Console().width)).print(table)
 
 
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _pipeline_plan(checkpoint_dir: str, storage: str | None, as_json: bool) -> None:
+    from spark_ckpt.errors import CheckpointError
+    from spark_ckpt.streaming.operations import pipeline_plan
+
+    try:
+        found = pipeline_plan(checkpoint_dir, checkpoint_storage=storage)
+    except CheckpointError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(found, indent=2, default=str))
+        return
+    console = _console()
+    console.print(f"[bold]Pipeline {found['pipeline']}[/] (id {found['pipeline_id']}): batch "
+                  f"interval {found['batch_interval_s']} s, latest checkpoint "
+                  f"{_or_dash(found['latest_checkpoint'])}")
+    sources = _table("source", "kind", "schema", title="Sources")
+    for name, src in found["sources"].items():
+        sources.add_row(name, str((src["describe"] or {}).get("kind", "-")), src["schema"] or "-")
+    console.print(sources)
+    ops = _table("operator", "kind", "keys", "parallelism", "max parallelism", "state rows",
+                 "state schema / aggregations", title="Stateful operators (at the latest "
+                 "checkpoint)")
+    for name, op in found["operators"].items():
+        state = op["state_schema"] or "-"
+        if op.get("aggregations"):
+            state = ", ".join(f"{n}={f[0]}({f[1] or ''})" for n, f in op["aggregations"].items())
+        ops.add_row(name, str(op["kind"]), ", ".join(op["keys"] or []),
+                    str(op["parallelism"] or "-"), str(op["max_parallelism"] or "-"),
+                    str(op["state_rows"]), state)
+    console.print(ops)
+    outputs = _table("output", "sink", title="Outputs")
+    for name, desc in found["outputs"].items():
+        outputs.add_row(name, json.dumps(desc, sort_keys=True, default=str))
+    console.print(outputs)
+
+
 @main.command()
 @click.argument("job_id")
 @work_dir_option
@@ -254,10 +316,6 @@ def _checkpoint_storage(checkpoint_dir: str, storage_dir: str | None):  # noqa: 
 
 
 _size = human_size
-
-
-storage_option = click.option("--storage", default=None,
-                              help="spark.ckpt.checkpoint.dir, if the pipeline set one.")
 
 
 @checkpoints.command("list")
@@ -486,6 +544,212 @@ def stop(checkpoint_dir: str, timeout: float, as_json: bool) -> None:
         click.echo(f"Not stopped as asked ({answer.status}, answered by run {answer.run}): "
                    f"{answer.message}", err=True)
     sys.exit(0 if answer.status == "stopped" else 1)
+
+
+@main.command()
+@click.argument("checkpoint_dir", required=False)
+@click.option("--job", "job_id", default=None, help="A batch job's status instead.")
+@work_dir_option
+@storage_option
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status(checkpoint_dir: str | None, job_id: str | None, work_dir: str | None,
+           storage: str | None, as_json: bool) -> None:
+    """Whether the pipeline on CHECKPOINT_DIR runs, stopped or failed (a killed driver
+    records no end: then the age of its last batch tells), its last batch, latest checkpoint
+    and waiting requests; or, with --job, a batch job's attempt and progress per vertex. Exit
+    code 1 for a failed run or attempt."""
+    import time
+
+    from spark_ckpt.errors import CheckpointError
+    from spark_ckpt.streaming.operations import pipeline_status
+
+    if (checkpoint_dir is None) == (job_id is None):
+        raise click.UsageError("expected either CHECKPOINT_DIR or --job JOB, found "
+                               + ("both" if job_id else "neither"))
+    if job_id is not None:
+        _job_status(job_id, work_dir, as_json)
+        return
+    assert checkpoint_dir is not None
+    try:
+        found = pipeline_status(checkpoint_dir, checkpoint_storage=storage,
+                                now_ms=int(time.time() * 1000))
+    except CheckpointError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(found, indent=2, default=str))
+        sys.exit(1 if found["state"] == "failed" else 0)
+    console = _console()
+    console.print(f"[bold]Pipeline {found['pipeline']}[/] on {checkpoint_dir}: "
+                  f"[bold]{found['state']}[/]"
+                  + (f" (run {found['run']}, started {found['run_started']})"
+                     if found["run"] else ""))
+    ended = found["ended"]
+    if ended:
+        console.print(f"  ended {ended['at']}"
+                      + (f": {ended['message']}" if ended["message"] else "")
+                      + (f"; final checkpoint {ended['final_checkpoint']}"
+                         if ended["final_checkpoint"] is not None else ""))
+    batch = found["last_batch"]
+    if batch:
+        console.print(f"  last batch {batch['batch_id']} at {batch['at']} "
+                      f"({batch['seconds_ago']} s ago): {batch['input_rows']} rows in "
+                      f"{batch['total_ms']} ms")
+    latest = found["latest_checkpoint"]
+    counts = found["checkpoints"]
+    console.print("  latest checkpoint " + (
+        f"{latest['checkpoint_id']} (barrier after batch {latest['barrier_batch']}, "
+        f"{latest['duration_ms']} ms, state {_size(latest['full_bytes'])})" if latest else "none")
+        + f"; {counts['completed']} completed retained, {counts['abandoned']} abandoned, "
+          f"{counts['incomplete']} incomplete")
+    for request in found["stop_requests_waiting"]:
+        console.print(f"  stop request {request['request_id']} for run {request['run']} "
+                      "waiting for an answer")
+    if found["restore_requested"] is not None:
+        console.print(f"  the next start restores checkpoint {found['restore_requested']} "
+                      "(spark-ckpt restore)")
+    sys.exit(1 if found["state"] == "failed" else 0)
+
+
+def _job_status(job_id: str, work_dir: str | None, as_json: bool) -> None:
+    read = _load(work_dir, job_id)
+    h = replay(read.events)
+    attempt = h.attempts.get(h.last_attempt) if h.attempts else None
+    state = "completed" if h.completed else (attempt.status if attempt else "not started")
+    vertices = {}
+    for vid, desc in h.vertices.items():
+        total = int(desc.get("parallelism") or 0)
+        done = sum(1 for (v, _p) in h.finished if v == vid)
+        vertices[vid] = {"finished": done, "partitions": total}
+    total = sum(v["partitions"] for v in vertices.values())
+    done = sum(v["finished"] for v in vertices.values())
+    found = {"job_id": job_id, "state": state,
+             "attempt": attempt.attempt if attempt else None,
+             "attempt_started": _time(attempt.started_us) if attempt else None,
+             "last_event": _time(read.events[-1].time_us) if read.events else None,
+             "finished_partitions": done, "partitions": total, "vertices": vertices,
+             "sinks_committed": sorted(h.sink_committed)}
+    if as_json:
+        click.echo(json.dumps(found, indent=2, default=str))
+    else:
+        share = f" ({done / total:.0%})" if total else ""
+        click.echo(f"Job {job_id}: {state}; attempt {found['attempt']} started "
+                   f"{found['attempt_started']}, last event {found['last_event']}; "
+                   f"{done} of {total} partitions finished{share}")
+        table = _table("vertex", "finished", "partitions")
+        for vid, v in vertices.items():
+            table.add_row(vid, str(v["finished"]), str(v["partitions"]))
+        _console().print(table)
+    sys.exit(1 if state == "failed" else 0)
+
+
+@main.command()
+@click.argument("checkpoint_dir")
+@click.argument("checkpoint_id", type=int, required=False)
+@click.option("--cancel", is_flag=True, help="Withdraw a restore request no start took yet.")
+@storage_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def restore(checkpoint_dir: str, checkpoint_id: int | None, cancel: bool, storage: str | None,
+            as_json: bool) -> None:
+    """Prepare a restore by id: the next start of the pipeline on CHECKPOINT_DIR restores
+    retained checkpoint CHECKPOINT_ID (unless its code or settings name one) and abandons the
+    newer checkpoints, which stay on disk for inspection. The checkpoint is validated first
+    (metadata, every state file and its size); a running pipeline is not affected until it
+    restarts (stop it with `spark-ckpt stop`)."""
+    import time
+
+    from spark_ckpt.streaming.operations import (
+        pipeline_status,
+        read_restore_request,
+        request_restore,
+    )
+    from spark_ckpt.validate import validate_checkpoints
+
+    store = Storage(checkpoint_dir)
+    if cancel:
+        had = read_restore_request(store, store.root)
+        if had is not None:
+            store.delete_file(join_control(store.root))
+        message = (f"withdrew the request to restore checkpoint {had}" if had is not None
+                   else "no restore request was waiting")
+        click.echo(json.dumps({"cancelled": had}) if as_json else message)
+        return
+    if checkpoint_id is None:
+        raise click.UsageError("expected CHECKPOINT_ID (or --cancel)")
+    reports = {r.checkpoint_id: r for r in validate_checkpoints(
+        _checkpoint_storage(checkpoint_dir, storage).uri)}
+    report = reports.get(checkpoint_id)
+    if report is None or not report.restorable:
+        restorable = [c for c, r in reports.items() if r.restorable]
+        why = "is not there" if report is None else (
+            f"is {report.status}" if report.status != "completed" else
+            "is damaged: " + "; ".join(report.problems[:3]))
+        raise click.ClickException(
+            f"checkpoint {checkpoint_id} {why}; restorable checkpoints: {restorable or 'none'}")
+    found = pipeline_status(checkpoint_dir, checkpoint_storage=storage,
+                            now_ms=int(time.time() * 1000))
+    request_restore(store, store.root, checkpoint_id, int(time.time() * 1000))
+    newer = [c for c, r in reports.items() if c > checkpoint_id and r.status == "completed"]
+    result = {"checkpoint_id": checkpoint_id, "abandons": newer, "pipeline_state": found["state"]}
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"The next start of pipeline {found['pipeline']} restores checkpoint "
+               f"{checkpoint_id}" + (f" and abandons checkpoints {newer} (kept on disk, not "
+                                     "restorable)" if newer else "") + ".")
+    if found["state"].startswith("running"):
+        click.echo(f"The pipeline may be running ({found['state']}): the restore happens "
+                   "when it next starts; stop it first with `spark-ckpt stop`.")
+
+
+def join_control(root: str) -> str:
+    from spark_ckpt.storage import join
+    from spark_ckpt.streaming.operations import RESTORE_REQUEST
+
+    return join(root, *RESTORE_REQUEST)
+
+
+@main.command()
+@click.argument("checkpoint_dir")
+@click.option("--delete", "do_delete", is_flag=True,
+              help="Delete the files listed (without it: a dry run, nothing changes).")
+@click.option("--abandoned", is_flag=True,
+              help="Also delete abandoned checkpoints (a restore by id chose an older one).")
+@storage_option
+@click.option("--json", "as_json", is_flag=True, help="Print the files as JSON.")
+def cleanup(checkpoint_dir: str, do_delete: bool, abandoned: bool, storage: str | None,
+            as_json: bool) -> None:
+    """Files in CHECKPOINT_DIR that nothing reads again: state files no completed checkpoint
+    references, processor output and stop requests of ended runs, and (--abandoned) abandoned
+    checkpoints. A dry run unless --delete. Never touches a file written since the newest run
+    started (a running pipeline's state that no checkpoint references yet), and deletes nothing
+    if a run started while it listed."""
+    from spark_ckpt.errors import CheckpointError
+    from spark_ckpt.streaming.operations import apply_cleanup, cleanup_candidates
+
+    try:
+        found = cleanup_candidates(checkpoint_dir, checkpoint_storage=storage,
+                                   abandoned=abandoned)
+        deleted = apply_cleanup(checkpoint_dir, found) if do_delete else 0
+    except CheckpointError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(found.to_json() | {"deleted": deleted, "dry_run": not do_delete},
+                              indent=2))
+        return
+    table = _table("path", "bytes", "why",
+                   title=("Deleted" if do_delete else "Would delete (dry run: add --delete)"))
+    for path, size, why in found.files:
+        table.add_row(path, _size(size), why)
+    for path, why in found.directories:
+        table.add_row(path + "/", "-", why)
+    if found.files or found.directories:
+        _console().print(table)
+    click.echo(f"{len(found.files)} file(s), {_size(found.bytes)}"
+               + (f" and {len(found.directories)} abandoned checkpoint(s)"
+                  if found.directories else "")
+               + (" deleted" if do_delete else " to delete")
+               + f"; {found.kept_files} state file(s) kept (referenced, or newer than run "
+                 f"{found.newest_run})")
 
 
 if __name__ == "__main__":

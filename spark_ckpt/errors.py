@@ -21,6 +21,7 @@ __all__ = [
     "RecordError",
     "SourceError",
     "SparkCkptError",
+    "StateSchemaError",
     "StateTooLargeError",
     "TaskExecutionError",
     "UserFunctionError",
@@ -100,6 +101,12 @@ class StateTooLargeError(SparkCkptError, RuntimeError):
 class CheckpointError(SparkCkptError, RuntimeError):
     """A checkpoint could not be taken or restored: storage failures past the tolerable limit,
     no restorable checkpoint, a checkpoint that does not belong to this pipeline."""
+
+
+class StateSchemaError(CheckpointError):
+    """A stateful operator's declared state cannot be read from its checkpoint (a narrowed or
+    changed type, a changed aggregation, a rename that does not fit): refused at start,
+    before any batch runs; the message names the operator, both schemas and what to do."""
 
 
 class UserFunctionError(SparkCkptError, RuntimeError):

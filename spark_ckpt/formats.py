@@ -183,6 +183,11 @@ RECORDS: dict[tuple[str, int], Any] = {
     ("stop-answer", 1): {"request_id": STR, "run": integer(1), "status": STR,
                          "checkpoint_id": Opt(integer(0)), "barrier_batch": Opt(BATCH_ID),
                          "message": STR, "answered_ms": MILLIS},
+    ("pipeline-run-end", 1): {"run": integer(1), "status": STR, "message": STR,
+                              "final_checkpoint": Opt(integer(0)),
+                              "final_barrier": Opt(BATCH_ID), "ended_ms": MILLIS},
+    # streaming/operations.py: spark-ckpt restore's request, taken by the next start
+    ("restore-request", 1): {"checkpoint_id": integer(0), "requested_ms": MILLIS},
 }
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_ckpt.state.evolution import evolve_table
 from spark_ckpt.state.keygroups import KG_COLUMN, PID_COLUMN
 from spark_ckpt.state.schema import (
     EXPIRES_COLUMN,
@@ -49,7 +50,7 @@ from spark_ckpt.state.task import (
     _write,
 )
 
-__all__ = ["conform", "processor_task", "schema_id"]
+__all__ = ["processor_task", "schema_id"]
 
 _INTERNAL = {KG_COLUMN, MARKER_COLUMN, CHANNEL_COLUMN, PID_COLUMN}
 
@@ -57,37 +58,6 @@ _INTERNAL = {KG_COLUMN, MARKER_COLUMN, CHANNEL_COLUMN, PID_COLUMN}
 def schema_id(file_schema: pa.Schema) -> str:
     """A short id of a state layout, the same in every process."""
     return hashlib.sha256(file_schema.serialize().to_pybytes()).hexdigest()[:12]
-
-
-def conform(table: pa.Table, schema: pa.Schema, what: str,
-            required: list[str] | None = None) -> pa.Table:
-    """``table`` with ``schema``'s columns: columns of variables declared since are null; a
-    ``required`` column (a key) that is missing stops the restore."""
-    from spark_ckpt.errors import CheckpointError
-
-    arrays = []
-    for field in schema:
-        if field.name not in table.column_names and field.name in (required or []):
-            raise CheckpointError(
-                f"{what}: expected the key column {field.name!r}, found the columns "
-                f"{table.column_names}; the key of a stateful operator cannot change under a "
-                "checkpoint (keep the old key or start a new checkpoint directory)"
-            )
-        if field.name not in table.column_names:
-            arrays.append(pa.nulls(table.num_rows, field.type))
-            continue
-        column = table.column(field.name)
-        if column.type != field.type:
-            try:
-                column = column.cast(field.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-                raise CheckpointError(
-                    f"{what}: state column {field.name!r} is stored as {column.type}, the "
-                    f"processor declares {field.type}, and the one does not convert to the "
-                    f"other ({exc}); declare the stored type or start from an empty state"
-                ) from None
-        arrays.append(column)
-    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _typed(values: list[Any], field: pa.Field, keys: list[tuple[Any, ...]],
@@ -162,6 +132,7 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
     file_schema = schema.file_schema(list(key_schema), ttl=ttl is not None)
     params = {**params, "schema_id": schema_id(file_schema)}
     state_names = schema.names
+    sources = dict(params.get("state_sources") or {})  # renamed variables: new -> old name
     event_time = params.get("event_time")
     vectorized = isinstance(processor, VectorizedProcessor)
 
@@ -188,8 +159,8 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             t0 = time.perf_counter()
             if store is None:
                 store = memory()
-            store.load([conform(_read(f, task.range, STATE_FORMAT_TYPED), file_schema,
-                                f"state file {f.path}", [KG_COLUMN, *key_names])
+            store.load([evolve_table(_read(f, task.range, STATE_FORMAT_TYPED), file_schema,
+                                     sources, f"state file {f.path}", [KG_COLUMN, *key_names])
                         for f in task.chain])
             store.token = task.plan["token"]
             if store.backend == "rocksdb":

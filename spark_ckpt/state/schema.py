@@ -100,6 +100,19 @@ class StateSchema:
                 field["metadata"] = {"spark_ckpt.type": "json"}
         return json.dumps(raw)
 
+    @classmethod
+    def from_spark_json(cls, raw: str) -> StateSchema:
+        """The variables :meth:`to_json` wrote (a checkpoint's description of its state)."""
+        from pyspark.sql.types import StructType
+
+        from spark_ckpt.arrowtypes import to_arrow
+
+        spark = StructType.fromJson(json.loads(raw))
+        arrow = to_arrow(spark)
+        return cls([StateVar(f.name, a.type,
+                             (f.metadata or {}).get("spark_ckpt.type") == "json")
+                    for f, a in zip(spark.fields, arrow, strict=True)])
+
     def serialize(self) -> str:
         return self.arrow().serialize().to_pybytes().hex()
 

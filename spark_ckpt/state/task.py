@@ -276,7 +276,10 @@ class _Run:
             written += size
         changelogs = sum(1 for f in files if f.kind == "changelog")
         mixed = any(f.range != self.range.label for f in files)
-        if mixed or changelogs >= int(self.params["materialize_every"]):
+        # after a state schema change, no restored file outlives the first batch (a restore
+        # from the next checkpoint must not need the old schema, or the rename mapping)
+        rewrite = bool(self.params.get("rewrite")) and bool(self.chain)
+        if mixed or rewrite or changelogs >= int(self.params["materialize_every"]):
             table = snapshot()
             uri, size = _write(_external(table, file_schema), self.dir,
                                f"b{self.batch:012d}-snapshot-{self.token}.parquet", fmt=fmt)
@@ -326,6 +329,14 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
     columns = [(name, kind, to_internal(pa.nulls(0, file_schema.field(name).type)).type)
                for name, kind in params["columns"]]
     key_types = [to_internal(pa.nulls(0, file_schema.field(k).type)).type for k in key_names]
+    sources = dict(params.get("state_sources") or {})  # renamed outputs' columns: new -> old
+
+    def restored(f: StateFile, target: KeyGroupRange) -> pa.Table:
+        """A restored file's rows with the declared columns (see state/evolution.py)."""
+        from spark_ckpt.state.evolution import evolve_table
+
+        return evolve_table(_read(f, target), file_schema, sources,
+                            f"state file {f.path}", [KG_COLUMN, *key_names])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         table, align, channels = _consume(batches)
@@ -361,8 +372,7 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
             if not ready:
                 t0 = time.perf_counter()
                 for f in task.chain:
-                    state.apply(_internal(_read(f, task.range).select(file_schema.names)),
-                                replace=True)
+                    state.apply(_internal(restored(f, task.range)), replace=True)
                 state.set_token(task.plan["token"] or "")
                 task.metrics.update(restored=bool(task.chain),
                                     restore_ms=int((time.perf_counter() - t0) * 1000))
@@ -370,7 +380,7 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
             t0 = time.perf_counter()
             state = memory()
             for i, f in enumerate(task.chain):
-                rows = _internal(_read(f, task.range).select(file_schema.names))
+                rows = _internal(restored(f, task.range))
                 if i == 0:
                     state.load(rows)
                 else:

@@ -67,6 +67,7 @@ from spark_ckpt.streaming.pipeline_loop import (
 )
 from spark_ckpt.streaming.progress import ProgressLog, StreamingListener
 from spark_ckpt.streaming.receiver import QueueSource, SocketSource
+from spark_ckpt.streaming.operations import read_restore_request, take_restore_request
 from spark_ckpt.streaming.restore import CheckpointRestore
 from spark_ckpt.streaming.scheduler import JobScheduler
 from spark_ckpt.streaming.sinks import DeadLetters
@@ -324,6 +325,10 @@ class StreamingContext:
         except BaseException as exc:
             log.error("Pipeline %s: start failed: %s", self.name, exc)
             self._lifecycle.start_failed(exc)
+            if self._run and not isinstance(exc, JobFencedError):  # for spark-ckpt status
+                StopControl(self.storage, self.root, self.name, self._run).record_end(
+                    "failed", f"start failed: {type(exc).__name__}: {exc}", None, None,
+                    self.clock.now_ms())
             raise
         # RUNNING before any thread starts, so a failure on one of them finishes the pipeline
         stop_requested = self._lifecycle.started()
@@ -431,17 +436,32 @@ class StreamingContext:
         s = self.settings
         uri = s.checkpoint_dir or self.storage.spark_path(join(self.root, "checkpoints"))
         storage = self.checkpoint_storage = CheckpointStorage(uri)
-        restore_id = restore_id or s.checkpoint_restore_from or None
+        # spark-ckpt restore's request, when the code or the settings name no checkpoint
+        requested = None if restore_id or s.checkpoint_restore_from else \
+            read_restore_request(self.storage, self.root)
+        restore_id = restore_id or s.checkpoint_restore_from or requested or None
         restore = CheckpointRestore(self.name, self.pipeline_id, self.storage, self.root,
                                     storage, retained=s.checkpoint_retained,
                                     fence=self.check_fenced)
-        chosen, retained = restore.choose(restore_id)
+        try:
+            chosen, retained = restore.choose(restore_id)
+        except CheckpointError as exc:
+            if requested is None:
+                raise
+            raise CheckpointError(
+                f"{exc} (asked by `spark-ckpt restore` in {self.storage.spark_path(self.root)}"
+                "/control/restore.json; ask for another id, or cancel with `spark-ckpt "
+                "restore CKPT_DIR --cancel`)") from exc
         self.restored = chosen
-        if chosen is not None and restore_id is not None:
-            restore.abandon_newer(chosen)
         operators = chosen.metadata.get("operators", {}) if chosen else {}
-        for op in self.graph.stateful:
+        for op in self.graph.stateful:  # writes nothing; may refuse the declared state
             op.configure(operators.get(op.operator))
+        if chosen is not None and restore_id is not None:
+            restore.abandon_newer(chosen)  # only once nothing refused the restore
+            if requested is not None:
+                take_restore_request(self.storage, self.root)
+                log.info("Pipeline %s: restored checkpoint %d as `spark-ckpt restore` asked",
+                         self.name, chosen.checkpoint_id)
         # a driver that lost the race to claim stops before it commits pending transactions
         # or deletes staged and state files: those may already be the newer owner's
         self.check_fenced()

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.errors import JobFencedError, PipelineFailedError
+from spark_ckpt.errors import JobFencedError, PipelineFailedError, StateSchemaError
 from spark_ckpt.faults import fault_point
 from spark_ckpt.streaming.progress import notify
 
@@ -91,8 +91,8 @@ class PipelineHousekeeping:
         """The pipeline's error for a failed batch (``drain``: the generator could not allocate
         ``batch_id``; the batches already allocated still run first)."""
         exc = self.checkpoint_failure(error)
-        if isinstance(exc, JobFencedError):
-            result: BaseException = exc
+        if isinstance(exc, JobFencedError | StateSchemaError):
+            result: BaseException = exc  # a refused state schema: rerunning will not help
         elif drain:
             result = PipelineFailedError(
                 f"pipeline {self.pipeline}: allocating batch {batch_id} failed and the pipeline "

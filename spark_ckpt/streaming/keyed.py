@@ -35,7 +35,7 @@ from spark_ckpt.state.keygroups import (
     partition_column,
     ranges,
 )
-from spark_ckpt.state.process_task import processor_task
+from spark_ckpt.state.process_task import processor_task, schema_id
 from spark_ckpt.state.processor import KeyedProcessor, VectorizedProcessor
 from spark_ckpt.state.task import (
     CHANNEL_COLUMN,
@@ -104,18 +104,23 @@ class KeyedStream:
                            self.keys, parallelism=self.parallelism,
                            max_parallelism=self.max_parallelism)
 
-    def agg(self, name: str | None = None, **aggs: Agg) -> AggregatedStream:
+    def agg(self, name: str | None = None, *, state_renames: dict[str, str] | None = None,
+            **aggs: Agg) -> AggregatedStream:
         """Running aggregates per key: ``agg(n=count(), total=sum_("amount"))``. Its batches
-        are the changed keys with their new values; ``state_view()`` is the whole state."""
-        return AggregatedStream(self, name or "agg", aggs)
+        are the changed keys with their new values; ``state_view()`` is the whole state.
+        ``state_renames={"old": "new"}`` renames outputs whose state a checkpoint holds (see
+        docs/operations.md, evolving state)."""
+        return AggregatedStream(self, name or "agg", aggs, state_renames=state_renames)
 
     def process(self, processor: KeyedProcessor | VectorizedProcessor,
                 output_schema: StructType | str, *, name: str | None = None,
                 event_time: str | None = None, watermark_delay_ms: int = 0,
-                ttl_ms: int | None = None, state_schema: Any = None) -> ProcessedStream:
+                ttl_ms: int | None = None, state_schema: Any = None,
+                state_renames: dict[str, str] | None = None) -> ProcessedStream:
         """Run ``processor`` with typed value, list and map state and timers: a
         ``KeyedProcessor`` once per key, a ``VectorizedProcessor`` once per task for all its
-        keys. ``state_schema`` overrides the processor's own declaration."""
+        keys. ``state_schema`` overrides the processor's own declaration;
+        ``state_renames={"old": "new"}`` renames state variables a checkpoint holds."""
         if not isinstance(processor, KeyedProcessor | VectorizedProcessor):
             raise JobDefinitionError(
                 f"process(): expected a KeyedProcessor or VectorizedProcessor instance, found "
@@ -124,7 +129,7 @@ class KeyedStream:
         return ProcessedStream(self, name or type(processor).__name__, processor,
                                output_schema, event_time=event_time,
                                watermark_delay_ms=watermark_delay_ms, ttl_ms=ttl_ms,
-                               state_schema=state_schema)
+                               state_schema=state_schema, state_renames=state_renames)
 
 
 class StatefulStream(Stream):
@@ -148,6 +153,11 @@ class StatefulStream(Stream):
         self.metrics: dict[int, dict[str, Any]] = {}
         self.restore_from: list[StateHandle] | None = None
         self.live_files: frozenset[str] = frozenset()
+        self.state_renames: dict[str, str] = {}
+        # set at a restore whose stored state differs from the declared one: where declared
+        # columns come from, and whether the next job must rewrite every restored range
+        self.evolution: Any = None  # state.evolution.Evolution | None
+        self._rewrite = False
         self.extra: dict[str, Any] = {}
         self.restored_describe: dict[str, Any] = {}
         self._routing: dict[str, Any] | None = None  # _kg and _pid columns
@@ -163,6 +173,8 @@ class StatefulStream(Stream):
         layout = ranges(self.parallelism, self.max_parallelism)
         self.live = {i: StateHandle.empty(r) for i, r in enumerate(layout)}
         self.restore_from = None
+        self.evolution = None
+        self._rewrite = False
         if restored is None:
             self._publish()
             return
@@ -193,6 +205,23 @@ class StatefulStream(Stream):
                 files = tuple(restore_plan(r, handles))
                 self.live[i] = StateHandle(r.label, None, files, 0)
         self._publish()
+        self._check_evolution()
+
+    def _check_evolution(self) -> None:
+        """At a restore, before any batch: refuse declared state the checkpoint's cannot
+        become (StateSchemaError); else note how it evolves (subclasses)."""
+
+    def _evolved(self, evolution: Any) -> None:
+        """Keep a checked evolution; log what it changes."""
+        self.evolution = evolution
+        self._rewrite = evolution.changed
+        if evolution.changed:
+            log.info("Operator %s: state schema evolves at this restore: added %s, removed %s "
+                     "(values dropped), renamed %s, widened %s; the first batch rewrites every "
+                     "restored range", self.operator, list(evolution.added),
+                     list(evolution.removed),
+                     {old: new for new, old in evolution.sources.items()},
+                     list(evolution.widened))
 
     def _publish(self) -> None:
         before = self.live_files
@@ -265,7 +294,9 @@ class StatefulStream(Stream):
                 "batch": run.batch_id, "state_dir": self.state_dir(), "backend": s.state_backend,
                 "memory_max_rows": s.state_memory_max_rows, "local_dir": s.state_local_dir,
                 "materialize_every": s.state_materialize_every, "keys": list(self.keys),
-                "local_spill": s.state_local_spill}
+                "local_spill": s.state_local_spill,
+                "state_sources": dict(self.evolution.sources) if self.evolution else {},
+                "rewrite": self._rewrite}
 
     def _plans(self) -> dict[int, dict[str, Any]]:
         return {pid: {"range": h.range, "token": h.token,
@@ -300,6 +331,15 @@ class StatefulStream(Stream):
             self.metrics[meta["pid"]]["batch"] = run.batch_id
             metas.append(meta)
         self._publish()
+        if self._rewrite:
+            missing = sorted(set(self.live) - {m["pid"] for m in metas})
+            if missing:  # not expected: every range's task runs (markers, or empty partitions)
+                log.warning("Operator %s batch %d: ranges %s did not run; their state is "
+                            "rewritten at the next batch", self.operator, run.batch_id, missing)
+            else:
+                self._rewrite = False
+                log.info("Operator %s batch %d: every range rewritten with the declared state "
+                         "schema", self.operator, run.batch_id)
         run.stats.state[self.operator] = {
             "tasks_run": len(metas), "input_rows": sum(m["input_rows"] for m in metas),
             "changed_keys": sum(m["changed"] for m in metas),
@@ -316,12 +356,29 @@ class StatefulStream(Stream):
         return metas
 
 
+def _describe_aggs(aggs: dict[str, Any]) -> str:
+    def call(spec: list[Any]) -> str:
+        func, column, time_column = (list(spec) + [None, None])[:3]
+        args = ", ".join(a for a in (column, time_column) if a)
+        return f"{func}({args})"
+    return ", ".join(f"{name}={call(spec)}" for name, spec in aggs.items())
+
+
+def pa_schema(fields: list[Any]) -> Any:
+    import pyarrow as pa
+
+    return pa.schema(fields)
+
+
 class AggregatedStream(StatefulStream):
     kind = "agg"
 
-    def __init__(self, keyed: KeyedStream, name: str, aggs: dict[str, Agg]) -> None:
+    def __init__(self, keyed: KeyedStream, name: str, aggs: dict[str, Agg], *,
+                 state_renames: dict[str, str] | None = None) -> None:
         super().__init__(keyed, name)
         self.aggs = dict(aggs)
+        self.state_renames = dict(state_renames or {})
+        self._renamed: dict[str, str] = {}  # output renames that apply: new -> old
         self.spec: AggSpec | None = None
         self._empty: DataFrame | None = None  # the update stream's view with no rows
         self._chain_schemas: dict[tuple[str, str], str] = {}  # (output, view schema) -> Arrow
@@ -335,11 +392,82 @@ class AggregatedStream(StatefulStream):
 
     def _spec(self, df: DataFrame) -> AggSpec:
         if self.spec is None:
-            self.spec = AggSpec(self.keys, self.aggs, df.schema)
+            spec = AggSpec(self.keys, self.aggs, df.schema)
+            if "file_schema" in self.restored_describe:
+                self._check_state_types(spec)
+            self.spec = spec
         return self.spec
 
+    def _check_evolution(self) -> None:
+        """What can be checked before the input's types are known: renames, and that no kept
+        output changed its function (the state of a count is not that of a max)."""
+        from spark_ckpt.errors import StateSchemaError
+        from spark_ckpt.state.evolution import check_renames
+
+        stored = self.restored_describe.get("aggs")
+        if stored is None:
+            return
+        what = f"operator {self.operator}"
+        self._renamed = check_renames(self.state_renames, list(stored), list(self.aggs), what)
+        changed = []
+        for name, agg in self.aggs.items():
+            source = self._renamed.get(name, name)
+            if source in stored and stored[source][0] != agg.func:
+                old_func, old_col, _t = stored[source]
+                changed.append(f"output {name!r}: {old_func}({old_col or ''}) in the checkpoint, "
+                               f"{agg.func}({agg.column or ''}) declared")
+        if changed:
+            declared = {n: [a.func, a.column, a.time_column] for n, a in self.aggs.items()}
+            raise StateSchemaError(
+                f"{what}: the checkpoint's aggregations cannot become the declared ones; "
+                "nothing was run.\n  - " + "\n  - ".join(changed) +
+                f"\n  stored:   {_describe_aggs(stored)}"
+                f"\n  declared: {_describe_aggs(declared)}"
+                "\n  What to do: keep each output's function, or declare the new aggregation "
+                "under a new name (it aggregates from the restore on; drop the old one), or "
+                "start in a new checkpoint directory"
+            )
+
+    def _check_state_types(self, spec: AggSpec) -> None:
+        """At the first batch after a restore, before its job: the stored state columns
+        widen to the declared ones (the input's types decide them), keyed the same way."""
+        from pyspark.sql.types import StructType
+
+        from spark_ckpt.arrowtypes import to_arrow
+        from spark_ckpt.errors import StateSchemaError
+        from spark_ckpt.state.evolution import plan_evolution
+
+        what = f"operator {self.operator}"
+        stored = to_arrow(StructType.fromJson(json.loads(self.restored_describe["file_schema"])))
+        key_names = list(self.keys)
+        stored_keys = [(f.name, f.type) for f in stored if f.name in key_names]
+        declared_keys = [(k, to_arrow(StructType().add(k, t)).field(0).type)
+                         for k, t in spec.key_types.items()]
+        if sorted(map(str, stored_keys)) != sorted(map(str, declared_keys)):
+            raise StateSchemaError(
+                f"{what}: the checkpoint's state is keyed by {stored_keys}, the pipeline keys "
+                f"it by {declared_keys}; the key of a stateful operator cannot change under a "
+                "checkpoint, its type included (keep the old key, cast it back, or start a "
+                "new checkpoint directory)"
+            )
+        columns = {n: t for n, _k, t in spec.state_columns()}
+        declared = to_arrow(StructType([StructType().add(n, t).fields[0]
+                                        for n, t in columns.items()]))
+        kept = [f for f in stored if f.name != KG_COLUMN and f.name not in key_names]
+        sources = {}
+        for new, old in self._renamed.items():  # an output's columns: name, name__sum, ...
+            for column in columns:
+                if column == new or column.startswith(new + "__"):
+                    sources[column] = old + column[len(new):]
+        evolution = plan_evolution(what, pa_schema(kept), declared,
+                                   {old: new for new, old in sources.items()},
+                                   noun="aggregation state column")
+        self._evolved(evolution)
+
     def describe_state(self) -> dict[str, Any]:
-        if self.spec is None:  # no batch yet since the restore: what the checkpoint said
+        if self.spec is None or self._rewrite:
+            # no batch yet since the restore (or the restored files not yet rewritten): what
+            # the checkpoint said, which is what its files hold
             return dict(self.restored_describe)
         return {"file_schema": self.file_schema().json(), "aggs": self.spec.describe()["aggs"]}
 
@@ -386,6 +514,7 @@ class AggregatedStream(StatefulStream):
             "view": [[o.name, o.agg.func] for o in spec.outputs],
             "sinks": [{"name": n, "dir": d, "schema": h} for n, (d, h) in chained.items()],
             "single_task": single,
+            "schema_id": schema_id(to_arrow(schema)),
         }
         metas = self._run_job(run, partials, agg_task(params, self._plans()), partitioned=True)
         run.stats.state[self.operator]["single_task"] = single
@@ -459,11 +588,13 @@ class ProcessedStream(StatefulStream):
     def __init__(self, keyed: KeyedStream, name: str,
                  processor: KeyedProcessor | VectorizedProcessor,
                  output_schema: StructType | str, *, event_time: str | None,
-                 watermark_delay_ms: int, ttl_ms: int | None, state_schema: Any = None) -> None:
+                 watermark_delay_ms: int, ttl_ms: int | None, state_schema: Any = None,
+                 state_renames: dict[str, str] | None = None) -> None:
         super().__init__(keyed, name)
         from pyspark.sql.types import StructType
 
         self.processor = processor
+        self.state_renames = dict(state_renames or {})
         self._declared_state = state_schema if state_schema is not None \
             else getattr(processor, "state_schema", None)
         if self._declared_state is None and isinstance(processor, VectorizedProcessor):
@@ -472,7 +603,7 @@ class ProcessedStream(StatefulStream):
                 "state_schema; expected its state variables with Spark types, for example "
                 "state_schema = \"n BIGINT, total DOUBLE\""
             )
-        self.state_schema: Any = None  # parsed at the first batch (Spark parses the DDL)
+        self.state_schema: Any = None  # parsed at a restore or the first batch (Spark's parser)
         self.key_schema: Any = None
         self._declared = output_schema
         self.output_schema: StructType | None = output_schema \
@@ -500,12 +631,7 @@ class ProcessedStream(StatefulStream):
         spark = self.ctx.spark
         if self.output_schema is None:
             self.output_schema = StructType.fromDDL(self._declared)  # type: ignore[arg-type]
-        if self.state_schema is None:
-            from spark_ckpt.state.schema import parse_state_schema
-
-            self.state_schema = parse_state_schema(
-                self._declared_state, spark=spark,
-                where=f"operator {self.operator}: state_schema")
+        self._parse_state_schema()
         key_schema = to_arrow(StructType([df.schema[k] for k in self.keys]))
         if self.key_schema is None:
             self._check_restored_schema(key_schema)
@@ -549,8 +675,31 @@ class ProcessedStream(StatefulStream):
             return spark.createDataFrame([], self.output_schema)
         return spark.read.schema(self.output_schema).parquet(*files)
 
+    def _parse_state_schema(self) -> Any:
+        if self.state_schema is None:
+            from spark_ckpt.state.schema import parse_state_schema
+
+            self.state_schema = parse_state_schema(
+                self._declared_state, spark=self.ctx.spark,
+                where=f"operator {self.operator}: state_schema")
+        return self.state_schema
+
+    def _check_evolution(self) -> None:
+        """The declared state variables against the checkpoint's, at start."""
+        from spark_ckpt.state.evolution import plan_evolution
+        from spark_ckpt.state.schema import StateSchema
+
+        raw = self.restored_describe.get("state_schema")
+        if raw is None:  # an earlier format: refused at the first batch
+            return
+        stored = StateSchema.from_spark_json(raw)
+        declared = self._parse_state_schema()
+        self._evolved(plan_evolution(
+            f"operator {self.operator}", stored.arrow(), declared.arrow(), self.state_renames,
+            stored_json=stored.json_flags, declared_json=declared.json_flags))
+
     def describe_state(self) -> dict[str, Any]:
-        if self.state_schema is None or self.key_schema is None:
+        if self.state_schema is None or self.key_schema is None or self._rewrite:
             return dict(self.restored_describe)
         from spark_ckpt.arrowtypes import to_spark
 

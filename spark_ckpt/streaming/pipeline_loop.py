@@ -393,7 +393,18 @@ class PipelineLoop:
             self._answer_stop_request()
         finally:
             self._finish(None)
+            self._record_end()
             self._lifecycle.terminate()
+
+    def _record_end(self) -> None:
+        if self._control is None:
+            return
+        error = self._lifecycle.error
+        checkpoint, barrier = self._scheduler.final if self._scheduler.final_taken and \
+            self._scheduler.final_error is None else (None, None)
+        self._control.record_end("failed" if error is not None else "stopped",
+                                 "" if error is None else f"{type(error).__name__}: {error}",
+                                 checkpoint, barrier, self._clock.now_ms())
 
     def _handle_queued(self) -> None:
         while True:

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from spark_ckpt.storage import Storage
 
 __all__ = ["StopAnswer", "StopControl", "StopRequest", "latest_run", "read_answer",
-           "request_stop", "withdraw"]
+           "read_run_end", "request_stop", "withdraw"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,19 @@ def request_stop(storage: Storage, root: str, run: int, now_ms: int) -> StopRequ
     if not storage.create_exclusive(path, dump_record("stop-request", 1, body)):
         raise FileExistsError(path)  # a fresh random id: never in practice
     return request
+
+
+def _end_path(root: str, run: int) -> str:
+    return join(root, "runs", "ended", f"{run:08d}.json")
+
+
+def read_run_end(storage: Storage, root: str, run: int) -> dict[str, Any] | None:
+    """How run ``run`` ended (``runs/ended/<run>.json``), or None: it is running, or its
+    driver was killed before it could say."""
+    path = _end_path(root, run)
+    if not storage.exists(path):
+        return None
+    return load_record(storage.read_bytes(path), "pipeline-run-end", (1,), where=path)
 
 
 def read_answer(storage: Storage, root: str, request_id: str) -> StopAnswer | None:
@@ -185,3 +198,18 @@ class StopControl:
         log.info("Pipeline %s run %d: answered stop request %s: %s (checkpoint %s)",
                  self.pipeline, self.run, request.request_id, status, checkpoint_id)
         return answer
+
+    def record_end(self, status: str, message: str, checkpoint_id: int | None,
+                   barrier_batch: int | None, now_ms: int) -> None:
+        """Say how this run ended (``stopped`` or ``failed``), for ``spark-ckpt status``;
+        never raises (a killed driver says nothing, which status reports as such)."""
+        try:
+            self.storage.makedirs(join(self.root, "runs", "ended"))
+            self.storage.write_atomic(_end_path(self.root, self.run), dump_record(
+                "pipeline-run-end", 1,
+                {"run": self.run, "status": status, "message": message[:4000],
+                 "final_checkpoint": checkpoint_id, "final_barrier": barrier_batch,
+                 "ended_ms": now_ms}))
+        except Exception as exc:  # noqa: BLE001 - the run ended either way
+            log.warning("Pipeline %s run %d: could not record how it ended: %s", self.pipeline,
+                        self.run, exc)

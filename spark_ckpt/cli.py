@@ -12,6 +12,7 @@
     spark-ckpt stop CKPT_DIR                    # stop with a final checkpoint, print its id
     spark-ckpt restore CKPT_DIR ID [--cancel]   # the next start restores checkpoint ID
     spark-ckpt cleanup CKPT_DIR [--delete]      # files nothing reads again (dry run by default)
+    spark-ckpt report CKPT_DIR | --job JOB      # one self-contained HTML page
 
 Every command takes ``--json``. Exit codes: 0 done (validate: nothing wrong; status: the
 pipeline or job is running, stopped or completed), 1 an error, something missing or corrupt
@@ -750,6 +751,39 @@ def cleanup(checkpoint_dir: str, do_delete: bool, abandoned: bool, storage: str 
                + (" deleted" if do_delete else " to delete")
                + f"; {found.kept_files} state file(s) kept (referenced, or newer than run "
                  f"{found.newest_run})")
+
+
+@main.command()
+@click.argument("checkpoint_dir", required=False)
+@click.option("--job", "job_id", default=None, help="A batch job's report instead.")
+@work_dir_option
+@storage_option
+@click.option("-o", "--output", default=None,
+              help="The HTML file to write (default: spark-ckpt-report-<name>.html).")
+@click.option("--json", "as_json", is_flag=True, help="Print the written path as JSON.")
+def report(checkpoint_dir: str | None, job_id: str | None, work_dir: str | None,
+           storage: str | None, output: str | None, as_json: bool) -> None:
+    """Write one self-contained HTML page: for the pipeline on CHECKPOINT_DIR, checkpoint
+    duration, size and alignment over time, batch throughput and latency, state per operator
+    and restarts; with --job, the job's recovery timeline (what each attempt reused and ran,
+    and why)."""
+    from spark_ckpt.errors import CheckpointError
+    from spark_ckpt.report import write_report
+
+    if (checkpoint_dir is None) == (job_id is None):
+        raise click.UsageError("expected either CHECKPOINT_DIR or --job JOB, found "
+                               + ("both" if job_id else "neither"))
+    if job_id is not None:
+        _load(work_dir, job_id)  # a clear error for an unknown job
+    name = job_id or os.path.basename(os.path.normpath(checkpoint_dir or "pipeline"))
+    path = output or f"spark-ckpt-report-{name}.html"
+    try:
+        write_report(path, checkpoint_dir=checkpoint_dir, job_id=job_id,
+                     work_dir=work_dir or _default_work_dir(), checkpoint_storage=storage)
+    except CheckpointError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(json.dumps({"report": os.path.abspath(path)}) if as_json else
+               f"wrote {os.path.abspath(path)}")
 
 
 if __name__ == "__main__":

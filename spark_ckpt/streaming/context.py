@@ -67,7 +67,11 @@ from spark_ckpt.streaming.pipeline_loop import (
 )
 from spark_ckpt.streaming.progress import ProgressLog, StreamingListener
 from spark_ckpt.streaming.receiver import QueueSource, SocketSource
-from spark_ckpt.streaming.operations import read_restore_request, take_restore_request
+from spark_ckpt.streaming.operations import (
+    read_restore_request,
+    run_numbers,
+    take_restore_request,
+)
 from spark_ckpt.streaming.restore import CheckpointRestore
 from spark_ckpt.streaming.scheduler import JobScheduler
 from spark_ckpt.streaming.sinks import DeadLetters
@@ -294,9 +298,7 @@ class StreamingContext:
                 return number
 
     def _runs(self) -> list[int]:
-        return [int(i.base_name[:8]) for i in
-                self.storage.list_files(join(self.root, "runs"), recursive=False)
-                if i.base_name.endswith(".json") and i.base_name[:8].isdigit()]
+        return run_numbers(self.storage, self.root)
 
     def check_fenced(self) -> None:
         """Raise if a newer driver claimed this checkpoint directory (any thread)."""

@@ -28,7 +28,7 @@ from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.storage import Storage, join
 
 __all__ = ["Cleanup", "apply_cleanup", "cleanup_candidates", "pipeline_plan", "pipeline_status",
-           "read_restore_request", "request_restore", "take_restore_request"]
+           "read_restore_request", "request_restore", "run_numbers", "take_restore_request"]
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,8 @@ def take_restore_request(storage: Storage, root: str) -> None:
 
 
 # -- status ------------------------------------------------------------------------------------
-def _runs(storage: Storage, root: str) -> list[int]:
+def run_numbers(storage: Storage, root: str) -> list[int]:
+    """The runs claimed in ``root`` (``runs/<n>.json``), oldest first."""
     runs = join(root, "runs")
     if not storage.exists(runs):
         return []
@@ -147,7 +148,7 @@ def pipeline_status(checkpoint_dir: str, *, checkpoint_storage: str | None = Non
         raise CheckpointError(f"expected a pipeline's checkpoint directory at {checkpoint_dir} "
                               "(with metadata.json), found none")
     meta = _read_json(storage, meta_path) or {}
-    runs = _runs(storage, root)
+    runs = run_numbers(storage, root)
     run = runs[-1] if runs else None
     run_record = _read_json(storage, join(root, "runs", f"{run:08d}.json")) if run else None
     ended = read_run_end(storage, root, run) if run else None
@@ -285,7 +286,7 @@ def cleanup_candidates(checkpoint_dir: str, *, checkpoint_storage: str | None = 
 
     storage = Storage(checkpoint_dir)
     root = storage.root
-    runs = _runs(storage, root)
+    runs = run_numbers(storage, root)
     newest = runs[-1] if runs else None
     # a file written after the newest run claimed the directory may be its live state: never
     # a candidate. By the storage's own clock (the run marker's modification time), not a
@@ -353,7 +354,7 @@ def apply_cleanup(checkpoint_dir: str, plan: Cleanup) -> int:
     from spark_ckpt.errors import CheckpointError
 
     storage = Storage(checkpoint_dir)
-    runs = _runs(storage, storage.root)
+    runs = run_numbers(storage, storage.root)
     if (runs[-1] if runs else None) != plan.newest_run:
         raise CheckpointError(
             f"run {runs[-1]} of the pipeline started after the files were listed (run "

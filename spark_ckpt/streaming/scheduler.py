@@ -151,7 +151,8 @@ class JobScheduler:
             item = self.batches.take()
             if item == FINISH:
                 try:
-                    self.final_checkpoint()
+                    self.final = self.final_checkpoint()
+                    self.final_taken = True
                 except BaseException as exc:  # noqa: BLE001 - handed to await_termination
                     self._post(BatchFailed(self.last_batch, exc))
                     return

@@ -79,12 +79,9 @@ def _paths(root: str, request_id: str) -> tuple[str, str]:
 
 def latest_run(storage: Storage, root: str) -> int | None:
     """The newest run number claimed in ``root`` (None: no driver ever started there)."""
-    runs = join(root, "runs")
-    if not storage.exists(runs):
-        return None
-    numbers = [int(i.base_name[:8]) for i in storage.list_files(runs, recursive=False)
-               if i.base_name.endswith(".json") and i.base_name[:8].isdigit()]
-    return max(numbers, default=None)
+    from spark_ckpt.streaming.operations import run_numbers
+
+    return max(run_numbers(storage, root), default=None)
 
 
 def request_stop(storage: Storage, root: str, run: int, now_ms: int) -> StopRequest:

@@ -408,7 +408,7 @@ def bench_shapes(args: argparse.Namespace, base: Path, figures: dict) -> None:
     import batch_shapes
 
     median = statistics.median
-    fractions = [float(f) for f in args.kill_at.split(",")]
+    fractions = [float(f) for f in args.kill_at.split(",") if f.strip()]  # "": no kills
     figures["shapes"] = {}
     for shape in args.shapes.split(","):
         rows = getattr(args, f"rows_{shape}")
@@ -508,7 +508,7 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, default=50)
     parser.add_argument("--agg-parallelism", type=int, default=8)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--kill-at", default=None,
+    parser.add_argument("--kill-at", default=None,  # "" for none (overhead only)
                         help="comma list of fractions of a full run's time")
     parser.add_argument("--replay-events", type=int, default=100_000)
     parser.add_argument("--connect", action="store_true",

@@ -28,7 +28,6 @@ import sys
 from collections import Counter, defaultdict
 
 import click
-from pyarrow.fs import FileSelector, FileType
 from rich.console import Console
 from rich.table import Table
 
@@ -106,27 +105,12 @@ def _load(work_dir: str | None, job_id: str):  # noqa: ANN202
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead.")
 def jobs(work_dir: str | None, as_json: bool) -> None:
     """List the jobs under the work directory."""
-    storage = Storage(work_dir or _default_work_dir())
-    rows = []
-    if storage.exists(storage.root):
-        infos = storage.fs.get_file_info(FileSelector(storage.root))
-        for info in sorted(infos, key=lambda i: i.base_name):
-            if info.type != FileType.Directory or "." in info.base_name:
-                continue
-            try:
-                read = read_events(storage, job_paths(storage, info.base_name)["events"])
-            except EventLogUnreadable:
-                rows.append({"job_id": info.base_name, "attempts": None,
-                             "status": "log unreadable", "last_event": None, "finished": None})
-                continue
-            if not read.events:
-                continue
-            history = replay(read.events)
-            status = "completed" if history.completed else (
-                history.attempts[history.last_attempt].status if history.attempts else "?")
-            rows.append({"job_id": info.base_name, "attempts": len(history.attempts),
-                         "status": status, "last_event": _time(read.events[-1].time_us),
-                         "finished": len(history.finished)})
+    from spark_ckpt.batch.runner import job_summaries
+
+    rows = [{"job_id": r["job_id"], "attempts": r["attempts"], "status": r["status"],
+             "last_event": _time(r["last_event_us"]) if r["last_event_us"] else None,
+             "finished": r["finished_partitions"]}
+            for r in job_summaries(Storage(work_dir or _default_work_dir()))]
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
@@ -204,9 +188,7 @@ def plan(job_id: str | None, pipeline_dir: str | None, work_dir: str | None,
     a run), with what each vertex wrote: estimated against actual bytes. With --pipeline
     CKPT_DIR: the pipeline's sources, stateful operators (keys, parallelism, state schema at
     the latest checkpoint) and outputs."""
-    if (job_id is None) == (pipeline_dir is None):
-        raise click.UsageError("expected either JOB_ID or --pipeline CKPT_DIR, found "
-                               + ("both" if job_id else "neither"))
+    _one_of(job_id, pipeline_dir, "JOB_ID or --pipeline CKPT_DIR")
     if pipeline_dir is not None:
         _pipeline_plan(pipeline_dir, storage, as_json)
         return
@@ -243,6 +225,13 @@ def plan(job_id: str | None, pipeline_dir: str | None, work_dir: str | None,
                       f"{r['finished_partitions']}/{r['parallelism']}",
                       _size(r["estimated_bytes"]), _size(r["written_bytes"]), r["reason"])
     Console(width=max(160, Console().width)).print(table)
+
+
+def _one_of(first: object, second: object, names: str) -> None:
+    """A usage error unless exactly one of the two was given (``names``: "A or B")."""
+    if (first is None) == (second is None):
+        raise click.UsageError(f"expected either {names}, found "
+                               + ("both" if first is not None else "neither"))
 
 
 def _or_dash(value: object) -> str:
@@ -311,9 +300,9 @@ def checkpoints() -> None:
 
 def _checkpoint_storage(checkpoint_dir: str, storage_dir: str | None):  # noqa: ANN202
     from spark_ckpt.checkpoint.storage import CheckpointStorage
-    from spark_ckpt.storage import join
+    from spark_ckpt.streaming.operations import checkpoints_uri
 
-    return CheckpointStorage(storage_dir or join(checkpoint_dir, "checkpoints"))
+    return CheckpointStorage(checkpoints_uri(checkpoint_dir, storage_dir))
 
 
 _size = human_size
@@ -437,9 +426,7 @@ def validate(checkpoint_dir: str | None, job_id: str | None, work_dir: str | Non
     missing or corrupt."""
     from spark_ckpt.validate import validate_checkpoints, validate_job
 
-    if (checkpoint_dir is None) == (job_id is None):
-        raise click.UsageError("expected either CHECKPOINT_DIR or --job JOB, found "
-                               + ("both" if job_id else "neither"))
+    _one_of(checkpoint_dir, job_id, "CHECKPOINT_DIR or --job JOB")
     if job_id is not None:
         report = validate_job(work_dir or _default_work_dir(), job_id)
         if as_json:
@@ -564,9 +551,7 @@ def status(checkpoint_dir: str | None, job_id: str | None, work_dir: str | None,
     from spark_ckpt.errors import CheckpointError
     from spark_ckpt.streaming.operations import pipeline_status
 
-    if (checkpoint_dir is None) == (job_id is None):
-        raise click.UsageError("expected either CHECKPOINT_DIR or --job JOB, found "
-                               + ("both" if job_id else "neither"))
+    _one_of(checkpoint_dir, job_id, "CHECKPOINT_DIR or --job JOB")
     if job_id is not None:
         _job_status(job_id, work_dir, as_json)
         return
@@ -659,25 +644,25 @@ def restore(checkpoint_dir: str, checkpoint_id: int | None, cancel: bool, storag
     import time
 
     from spark_ckpt.streaming.operations import (
+        cancel_restore_request,
+        checkpoints_uri,
         pipeline_status,
-        read_restore_request,
         request_restore,
     )
     from spark_ckpt.validate import validate_checkpoints
 
     store = Storage(checkpoint_dir)
     if cancel:
-        had = read_restore_request(store, store.root)
-        if had is not None:
-            store.delete_file(join_control(store.root))
-        message = (f"withdrew the request to restore checkpoint {had}" if had is not None
-                   else "no restore request was waiting")
+        had = cancel_restore_request(store, store.root)
+        message = ("no restore request was waiting" if had is None else
+                   "withdrew an unreadable restore request" if had < 0 else
+                   f"withdrew the request to restore checkpoint {had}")
         click.echo(json.dumps({"cancelled": had}) if as_json else message)
         return
     if checkpoint_id is None:
         raise click.UsageError("expected CHECKPOINT_ID (or --cancel)")
     reports = {r.checkpoint_id: r for r in validate_checkpoints(
-        _checkpoint_storage(checkpoint_dir, storage).uri)}
+        checkpoints_uri(checkpoint_dir, storage))}
     report = reports.get(checkpoint_id)
     if report is None or not report.restorable:
         restorable = [c for c, r in reports.items() if r.restorable]
@@ -700,13 +685,6 @@ def restore(checkpoint_dir: str, checkpoint_id: int | None, cancel: bool, storag
     if found["state"].startswith("running"):
         click.echo(f"The pipeline may be running ({found['state']}): the restore happens "
                    "when it next starts; stop it first with `spark-ckpt stop`.")
-
-
-def join_control(root: str) -> str:
-    from spark_ckpt.storage import join
-    from spark_ckpt.streaming.operations import RESTORE_REQUEST
-
-    return join(root, *RESTORE_REQUEST)
 
 
 @main.command()
@@ -770,9 +748,7 @@ def report(checkpoint_dir: str | None, job_id: str | None, work_dir: str | None,
     from spark_ckpt.errors import CheckpointError
     from spark_ckpt.report import write_report
 
-    if (checkpoint_dir is None) == (job_id is None):
-        raise click.UsageError("expected either CHECKPOINT_DIR or --job JOB, found "
-                               + ("both" if job_id else "neither"))
+    _one_of(checkpoint_dir, job_id, "CHECKPOINT_DIR or --job JOB")
     if job_id is not None:
         _load(work_dir, job_id)  # a clear error for an unknown job
     name = job_id or os.path.basename(os.path.normpath(checkpoint_dir or "pipeline"))

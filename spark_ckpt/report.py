@@ -118,27 +118,6 @@ def _page(title: str, subtitle: str, body: str) -> str:
 
 
 # -- a pipeline --------------------------------------------------------------------------------
-def _progress_records(storage: Storage, root: str) -> list[dict[str, Any]]:
-    directory = join(root, "progress")
-    if not storage.exists(directory):
-        return []
-    records: dict[int, dict[str, Any]] = {}
-    names = sorted((i for i in storage.list_files(directory, recursive=False)),
-                   key=lambda i: i.base_name)
-    rotated = sorted((i for i in names if i.base_name.startswith("progress.jsonl")),
-                     key=lambda i: -int(i.base_name.rsplit(".", 1)[-1])
-                     if i.base_name[-1].isdigit() else 0)
-    for info in rotated + [i for i in names if i.base_name.startswith("progress-")]:
-        for line in storage.read_bytes(info.path).decode(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a torn line of a killed driver
-            if isinstance(record, dict) and "batch_id" in record:
-                records[int(record["batch_id"])] = record  # a rerun batch: its last run
-    return [records[b] for b in sorted(records)]
-
-
 def _ms(stamp: Any) -> float | None:
     try:
         return dt.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp() * 1000
@@ -152,7 +131,12 @@ def pipeline_report(checkpoint_dir: str, *, checkpoint_storage: str | None = Non
     import time
 
     from spark_ckpt.checkpoint.storage import CheckpointStorage
-    from spark_ckpt.streaming.operations import pipeline_status, run_numbers
+    from spark_ckpt.streaming.operations import (
+        checkpoints_uri,
+        pipeline_status,
+        progress_records,
+        run_numbers,
+    )
     from spark_ckpt.streaming.stop_control import read_run_end
 
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
@@ -160,8 +144,8 @@ def pipeline_report(checkpoint_dir: str, *, checkpoint_storage: str | None = Non
                              now_ms=now_ms)
     storage = Storage(checkpoint_dir)
     root = storage.root
-    progress = _progress_records(storage, root)
-    checkpoints = CheckpointStorage(checkpoint_storage or join(checkpoint_dir, "checkpoints"))
+    progress = progress_records(storage, root)
+    checkpoints = CheckpointStorage(checkpoints_uri(checkpoint_dir, checkpoint_storage))
     stats = sorted(checkpoints.history(), key=lambda s: int(s["checkpoint_id"]))
     runs = []
     for run in run_numbers(storage, root):

@@ -55,6 +55,9 @@ PARITY = {
         "tests/test_keyed_state.py::test_keyed_aggregates_equal_plain_spark_in_every_view",
         "tests/test_keyed_state.py::test_rescale_4_to_2_to_8_gives_the_uninterrupted_result",
         "tests/test_keyed_state.py::test_restore_by_id_replays_from_that_checkpoint",
+        "tests/test_state_evolution.py::"
+        "test_an_aggregation_gains_an_output_renames_one_and_widens_another",
+        "tests/test_operate.py::test_status_of_a_failed_start_and_a_cancelled_restore",
     ],
     "stream-client-killed": [
         "tests/test_checkpoint_recovery.py::test_exactly_once_across_sigkills_at_every_fault_point"

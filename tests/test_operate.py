@@ -113,3 +113,27 @@ def test_status_of_a_failed_start_and_a_cancelled_restore(spark, tmp_path):
     found = json.loads(out)
     assert code == 1 and found["state"] == "failed" and found["run"] == 2
     assert "start failed: StateSchemaError" in found["ended"]["message"]
+
+
+def test_cleanup_finds_checkpoints_kept_elsewhere(spark, tmp_path):
+    """spark.ckpt.checkpoint.dir puts the checkpoints outside the pipeline's directory:
+    metadata.json records where, so cleanup sees what they reference and lists none of it."""
+    ckpt, elsewhere = tmp_path / "ckpt", tmp_path / "checkpoints-elsewhere"
+    ctx = StreamingContext(spark, 0.05, str(ckpt), "ops",
+                           settings=Settings(progress="never", checkpoint_interval_ms=1,
+                                             state_parallelism=2, state_max_parallelism=8,
+                                             checkpoint_dir=str(elsewhere)))
+    gen = ctx.generator_stream("gen", rows_per_batch=100, total_rows=300, keys=KEYS)
+    gen.key_by("key").agg("totals", n=count()).write_parquet(str(tmp_path / "out"), name="out")
+    ctx.process_available(timeout=300)
+    found = json.loads(_cli("cleanup", ckpt, "--json")[1])
+    assert [f for f in found["files"] if "/state/" in f["path"]] == [], found
+    assert json.loads(_cli("status", ckpt, "--json")[1])["latest_checkpoint"] is not None
+    # a directory whose metadata does not say where (an older pipeline): refused, not guessed
+    meta = json.loads((ckpt / "metadata.json").read_text())
+    meta.pop("checkpoints")
+    (ckpt / "metadata.json").write_text(json.dumps(meta))
+    code, out = _cli("cleanup", ckpt)
+    assert code == 1 and "pass --storage" in out
+    code, out = _cli("cleanup", ckpt, "--storage", elsewhere, "--json")
+    assert code == 0 and not [f for f in json.loads(out)["files"] if "/state/" in f["path"]]

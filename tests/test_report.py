@@ -53,6 +53,13 @@ def test_pipeline_report_is_one_page_with_every_chart(spark, tmp_path):
     ckpt = tmp_path / "ckpt"
     _pipeline(spark, ckpt, 1200)
     _pipeline(spark, ckpt, 2000)  # a restart: run 2 continues from run 1's checkpoint
+    from spark_ckpt import shell as ck
+
+    assert [(r.run, r.status) for r in ck.runs(spark, str(ckpt)).collect()] == \
+        [(1, "stopped"), (2, "stopped")]
+    assert ck.progress(spark, str(ckpt)).count() == 10
+    assert ck.checkpoints(spark, str(ckpt)).where("status = 'completed'").count() >= 2
+    assert ck.pipeline(spark, str(ckpt)).first().state == "stopped"
     out = tmp_path / "pipeline.html"
     result = CliRunner().invoke(main, ["report", str(ckpt), "-o", str(out)])
     assert result.exit_code == 0, result.output
@@ -89,6 +96,16 @@ def test_job_report_shows_its_attempts_and_cuts(spark, tmp_path, orders_input, m
         job().run()
     monkeypatch.delenv("SPARK_CKPT_FAULT")
     job().run()
+    # the same history as DataFrames (spark_ckpt.shell), as a shell user reads it
+    from spark_ckpt import shell as ck
+
+    listed = ck.jobs(spark, str(work)).collect()
+    assert [(r.job_id, r.attempts, r.status) for r in listed] == [("report-job", 2, "completed")]
+    tried = ck.attempts(spark, "report-job", str(work)).orderBy("attempt").collect()
+    assert [(r.mode, r.status, r.ran, r.reused) for r in tried] == \
+        [("fresh", "failed", 8, 0), ("recovery", "succeeded", 6, 8)]
+    logged = ck.events(spark, "report-job", str(work))
+    assert logged.where("event_type = 'ExecutionVertexFinished'").count() == 14
     out = tmp_path / "job.html"
     result = CliRunner().invoke(main, ["report", "--job", "report-job", "--work-dir",
                                        str(work), "-o", str(out)])

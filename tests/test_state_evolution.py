@@ -273,7 +273,7 @@ def test_renames_that_cannot_apply_are_refused(spark, tmp_path):
 
 # -- aggregations ---------------------------------------------------------------------------
 def _agg_run(spark, tmp_path, rows, *, small_type="int", renames=None, key_type=None,
-             **aggs):
+             keys=("key",), **aggs):
     ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "evolve_agg",
                            settings=Settings(progress="never", checkpoint_interval_ms=1,
                                              state_max_parallelism=16, state_parallelism=2,
@@ -282,10 +282,10 @@ def _agg_run(spark, tmp_path, rows, *, small_type="int", renames=None, key_type=
 
     def shaped(df):
         small = F.pmod("id", F.lit(1000)).cast(small_type)
-        df = df.withColumn("small", small)
+        df = df.withColumn("small", small).withColumn("k2", F.pmod("id", F.lit(3)))
         return df.withColumn("key", F.col("key").cast(key_type)) if key_type else df
 
-    gen.transform(shaped, name="shaped").key_by("key") \
+    gen.transform(shaped, name="shaped").key_by(*keys) \
         .agg("totals", state_renames=renames, **aggs).write_parquet(str(tmp_path / "out"),
                                                                     name="out")
     ctx.process_available(timeout=300)
@@ -321,6 +321,9 @@ def test_an_aggregation_whose_function_or_key_changed_is_refused(spark, tmp_path
         _agg_run(spark, tmp_path, N, small_type="string", n=count(), hi=max_("small"))
     with pytest.raises(StateSchemaError, match="the key of a stateful operator cannot change"):
         _agg_run(spark, tmp_path, N, key_type="int", n=count(), hi=max_("small"))
+    with pytest.raises(StateSchemaError, match=r"keyed by \['key'\], the pipeline keys it by "
+                                               r"\['key', 'k2'\]"):
+        _agg_run(spark, tmp_path, N, keys=("key", "k2"), n=count(), hi=max_("small"))
     _agg_run(spark, tmp_path, N, n=count(), hi=max_("small"))  # unchanged: continues
     got = read_state(spark, str(tmp_path / "ckpt"), "totals")
     assert got.agg(F.sum("n")).first()[0] == N
@@ -382,3 +385,25 @@ def test_json_and_typed_variables_do_not_convert():
     with pytest.raises(StateSchemaError, match="json and typed state do not convert"):
         plan_evolution("operator t", stored.arrow(), declared.arrow(),
                        stored_json=stored.json_flags, declared_json=declared.json_flags)
+
+
+def test_key_order_is_part_of_the_key(spark, tmp_path):
+    _agg_run(spark, tmp_path, N // 3, keys=("key", "k2"), n=count())
+    with pytest.raises(StateSchemaError, match="their order"):
+        _agg_run(spark, tmp_path, N, keys=("k2", "key"), n=count())
+
+
+def test_ttl_deadlines_follow_a_rename_and_leave_with_a_removed_variable():
+    stored = pa.schema([("_kg", pa.int32()), ("key", I64), ("a", I64), ("gone", S),
+                        ("_expires", pa.map_(S, I64))])
+    declared = pa.schema([("_kg", pa.int32()), ("key", I64), ("b", I64),
+                          ("_expires", pa.map_(S, I64))])
+    table = pa.Table.from_pylist([
+        {"_kg": 1, "key": 7, "a": 1, "gone": "x", "_expires": [("a", 100), ("gone", 200)]},
+        {"_kg": 1, "key": 8, "a": None, "gone": "y", "_expires": [("gone", 300)]},
+        {"_kg": 1, "key": 9, "a": 2, "gone": None, "_expires": None}], stored)
+    ev = plan_evolution("operator t", pa.schema([stored.field("a"), stored.field("gone")]),
+                        pa.schema([declared.field("b")]), {"a": "b"})
+    out = evolve_table(table, declared, ev.sources, "file", ["_kg", "key"], expires_of=["b"])
+    assert out.column("_expires").to_pylist() == [[("b", 100)], None, None]
+    assert out.column("b").to_pylist() == [1, None, 2]

@@ -437,8 +437,8 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                 # than Spark's shuffle of the same rows (the 480M-row rollup: partials at
                 # 20% of the input made the job 1.29-1.47x plain Spark), so only partials
                 # that reduce the input to cutMaxRatio are a cut
-                bucketed = exchanges is not None and exchanges()
                 if ratio <= max_ratio:
+                    bucketed = exchanges is not None and exchanges()
                     pid = _insert_partial(graph, vertex, consumer_id, plan, (split, partial),
                                           bucketed)
                     assert pid is not None

@@ -109,6 +109,39 @@ def job_paths(storage: Storage, job_id: str) -> dict[str, str]:
     }
 
 
+def job_summaries(storage: Storage) -> list[dict[str, Any]]:
+    """One summary per job under a work directory (``storage``), by job id: attempts,
+    status, the last event's time (us), finished partitions, events; a job whose log cannot be
+    read says so; a job with no event yet is left out."""
+    from pyarrow.fs import FileSelector, FileType
+
+    from spark_ckpt.eventlog.reader import read_events
+    from spark_ckpt.eventlog.replay import replay
+
+    rows: list[dict[str, Any]] = []
+    if not storage.exists(storage.root):
+        return rows
+    for info in sorted(storage.fs.get_file_info(FileSelector(storage.root)),
+                       key=lambda i: i.base_name):
+        if info.type != FileType.Directory or "." in info.base_name:
+            continue
+        try:
+            read = read_events(storage, job_paths(storage, info.base_name)["events"])
+        except EventLogUnreadable:
+            rows.append({"job_id": info.base_name, "attempts": None, "status": "log unreadable",
+                         "last_event_us": None, "finished_partitions": None, "events": None})
+            continue
+        if not read.events:
+            continue
+        h = replay(read.events)
+        status = "completed" if h.completed else (
+            h.attempts[h.last_attempt].status if h.attempts else "?")
+        rows.append({"job_id": info.base_name, "attempts": len(h.attempts), "status": status,
+                     "last_event_us": read.events[-1].time_us,
+                     "finished_partitions": len(h.finished), "events": h.events})
+    return rows
+
+
 class JobRunner:
     """Runs one attempt of a job: claims it, replays the event log, plans, runs what is
     missing. Takes the job's graph and id, not the user's BatchJob."""

@@ -13,6 +13,7 @@ from spark_ckpt.state.processor import (
     VectorizedProcessor,
 )
 from spark_ckpt.state.reader import read_state
+from spark_ckpt.state.rewrite import raw_state, rewrite_state
 
 __all__ = [
     "Agg",
@@ -31,6 +32,8 @@ __all__ = [
     "max_",
     "mean",
     "min_",
+    "raw_state",
     "read_state",
+    "rewrite_state",
     "sum_",
 ]

@@ -182,7 +182,8 @@ def plan_evolution(what: str, stored: pa.Schema, declared: pa.Schema,
                    renames: Mapping[str, str] | None = None, *,
                    stored_json: Mapping[str, bool] | None = None,
                    declared_json: Mapping[str, bool] | None = None,
-                   noun: str = "state variable") -> Evolution:
+                   noun: str = "state variable",
+                   when: str = "nothing was run") -> Evolution:
     """Check that ``stored`` columns can be read as ``declared`` ones (see the module's rules);
     raise :class:`StateSchemaError` naming every problem and both schemas otherwise."""
     stored_names = [f.name for f in stored]
@@ -211,8 +212,8 @@ def plan_evolution(what: str, stored: pa.Schema, declared: pa.Schema,
             widened.append(field.name)
     if problems:
         raise StateSchemaError(
-            f"{what}: the checkpoint's state cannot be read as the declared state; nothing "
-            "was run.\n  - " + "\n  - ".join(problems) +
+            f"{what}: the checkpoint's state cannot be read as the declared state; {when}."
+            "\n  - " + "\n  - ".join(problems) +
             f"\n  stored:   {describe_schema(stored, stored_json)}"
             f"\n  declared: {describe_schema(declared, declared_json)}\n  {ADVICE}"
         )
@@ -255,10 +256,13 @@ def evolve_array(array: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.A
 
 
 def evolve_table(table: pa.Table, schema: pa.Schema, sources: Mapping[str, str],
-                 what: str, required: list[str] | None = None) -> pa.Table:
+                 what: str, required: list[str] | None = None,
+                 expires_of: list[str] | None = None) -> pa.Table:
     """``table`` (one restored file) as ``schema``: each column by its declared name, else by
     the name it is renamed from, else null; a ``required`` column (a key) that is missing
-    stops the restore."""
+    stops the restore. ``expires_of`` (the declared variables, after a changing restore):
+    the TTL deadlines (``_expires``, a map by variable name) follow the renames and lose the
+    variables no longer declared."""
     from spark_ckpt.errors import CheckpointError
 
     arrays = []
@@ -285,4 +289,28 @@ def evolve_table(table: pa.Table, schema: pa.Schema, sources: Mapping[str, str],
                 f"{what}: state column {name!r} is stored as {column.type}, declared "
                 f"{field.type}, and a value does not convert ({exc}); {ADVICE}"
             ) from None
-    return pa.Table.from_arrays(arrays, schema=schema)
+    out = pa.Table.from_arrays(arrays, schema=schema)
+    if expires_of is not None and EXPIRES in out.column_names:
+        out = out.set_column(out.column_names.index(EXPIRES), schema.field(EXPIRES),
+                             _renamed_deadlines(out.column(EXPIRES), sources, set(expires_of),
+                                                schema.field(EXPIRES).type))
+    return out
+
+
+EXPIRES = "_expires"
+
+
+def _renamed_deadlines(column: pa.ChunkedArray, sources: Mapping[str, str], declared: set[str],
+                       target: pa.DataType) -> pa.Array:
+    """Each key's deadlines by declared name: an old name's under its new one, a removed
+    variable's dropped."""
+    renamed = {old: new for new, old in sources.items()}
+    values = []
+    for deadlines in column.to_pylist():
+        if deadlines is None:
+            values.append(None)
+            continue
+        kept = [(renamed.get(name, name), ms) for name, ms in deadlines
+                if renamed.get(name, name) in declared]
+        values.append(kept or None)
+    return pa.array(values, target)

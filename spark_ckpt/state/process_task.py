@@ -55,9 +55,14 @@ __all__ = ["processor_task", "schema_id"]
 _INTERNAL = {KG_COLUMN, MARKER_COLUMN, CHANNEL_COLUMN, PID_COLUMN}
 
 
-def schema_id(file_schema: pa.Schema) -> str:
-    """A short id of a state layout, the same in every process."""
-    return hashlib.sha256(file_schema.serialize().to_pybytes()).hexdigest()[:12]
+def schema_id(file_schema: pa.Schema, sources: dict[str, str] | None = None) -> str:
+    """A short id of a state layout, the same in every process; with the renames a restore
+    applies (``sources``), so that state built under a rename is never taken for state of the
+    same layout built without it (locally cached copies are found by this id)."""
+    digest = hashlib.sha256(file_schema.serialize().to_pybytes())
+    for new, old in sorted((sources or {}).items()):
+        digest.update(f"\0{new}\0{old}".encode())
+    return digest.hexdigest()[:12]
 
 
 def _typed(values: list[Any], field: pa.Field, keys: list[tuple[Any, ...]],
@@ -130,7 +135,7 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
     key_schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(params["key_schema"])))
     ttl = params.get("ttl_ms")
     file_schema = schema.file_schema(list(key_schema), ttl=ttl is not None)
-    params = {**params, "schema_id": schema_id(file_schema)}
+    params = {**params, "schema_id": schema_id(file_schema, params.get("state_sources"))}
     state_names = schema.names
     sources = dict(params.get("state_sources") or {})  # renamed variables: new -> old name
     event_time = params.get("event_time")
@@ -159,8 +164,10 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             t0 = time.perf_counter()
             if store is None:
                 store = memory()
+            expires_of = state_names if params.get("rewrite") else None
             store.load([evolve_table(_read(f, task.range, STATE_FORMAT_TYPED), file_schema,
-                                     sources, f"state file {f.path}", [KG_COLUMN, *key_names])
+                                     sources, f"state file {f.path}", [KG_COLUMN, *key_names],
+                                     expires_of=expires_of)
                         for f in task.chain])
             store.token = task.plan["token"]
             if store.backend == "rocksdb":

@@ -87,9 +87,9 @@ def read_state(spark: SparkSession, checkpoint_dir: str, operator: str,
     from spark_ckpt.checkpoint.storage import CheckpointStorage
     from spark_ckpt.errors import CheckpointError
     from spark_ckpt.state.aggregates import Agg, AggSpec
-    from spark_ckpt.storage import join
+    from spark_ckpt.streaming.operations import checkpoints_uri
 
-    storage = CheckpointStorage(join(checkpoint_dir, "checkpoints"))
+    storage = CheckpointStorage(checkpoints_uri(checkpoint_dir))
     ids = storage.completed_ids()
     if not ids:
         raise CheckpointError(f"expected completed checkpoints in {storage.uri}, found none")

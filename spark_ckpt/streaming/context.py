@@ -87,7 +87,7 @@ from spark_ckpt.streaming.tracker import ReceiverTracker
 from spark_ckpt.streaming.twophase import SinkTransactions
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 __all__ = ["StreamingContext"]
@@ -272,7 +272,11 @@ class StreamingContext:
                             for o in self.graph.outputs},
                 "operators": {op.operator: {"kind": op.kind, "keys": list(op.keys)}
                               for op in self.graph.stateful},
-                "batch_interval_s": self.batch_interval}
+                "batch_interval_s": self.batch_interval,
+                # where its checkpoints are (spark.ckpt.checkpoint.dir may put them elsewhere):
+                # spark-ckpt status, cleanup and report find them without being told
+                "checkpoints": self.settings.checkpoint_dir or
+                self.storage.spark_path(join(self.root, "checkpoints"))}
         self._schemas = schemas
         self.storage.write_atomic(path, dump_record("pipeline-metadata", METADATA_VERSION, body))
 
@@ -441,6 +445,12 @@ class StreamingContext:
         # spark-ckpt restore's request, when the code or the settings name no checkpoint
         requested = None if restore_id or s.checkpoint_restore_from else \
             read_restore_request(self.storage, self.root)
+        if requested is None and (restore_id or s.checkpoint_restore_from) and \
+                self.storage.exists(join(self.root, "control", "restore.json")):
+            log.warning("Pipeline %s: restoring checkpoint %s as the code or settings ask; a "
+                        "`spark-ckpt restore` request in control/restore.json is left for a "
+                        "later start (cancel it with `spark-ckpt restore CKPT_DIR --cancel`)",
+                        self.name, restore_id or s.checkpoint_restore_from)
         restore_id = restore_id or s.checkpoint_restore_from or requested or None
         restore = CheckpointRestore(self.name, self.pipeline_id, self.storage, self.root,
                                     storage, retained=s.checkpoint_retained,
@@ -461,7 +471,7 @@ class StreamingContext:
         if chosen is not None and restore_id is not None:
             restore.abandon_newer(chosen)  # only once nothing refused the restore
             if requested is not None:
-                take_restore_request(self.storage, self.root)
+                take_restore_request(self.storage, self.root, requested)
                 log.info("Pipeline %s: restored checkpoint %d as `spark-ckpt restore` asked",
                          self.name, chosen.checkpoint_id)
         # a driver that lost the race to claim stops before it commits pending transactions
@@ -618,6 +628,14 @@ class StreamingContext:
         if stopped and error is not None:
             raise error
         return stopped
+
+    def bootstrap_state(self, frames: dict[str, DataFrame]) -> int:
+        """Before the first ``start()``: write each named operator's state from a DataFrame
+        (its key columns and state columns, see spark_ckpt/state/rewrite.py) as the
+        pipeline's first checkpoint, which ``start()`` then restores; returns its id."""
+        from spark_ckpt.state.rewrite import bootstrap_state
+
+        return bootstrap_state(self, frames)
 
     def process_available(self, timeout: float | None = None, *,
                           restore_checkpoint: int | None = None) -> list[dict[str, Any]]:

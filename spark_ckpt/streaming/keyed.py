@@ -178,6 +178,17 @@ class StatefulStream(Stream):
         if restored is None:
             self._publish()
             return
+        stored_keys = restored.get("keys")
+        if stored_keys is not None and list(stored_keys) != list(self.keys):
+            from spark_ckpt.errors import StateSchemaError
+
+            raise StateSchemaError(
+                f"operator {self.operator}: the checkpoint's state is keyed by "
+                f"{list(stored_keys)}, the pipeline keys it by {list(self.keys)}; the key of a "
+                "stateful operator (its columns and their order, which place each key in its "
+                "key group) cannot change under a checkpoint; nothing was run. Keep the old "
+                "key_by(...), or start in a new checkpoint directory"
+            )
         old_max = int(restored["max_parallelism"])
         if self.requested_max is None:
             self.max_parallelism = old_max
@@ -356,6 +367,10 @@ class StatefulStream(Stream):
         return metas
 
 
+def params_sources(evolution: Any) -> dict[str, str]:
+    return dict(evolution.sources) if evolution is not None else {}
+
+
 def _describe_aggs(aggs: dict[str, Any]) -> str:
     def call(spec: list[Any]) -> str:
         func, column, time_column = (list(spec) + [None, None])[:3]
@@ -443,7 +458,7 @@ class AggregatedStream(StatefulStream):
         stored_keys = [(f.name, f.type) for f in stored if f.name in key_names]
         declared_keys = [(k, to_arrow(StructType().add(k, t)).field(0).type)
                          for k, t in spec.key_types.items()]
-        if sorted(map(str, stored_keys)) != sorted(map(str, declared_keys)):
+        if [(n, str(t)) for n, t in stored_keys] != [(n, str(t)) for n, t in declared_keys]:
             raise StateSchemaError(
                 f"{what}: the checkpoint's state is keyed by {stored_keys}, the pipeline keys "
                 f"it by {declared_keys}; the key of a stateful operator cannot change under a "
@@ -461,7 +476,10 @@ class AggregatedStream(StatefulStream):
                     sources[column] = old + column[len(new):]
         evolution = plan_evolution(what, pa_schema(kept), declared,
                                    {old: new for new, old in sources.items()},
-                                   noun="aggregation state column")
+                                   noun="aggregation state column",
+                                   when="the first batch after the restore stopped before this "
+                                        "operator's job (its input's types decide its state "
+                                        "types); its state and the outputs were not changed")
         self._evolved(evolution)
 
     def describe_state(self) -> dict[str, Any]:
@@ -490,7 +508,9 @@ class AggregatedStream(StatefulStream):
         spec = self._spec(df)
         spark = self.ctx.spark
         schema = self.file_schema()
-        if _FileSink.provably_empty(df):
+        if _FileSink.provably_empty(df) and not self._rewrite:
+            # (while restored ranges wait to be rewritten in the declared schema, the job runs
+            # even on no input: every range's task rewrites its files)
             run.stats.state[self.operator] = {"tasks_run": 0, "input_rows": 0,
                                               "changed_keys": 0}
             return self._empty_view()
@@ -514,7 +534,7 @@ class AggregatedStream(StatefulStream):
             "view": [[o.name, o.agg.func] for o in spec.outputs],
             "sinks": [{"name": n, "dir": d, "schema": h} for n, (d, h) in chained.items()],
             "single_task": single,
-            "schema_id": schema_id(to_arrow(schema)),
+            "schema_id": schema_id(to_arrow(schema), params_sources(self.evolution)),
         }
         metas = self._run_job(run, partials, agg_task(params, self._plans()), partitioned=True)
         run.stats.state[self.operator]["single_task"] = single

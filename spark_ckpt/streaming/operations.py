@@ -28,7 +28,8 @@ from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.storage import Storage, join
 
 __all__ = ["Cleanup", "apply_cleanup", "cleanup_candidates", "pipeline_plan", "pipeline_status",
-           "read_restore_request", "request_restore", "run_numbers", "take_restore_request"]
+           "progress_records", "read_restore_request", "request_restore", "run_numbers",
+           "take_restore_request"]
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,36 @@ def read_restore_request(storage: Storage, root: str) -> int | None:
     return int(record["checkpoint_id"])
 
 
-def take_restore_request(storage: Storage, root: str) -> None:
-    """The start restored what was asked (and abandoned the newer checkpoints): done."""
+def take_restore_request(storage: Storage, root: str, checkpoint_id: int) -> None:
+    """The start restored what was asked (and abandoned the newer checkpoints): done, unless
+    the request was replaced by another meanwhile (that one is for the next start)."""
+    try:
+        if read_restore_request(storage, root) != checkpoint_id:
+            return
+    except (OSError, ValueError):
+        return
     storage.delete_file(_restore_path(root))
+
+
+def cancel_restore_request(storage: Storage, root: str) -> int | None:
+    """Withdraw a waiting request (even one that does not read); the id it asked for."""
+    try:
+        asked = read_restore_request(storage, root)
+    except (OSError, ValueError):
+        asked = -1  # unreadable: withdrawn all the same
+    if storage.exists(_restore_path(root)):
+        storage.delete_file(_restore_path(root))
+    return asked
+
+
+def checkpoints_uri(checkpoint_dir: str, override: str | None = None) -> str:
+    """Where the pipeline on ``checkpoint_dir`` keeps its checkpoints: ``override``, else what
+    its metadata.json records (spark.ckpt.checkpoint.dir), else ``<dir>/checkpoints``."""
+    if override:
+        return override
+    storage = Storage(checkpoint_dir)
+    meta = _read_json(storage, join(storage.root, "metadata.json")) or {}
+    return str(meta.get("checkpoints") or join(checkpoint_dir, "checkpoints"))
 
 
 # -- status ------------------------------------------------------------------------------------
@@ -77,6 +105,29 @@ def _read_json(storage: Storage, path: str) -> dict[str, Any] | None:
         return json.loads(storage.read_bytes(path))
     except (OSError, ValueError):
         return None
+
+
+def progress_records(storage: Storage, root: str) -> list[dict[str, Any]]:
+    """Every batch progress record kept (rotated files oldest first, or per-batch files),
+    one per batch id: the last run of a batch that ran again."""
+    directory = join(root, "progress")
+    if not storage.exists(directory):
+        return []
+    records: dict[int, dict[str, Any]] = {}
+    names = sorted((i for i in storage.list_files(directory, recursive=False)),
+                   key=lambda i: i.base_name)
+    rotated = sorted((i for i in names if i.base_name.startswith("progress.jsonl")),
+                     key=lambda i: -int(i.base_name.rsplit(".", 1)[-1])
+                     if i.base_name[-1].isdigit() else 0)
+    for info in rotated + [i for i in names if i.base_name.startswith("progress-")]:
+        for line in storage.read_bytes(info.path).decode(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a torn line of a killed driver
+            if isinstance(record, dict) and "batch_id" in record:
+                records[int(record["batch_id"])] = record  # a rerun batch: its last run
+    return [records[b] for b in sorted(records)]
 
 
 def last_progress(storage: Storage, root: str) -> dict[str, Any] | None:
@@ -168,7 +219,7 @@ def pipeline_status(checkpoint_dir: str, *, checkpoint_storage: str | None = Non
             state = "running"
         else:
             state = "running or killed (no end recorded, no batch recently)"
-    checkpoints = CheckpointStorage(checkpoint_storage or join(checkpoint_dir, "checkpoints"))
+    checkpoints = CheckpointStorage(checkpoints_uri(checkpoint_dir, checkpoint_storage))
     dirs = checkpoint_dirs(checkpoints.uri)
     completed = [c for c, s in dirs.items() if s == "completed"]
     stats = {int(s["checkpoint_id"]): s for s in checkpoints.history()}
@@ -216,7 +267,7 @@ def pipeline_plan(checkpoint_dir: str, *, checkpoint_storage: str | None = None,
 
         raise CheckpointError(f"expected a pipeline's checkpoint directory at {checkpoint_dir} "
                               "(with metadata.json), found none")
-    checkpoints = CheckpointStorage(checkpoint_storage or join(checkpoint_dir, "checkpoints"))
+    checkpoints = CheckpointStorage(checkpoints_uri(checkpoint_dir, checkpoint_storage))
     completed = [c for c, s in checkpoint_dirs(checkpoints.uri).items() if s == "completed"]
     latest = checkpoints.read_metadata(completed[-1]) if completed else {}
     operators = {}
@@ -293,14 +344,21 @@ def cleanup_candidates(checkpoint_dir: str, *, checkpoint_storage: str | None = 
     # driver's, which may be ahead of it
     since = storage.fs.get_file_info(join(root, "runs", f"{newest:08d}.json")).mtime \
         if newest else None
-    checkpoints = CheckpointStorage(checkpoint_storage or join(checkpoint_dir, "checkpoints"))
+    if newest and since is None:
+        raise CheckpointError(
+            f"the storage of {checkpoint_dir} gives no modification time for run {newest}'s "
+            "marker: cleanup cannot tell a running pipeline's new files from leftovers, so it "
+            "lists nothing")
+    checkpoints = CheckpointStorage(checkpoints_uri(checkpoint_dir, checkpoint_storage))
     dirs = checkpoint_dirs(checkpoints.uri)
     referenced: set[str] = set()
     for cid, status in dirs.items():
-        if status != "completed":
+        # an abandoned checkpoint is kept for inspection, its state files with it, unless
+        # it goes too (--abandoned)
+        if status == "incomplete" or (status == "abandoned" and abandoned):
             continue
         try:
-            meta = checkpoints.read_metadata(cid)
+            meta = checkpoints.read_metadata(cid, abandoned=status == "abandoned")
         except CheckpointError as exc:
             raise CheckpointError(
                 f"checkpoint {cid} in {checkpoints.uri} cannot be read ({exc}); cleanup needs "
@@ -311,7 +369,13 @@ def cleanup_candidates(checkpoint_dir: str, *, checkpoint_storage: str | None = 
                 referenced.update(f["path"].rsplit("/", 1)[-1] for f in handle.get("files", ()))
     files: list[tuple[str, int, str]] = []
     kept = 0
-
+    if not any(status == "completed" for status in dirs.values()) and \
+            storage.exists(join(root, "state")) and \
+            any(True for _ in storage.list_files(join(root, "state"), recursive=True)):
+        raise CheckpointError(
+            f"no completed checkpoint in {checkpoints.uri}, but {checkpoint_dir} holds state "
+            "files: if the pipeline keeps its checkpoints elsewhere (spark.ckpt.checkpoint.dir),"
+            " pass --storage; cleanup lists nothing it cannot prove unreferenced")
     def old(info: Any) -> bool:
         if since is None:
             return True
@@ -334,7 +398,8 @@ def cleanup_candidates(checkpoint_dir: str, *, checkpoint_storage: str | None = 
     ended = {r for r in runs if read_run_end(storage, root, r) is not None}
     for request in _stop_requests(storage, root):
         run = request.get("run")
-        if request["answered"] or (isinstance(run, int) and (run < (newest or 0) or run in ended)):
+        # an earlier or ended run's: a client polling for the running run's answer keeps it
+        if isinstance(run, int) and (run < (newest or 0) or run in ended):
             for suffix in ("request", "answer"):
                 path = join(root, "control", f"stop-{request['request_id']}.{suffix}.json")
                 if storage.exists(path):

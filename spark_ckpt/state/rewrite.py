@@ -1,0 +1,419 @@
+"""Writing keyed state offline (Flink's State Processor API, write side).
+
+* :func:`bootstrap_state` (``StreamingContext.bootstrap_state``): build operators' state from
+  DataFrames (a batch table) into the first checkpoint of a pipeline that has not run yet; its
+  ``start()`` restores it, and its sources start from their beginning.
+* :func:`rewrite_state`: transform one operator's state in a completed checkpoint (drop keys,
+  fix values) into a new completed checkpoint, the other operators, the sources' positions and
+  the sinks' transactions as they were. The new checkpoint has the highest id, so the next
+  start restores it (checkpoints newer than the one rewritten are abandoned, as a restore by id
+  abandons them).
+
+The DataFrames are in the layout the state files store, :func:`raw_state`: the key columns,
+then for an aggregation its state columns (``count``, ``sum``, ``min``, ``max`` as the output
+column; ``mean`` as ``<name>__sum`` and ``<name>__count``; ``first``/``last`` as ``<name>``
+and ``<name>__ts``), for a processor its declared variables and, optionally, ``_timers``
+(``ARRAY<STRUCT<ms: BIGINT, kind: STRING>>``) and ``_expires`` (``MAP<STRING, BIGINT>``).
+
+Files are written by Spark tasks, one snapshot per key-group range, in the format the stateful
+tasks write; a restore then rescales and evolves them as any checkpoint (the parallelism of the
+written layout is the operator's, and the types are checked against the declared ones when the
+pipeline starts). Writing takes ownership of the checkpoint directory as a driver's start does
+(a run marker and a fence claim): a driver still running there is fenced before it commits.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.errors import CheckpointError, JobDefinitionError
+from spark_ckpt.storage import Storage, join
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["bootstrap_state", "check_state_frame", "raw_state", "rewrite_state",
+           "write_state_files"]
+
+log = logging.getLogger(__name__)
+
+TIMERS = "_timers"
+EXPIRES = "_expires"
+
+
+def _spark_schema(raw: str) -> Any:
+    from pyspark.sql.types import StructType
+
+    return StructType.fromJson(json.loads(raw))
+
+
+def _file_schema(entry: dict[str, Any]) -> tuple[Any, bytes]:
+    """The Spark schema of an operator's state files (``_kg``, keys, state columns) and the
+    format tag they carry, from its checkpoint entry."""
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    from spark_ckpt.arrowtypes import to_spark
+    from spark_ckpt.state.schema import EXPIRES_TYPE, STATE_FORMAT_TYPED, TIMER_TYPE
+    from spark_ckpt.state.task import STATE_FORMAT
+
+    if entry.get("kind") == "agg":
+        if "file_schema" not in entry:
+            raise CheckpointError("the aggregation has run no batch: no state layout recorded")
+        return _spark_schema(entry["file_schema"]), STATE_FORMAT
+    if "state_schema" not in entry:
+        raise CheckpointError("the processor holds no typed state (written before typed state, "
+                              "or it has run no batch)")
+    import pyarrow as pa
+
+    keys = _spark_schema(entry["key_schema"])
+    internal = to_spark(pa.schema([(TIMERS, TIMER_TYPE), (EXPIRES, EXPIRES_TYPE)]))
+    fields = [StructField("_kg", IntegerType()), *keys.fields,
+              *_spark_schema(entry["state_schema"]).fields, *internal.fields]
+    return StructType(fields), STATE_FORMAT_TYPED
+
+
+def raw_state(spark: SparkSession, checkpoint_dir: str, operator: str,
+              checkpoint_id: int | None = None) -> DataFrame:
+    """An operator's state in a completed checkpoint (the latest by default) in the layout
+    its files store (see the module), one row per key."""
+    from spark_ckpt.checkpoint.storage import CheckpointStorage
+    from spark_ckpt.state.chain import StateHandle
+    from spark_ckpt.state.reader import read_handles
+    from spark_ckpt.streaming.operations import checkpoints_uri
+
+    store = CheckpointStorage(checkpoints_uri(checkpoint_dir))
+    cid, meta = _checkpoint(store, checkpoint_id)
+    entry = _entry(meta, operator, cid)
+    schema, _fmt = _file_schema(entry)
+    handles = [StateHandle.from_json(h) for _p, h in
+               sorted(entry["handles"].items(), key=lambda kv: int(kv[0]))]
+    keys = list(entry["keys"])
+    rows = read_handles(spark, handles, schema, keys).drop("_kg")
+    if entry.get("kind") == "agg":
+        return rows
+    # a processor's deleted key is a row with no variable and no timer in its newest file
+    from pyspark.sql import functions as F
+
+    present = F.size(F.coalesce(F.col(TIMERS), F.array())) > 0
+    for field in _spark_schema(entry["state_schema"]).fields:
+        col = F.col(f"`{field.name}`")
+        kind = type(field.dataType).__name__
+        present = present | ((col.isNotNull() & (F.size(col) > 0))
+                             if kind in ("ArrayType", "MapType") else col.isNotNull())
+    return rows.where(present)
+
+
+def _checkpoint(store: Any, checkpoint_id: int | None) -> tuple[int, dict[str, Any]]:
+    ids = store.completed_ids()
+    if not ids:
+        raise CheckpointError(f"expected completed checkpoints in {store.uri}, found none")
+    cid = ids[-1] if checkpoint_id is None else checkpoint_id
+    if cid not in ids:
+        raise CheckpointError(f"expected checkpoint {cid} in {store.uri}, found completed "
+                              f"checkpoints {ids}")
+    return cid, store.read_metadata(cid)
+
+
+def _entry(meta: dict[str, Any], operator: str, cid: int) -> dict[str, Any]:
+    ops = meta.get("operators", {})
+    if operator not in ops:
+        raise CheckpointError(f"checkpoint {cid} has no operator {operator!r}; it has "
+                              f"{sorted(ops)}")
+    return ops[operator]
+
+
+def _claim(storage: Storage, root: str, pipeline: str, what: str, now_ms: int) -> int:
+    """A run marker and a fence claim, as a driver's start makes: the next run number."""
+    from spark_ckpt.fencing import Fence
+    from spark_ckpt.formats import dump_record
+    from spark_ckpt.streaming.operations import run_numbers
+
+    storage.makedirs(join(root, "runs"))
+    while True:
+        number = max(run_numbers(storage, root), default=0) + 1
+        body = {"pipeline": pipeline, "started_ms": now_ms, "purpose": what}
+        if storage.create_exclusive(join(root, "runs", f"{number:08d}.json"),
+                                    dump_record("pipeline-run", 1, body)):
+            Fence(storage, root, f"pipeline {pipeline}").claim(f"run {number} ({what})")
+            return number
+
+
+def write_state_files(spark: SparkSession, df: DataFrame, *, state_dir: str, keys: list[str],
+                      file_schema: Any, fmt: bytes, parallelism: int, max_parallelism: int,
+                      batch: int, operator: str) -> dict[str, dict[str, Any]]:
+    """Write ``df`` (keys + state columns) as one snapshot per key-group range of
+    ``parallelism`` tasks; the handles by task index (checkpoint metadata form). The caller
+    checked ``df`` (:func:`check_state_frame`)."""
+    from spark_ckpt.arrowtypes import to_arrow
+    from spark_ckpt.state.chain import StateHandle
+    from spark_ckpt.state.keygroups import (
+        KG_COLUMN,
+        PID_COLUMN,
+        key_group_column,
+        partition_column,
+        ranges,
+    )
+    from spark_ckpt.state.task import meta_schema
+
+    layout = ranges(parallelism, max_parallelism)
+    arrow = to_arrow(file_schema)
+    routed = df.withColumn(KG_COLUMN, key_group_column(keys, max_parallelism)) \
+        .withColumn(PID_COLUMN, partition_column(max_parallelism, parallelism)) \
+        .repartitionById(parallelism, PID_COLUMN)
+    plans = {i: {"range": r.label, "dir": f"{state_dir.rstrip('/')}/{r.label}"}
+             for i, r in enumerate(layout)}
+    rows = routed.mapInArrow(_writer(plans, arrow.serialize().to_pybytes().hex(), fmt, batch,
+                                     operator), meta_schema()).collect()
+    handles = {str(i): StateHandle.empty(r).to_json() for i, r in enumerate(layout)}
+    for row in rows:
+        handles[str(int(row.pid))] = json.loads(row.meta)
+    return handles
+
+
+def check_state_frame(df: DataFrame, *, keys: list[str], file_schema: Any,
+                      operator: str) -> None:
+    """``df`` can be an operator's state: known columns, the keys with the state's types (a
+    key's type decides its key group), one row per key."""
+    wanted = [f.name for f in file_schema.fields if f.name != "_kg"]
+    unknown = [c for c in df.columns if c not in wanted]
+    missing = [k for k in keys if k not in df.columns]
+    if unknown or missing:
+        raise JobDefinitionError(
+            f"operator {operator}: expected the columns {wanted} (keys {keys} required), "
+            f"found {df.columns}" + (f"; unknown: {unknown}" if unknown else "")
+            + (f"; missing keys: {missing}" if missing else ""))
+    types = {f.name: f.dataType for f in file_schema.fields}
+    changed = [(k, df.schema[k].dataType.simpleString(), types[k].simpleString())
+               for k in keys if df.schema[k].dataType != types[k]]
+    if changed:  # a key's type decides its key group: it must be the pipeline's
+        raise JobDefinitionError(
+            f"operator {operator}: expected the key columns with the state's types, found "
+            + ", ".join(f"{k} {got} (the state's: {want})" for k, got, want in changed)
+            + "; cast them back")
+    twice = df.groupBy(*keys).count().where("count > 1").limit(1).collect()
+    if twice:
+        raise JobDefinitionError(
+            f"operator {operator}: expected one row per key, found key "
+            f"{ {k: twice[0][k] for k in keys} } {twice[0]['count']} times")
+
+
+def _writer(plans: dict[int, dict[str, Any]], schema_hex: str, fmt: bytes, batch: int,
+            operator: str) -> Any:
+    def run(batches: Any) -> Any:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        from spark_ckpt.state.chain import StateFile, StateHandle
+        from spark_ckpt.state.evolution import evolve_table
+        from spark_ckpt.state.keygroups import KeyGroupRange
+        from spark_ckpt.state.task import _write
+
+        schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schema_hex)))
+        pid = TaskContext.get().partitionId()
+        plan = plans[pid]
+        parts = list(batches)
+        table = pa.Table.from_batches(parts) if parts else None
+        files: tuple[StateFile, ...] = ()
+        count = 0
+        if table is not None and table.num_rows:
+            rng = KeyGroupRange.parse(plan["range"])
+            kg = table.column("_kg").to_numpy()
+            if kg.min() < rng.start or kg.max() >= rng.end:
+                raise RuntimeError(f"operator {operator} task {pid}: rows of key groups "
+                                   f"{kg.min()}..{kg.max()} routed to range {plan['range']}")
+            table = evolve_table(table, schema, {}, f"operator {operator} range {plan['range']}")
+            token = uuid.uuid4().hex
+            uri, size = _write(table, plan["dir"], f"b{batch:012d}-snapshot-{token}.parquet",
+                               fmt=fmt)
+            files = (StateFile(uri, "snapshot", batch, table.num_rows, size, plan["range"]),)
+            count = table.num_rows
+        handle = StateHandle(plan["range"], uuid.uuid4().hex if files else None, files, count)
+        yield pa.RecordBatch.from_pydict({"pid": pa.array([pid], pa.int32()),
+                                          "meta": pa.array([json.dumps(handle.to_json())])})
+    return run
+
+
+def rewrite_state(spark: SparkSession, checkpoint_dir: str, operator: str,
+                  transform: Callable[[DataFrame], DataFrame], *,
+                  checkpoint_id: int | None = None, parallelism: int | None = None,
+                  now_ms: int | None = None) -> int:
+    """Transform ``operator``'s state at ``checkpoint_id`` (the latest by default) into a new
+    completed checkpoint; return its id (see the module). ``transform`` gets and returns the
+    :func:`raw_state` layout; a key it drops is gone, a row it changes is the key's state."""
+    from spark_ckpt.checkpoint.storage import CheckpointStorage
+    from spark_ckpt.streaming.operations import checkpoints_uri, pipeline_status
+    from spark_ckpt.streaming.stop_control import StopControl
+
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    status = pipeline_status(checkpoint_dir, now_ms=now_ms)
+    if status["state"] == "running":
+        raise CheckpointError(
+            f"the pipeline on {checkpoint_dir} is running (its last batch {status['last_batch']}"
+            "): stop it first (spark-ckpt stop), then rewrite its state")
+    storage = Storage(checkpoint_dir)
+    from spark_ckpt.streaming.operations import read_restore_request, run_numbers
+
+    pending = read_restore_request(storage, storage.root)
+    if pending is not None:
+        raise CheckpointError(
+            f"`spark-ckpt restore` asked the next start to restore checkpoint {pending}; "
+            "rewriting now would be undone by it: cancel it (spark-ckpt restore CKPT_DIR "
+            "--cancel) or let a start take it first")
+    store = CheckpointStorage(checkpoints_uri(checkpoint_dir))
+    cid, meta = _checkpoint(store, checkpoint_id)
+    entry = _entry(meta, operator, cid)
+    schema, fmt = _file_schema(entry)
+    keys = list(entry["keys"])
+    df = transform(raw_state(spark, checkpoint_dir, operator, cid))
+    check_state_frame(df, keys=keys, file_schema=schema, operator=operator)
+    run = _claim(storage, storage.root, str(meta.get("pipeline") or status["pipeline"]),
+                 f"state rewrite of {operator} at checkpoint {cid}", now_ms)
+    try:
+        p = int(parallelism or entry.get("parallelism") or len(entry["handles"]))
+        handles = write_state_files(
+            spark, df, state_dir=storage.spark_path(join(storage.root, "state", operator)),
+            keys=keys, file_schema=schema, fmt=fmt, parallelism=p,
+            max_parallelism=int(entry["max_parallelism"]), batch=max(int(meta["barrier_batch"]),
+                                                                     0), operator=operator)
+        new_id = store.highest_id() + 1
+        if max(run_numbers(storage, storage.root)) != run:
+            raise CheckpointError(
+                f"a driver started on {checkpoint_dir} while the state was being rewritten "
+                "(a newer run than this rewrite's); nothing was written")
+        # the checkpoints after the one rewritten first: a kill between the two steps then
+        # leaves the rewritten one as it was, never a newer barrier that undoes the rewrite
+        for other in store.completed_ids():
+            if other > cid:
+                store.abandon(other)
+        body = copy.deepcopy(meta)
+        body.pop("kind", None)
+        body.pop("format_version", None)
+        body["checkpoint_id"] = new_id
+        body["completed_ms"] = int(time.time() * 1000)
+        body["rewritten_from"] = cid
+        body["operators"][operator] = {**copy.deepcopy(entry), "handles": handles,
+                                       "parallelism": p}
+        store.write_metadata(new_id, body)
+        rows = sum(int(h.get("rows", 0)) for h in handles.values())
+        size = sum(int(f["bytes"]) for h in handles.values() for f in h.get("files", ()))
+        store.write_stats(new_id, {
+            "checkpoint_id": new_id, "pipeline": body.get("pipeline"), "status": "completed",
+            "barrier_batch": body["barrier_batch"], "trigger_ms": now_ms,
+            "end_ms": body["completed_ms"], "duration_ms": body["completed_ms"] - now_ms,
+            "full_bytes": size, "incremental_bytes": size, "reason":
+                f"state of {operator} rewritten from checkpoint {cid} ({rows} keys)"})
+    except BaseException as exc:
+        StopControl(storage, storage.root, str(meta.get("pipeline")), run).record_end(
+            "failed", f"state rewrite failed: {type(exc).__name__}: {exc}", None, None,
+            int(time.time() * 1000))
+        raise
+    StopControl(storage, storage.root, str(meta.get("pipeline")), run).record_end(
+        "stopped", f"state of {operator} rewritten from checkpoint {cid} into {new_id}",
+        new_id, int(body["barrier_batch"]), int(time.time() * 1000))
+    log.info("Pipeline %s: state of %s at checkpoint %d rewritten into checkpoint %d (%d keys)",
+             meta.get("pipeline"), operator, cid, new_id, rows)
+    return new_id
+
+
+def bootstrap_state(ctx: Any, frames: dict[str, DataFrame]) -> int:
+    """Write ``frames`` (operator name -> its state, raw layout) as the first checkpoint of
+    ``ctx``'s pipeline, which has not run yet; return its id. ``start()`` restores it."""
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    from spark_ckpt.arrowtypes import to_arrow, to_spark
+    from spark_ckpt.checkpoint.storage import CheckpointStorage
+    from spark_ckpt.sparkapi import spark_api
+    from spark_ckpt.state.aggregates import AggSpec
+    from spark_ckpt.streaming.stop_control import StopControl
+
+    ops = {op.operator: op for op in ctx.graph.stateful}
+    unknown = sorted(set(frames) - set(ops))
+    if unknown:
+        raise JobDefinitionError(f"bootstrap_state: no stateful operator {unknown}; the "
+                                 f"pipeline has {sorted(ops)}")
+    ctx.graph.validate()
+    ctx.storage.makedirs(ctx.root)
+    ctx._metadata()
+    s = ctx.settings
+    uri = s.checkpoint_dir or ctx.storage.spark_path(join(ctx.root, "checkpoints"))
+    store = CheckpointStorage(uri)
+    from spark_ckpt.streaming.operations import run_numbers
+
+    allocations = join(ctx.root, "allocations")
+    ran = ctx.storage.exists(allocations) and any(
+        True for _ in ctx.storage.list_files(allocations, recursive=False))
+    del run_numbers
+    if store.highest_id() > 0 or ran:
+        raise CheckpointError(
+            f"pipeline {ctx.name}: bootstrap_state writes a pipeline's first checkpoint, "
+            f"before it ever runs; {ctx.storage.uri} has run before (use rewrite_state on a "
+            "completed checkpoint, or a new checkpoint directory)")
+    now_ms = ctx.clock.now_ms()
+    planned = []
+    for name, df in frames.items():
+        op = ops[name]
+        keys = list(op.keys)
+        parallelism = op.requested_parallelism or s.state_parallelism or \
+            spark_api(ctx.spark).default_parallelism()
+        max_parallelism = op.requested_max or s.state_max_parallelism
+        types = {f.name: f.dataType for f in df.schema.fields}
+        if op.kind == "agg":
+            inputs = [StructField(k, types[k]) for k in keys if k in types]
+            for out, agg in op.aggs.items():
+                value = types.get(out) or types.get(f"{out}__sum") or DoubleType()
+                if agg.column and agg.column not in {f.name for f in inputs}:
+                    inputs.append(StructField(agg.column, value))
+                ts = types.get(f"{out}__ts")
+                if agg.time_column and ts is not None and \
+                        agg.time_column not in {f.name for f in inputs}:
+                    inputs.append(StructField(agg.time_column, ts))
+            spec = AggSpec(keys, op.aggs, StructType(inputs))
+            op.spec = spec
+            try:
+                schema = op.file_schema()
+            finally:
+                op.spec = None
+            describe = {"file_schema": schema.json(), "aggs": spec.describe()["aggs"]}
+            from spark_ckpt.state.task import STATE_FORMAT as fmt
+        else:
+            from spark_ckpt.state.schema import STATE_FORMAT_TYPED as fmt
+
+            state = op._parse_state_schema()
+            missing = [k for k in keys if k not in types]
+            if missing:
+                raise JobDefinitionError(f"bootstrap_state: operator {name}: expected the key "
+                                         f"columns {keys}, found {df.columns}")
+            key_schema = to_arrow(StructType([StructField(k, types[k]) for k in keys]))
+            describe = {"state_schema": state.to_json(), "key_schema":
+                        to_spark(key_schema).json(), "state_format": 2}
+            schema, _ = _file_schema({"kind": "process", **describe})
+        check_state_frame(df, keys=keys, file_schema=schema, operator=name)
+        planned.append((name, op, df, keys, schema, fmt, parallelism, max_parallelism,
+                        describe))
+    run = _claim(ctx.storage, ctx.root, ctx.name, "state bootstrap", now_ms)
+    operators: dict[str, Any] = {}
+    for name, op, df, keys, schema, fmt, parallelism, max_parallelism, describe in planned:
+        handles = write_state_files(
+            ctx.spark, df, state_dir=op.state_dir(), keys=keys, file_schema=schema, fmt=fmt,
+            parallelism=parallelism, max_parallelism=max_parallelism, batch=0, operator=name)
+        operators[name] = {"handles": handles, "kind": op.kind, "parallelism": parallelism,
+                           "max_parallelism": max_parallelism, "keys": keys, "extra": {},
+                           **describe}
+    checkpoint_id = store.highest_id() + 1
+    store.write_metadata(checkpoint_id, {
+        "checkpoint_id": checkpoint_id, "pipeline": ctx.name, "pipeline_id": ctx.pipeline_id,
+        "barrier_batch": -1, "trigger_ms": now_ms, "completed_ms": ctx.clock.now_ms(),
+        "mode": s.checkpoint_mode, "sources": {}, "operators": operators, "sinks": {},
+        "bootstrapped": True})
+    StopControl(ctx.storage, ctx.root, ctx.name, run).record_end(
+        "stopped", f"state bootstrap of {sorted(frames)} into checkpoint {checkpoint_id}",
+        checkpoint_id, -1, ctx.clock.now_ms())
+    log.info("Pipeline %s: bootstrapped the state of %s into checkpoint %d", ctx.name,
+             sorted(frames), checkpoint_id)
+    return checkpoint_id

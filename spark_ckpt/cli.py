@@ -280,8 +280,12 @@ def _pipeline_plan(checkpoint_dir: str, storage: str | None, as_json: bool) -> N
 @click.option("--type", "event_type", type=click.Choice([t.value for t in EventType]),
               help="Only events of this type.")
 @click.option("--limit", type=int, default=50, show_default=True, help="Newest N events.")
-def events(job_id: str, work_dir: str | None, event_type: str | None, limit: int) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Accepted for symmetry: events are always printed as JSON lines.")
+def events(job_id: str, work_dir: str | None, event_type: str | None, limit: int,
+           as_json: bool) -> None:
     """Print JOB_ID's events as JSON lines, oldest first."""
+    del as_json
     read = _load(work_dir, job_id)
     chosen = [e for e in read.events if event_type is None or e.type.value == event_type]
     for e in chosen[-limit:]:

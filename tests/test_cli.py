@@ -69,3 +69,22 @@ def test_jobs_json_and_validate_of_a_completed_job(finished_job):
 def test_wide_tables_are_not_cut_when_output_is_not_a_terminal(finished_job):
     shown = CliRunner().invoke(main, ["jobs", "--work-dir", finished_job], env={"COLUMNS": "40"})
     assert "completed" in shown.output and "…" not in shown.output
+
+
+def test_every_command_has_help_and_json():
+    import click
+
+    def commands(group, prefix=()):
+        for name, cmd in group.commands.items():
+            if isinstance(cmd, click.Group):
+                yield from commands(cmd, (*prefix, name))
+            else:
+                yield (*prefix, name), cmd
+
+    found = dict(commands(main))
+    assert {"jobs", "history", "plan", "events", "validate", "stop", "status", "restore",
+            "cleanup", "report"} <= {p[-1] for p in found}
+    for path, cmd in found.items():
+        assert "--json" in {o for p in cmd.params for o in getattr(p, "opts", [])}, path
+        shown = CliRunner().invoke(main, [*path, "--help"])
+        assert shown.exit_code == 0 and "Usage:" in shown.output, path

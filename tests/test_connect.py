@@ -57,7 +57,6 @@ PARITY = {
         "tests/test_keyed_state.py::test_restore_by_id_replays_from_that_checkpoint",
         "tests/test_state_evolution.py::"
         "test_an_aggregation_gains_an_output_renames_one_and_widens_another",
-        "tests/test_operate.py::test_status_of_a_failed_start_and_a_cancelled_restore",
     ],
     "stream-client-killed": [
         "tests/test_checkpoint_recovery.py::test_exactly_once_across_sigkills_at_every_fault_point"

@@ -232,6 +232,14 @@ def _listing(root):
     return out
 
 
+@pytest.fixture(scope="module")
+def v1_checkpoint(spark, tmp_path_factory):
+    """A checkpoint of EvolvingV1's state, made once and copied by each refusal test."""
+    base = tmp_path_factory.mktemp("v1")
+    _run(spark, base, EvolvingV1(), total=N // 3)
+    return base
+
+
 @pytest.mark.parametrize("declared, expect", [
     (V1.replace("n INT", "n SMALLINT"), "variable 'n': stored as INT, declared SMALLINT"),
     (V1.replace("small FLOAT", "small STRING"), "variable 'small': stored as FLOAT, declared"),
@@ -239,9 +247,12 @@ def _listing(root):
     (V1.replace("a: INT", "a: STRING"), "variable 'info'.a"),
     (V1.replace("hist ARRAY<INT>", "hist INT"), "variable 'hist'"),
 ])
-def test_a_change_the_state_cannot_become_is_refused_at_start(spark, tmp_path, declared,
-                                                             expect):
-    _run(spark, tmp_path, EvolvingV1(), total=N // 3)
+def test_a_change_the_state_cannot_become_is_refused_at_start(spark, tmp_path, v1_checkpoint,
+                                                             declared, expect):
+    import shutil
+
+    for name in ("ckpt", "out"):
+        shutil.copytree(v1_checkpoint / name, tmp_path / name)
     before = _listing(tmp_path / "ckpt")
 
     class Changed(EvolvingV1):
@@ -253,11 +264,20 @@ def test_a_change_the_state_cannot_become_is_refused_at_start(spark, tmp_path, d
     assert "operator state" in text and expect in text, text
     assert "stored:   n INT, id_sum BIGINT" in text and "What to do" in text
     # nothing ran: no batch allocated or committed, no state or output written
-    after = _listing(tmp_path / "ckpt")
     # (the run's claim is made: runs/ and the fence table)
+    after = _listing(tmp_path / "ckpt")
     assert {p for p in after - before if not p.startswith(("runs/", "fence/"))} == set(), \
         sorted(after - before)
-    # the original pipeline still restores and continues
+
+
+def test_after_a_refusal_the_old_pipeline_restores_and_continues(spark, tmp_path):
+    _run(spark, tmp_path, EvolvingV1(), total=N // 3)
+
+    class Narrowed(EvolvingV1):
+        state_schema = V1.replace("n INT", "n SMALLINT")
+
+    with pytest.raises(StateSchemaError):
+        _run(spark, tmp_path, Narrowed(), total=N)
     _run(spark, tmp_path, EvolvingV1(), total=N)
     assert sum(r["n"] for r in _state(spark, tmp_path).values()) == N
 
@@ -317,8 +337,13 @@ def test_an_aggregation_whose_function_or_key_changed_is_refused(spark, tmp_path
     with pytest.raises(StateSchemaError, match=r"output 'hi': max\(small\) in the checkpoint, "
                                                r"min\(small\) declared"):
         _agg_run(spark, tmp_path, N, n=count(), hi=min_("small"))
-    with pytest.raises(StateSchemaError, match="stored as INT, declared STRING"):
+    before = _listing(tmp_path / "ckpt")
+    with pytest.raises(StateSchemaError, match="stored as INT, declared STRING: the one does not "
+                                               "widen to the other"):
         _agg_run(spark, tmp_path, N, small_type="string", n=count(), hi=max_("small"))
+    # refused at start (the template followed over no rows): no batch was allocated or run
+    assert {p for p in _listing(tmp_path / "ckpt") - before
+            if not p.startswith(("runs/", "fence/"))} == set()
     with pytest.raises(StateSchemaError, match="the key of a stateful operator cannot change"):
         _agg_run(spark, tmp_path, N, key_type="int", n=count(), hi=max_("small"))
     with pytest.raises(StateSchemaError, match=r"keyed by \['key'\], the pipeline keys it by "

@@ -67,11 +67,8 @@ from spark_ckpt.streaming.pipeline_loop import (
 )
 from spark_ckpt.streaming.progress import ProgressLog, StreamingListener
 from spark_ckpt.streaming.receiver import QueueSource, SocketSource
-from spark_ckpt.streaming.operations import (
-    read_restore_request,
-    run_numbers,
-    take_restore_request,
-)
+from spark_ckpt.streaming.operations import read_restore_request, take_restore_request
+from spark_ckpt.streaming.runs import run_numbers
 from spark_ckpt.streaming.restore import CheckpointRestore
 from spark_ckpt.streaming.scheduler import JobScheduler
 from spark_ckpt.streaming.sinks import DeadLetters

@@ -367,6 +367,49 @@ class StatefulStream(Stream):
         return metas
 
 
+class _SchemaRun:
+    """The template over no rows, to learn at start what schema a stream's batches have: each
+    input an empty frame of its source's schema, each transform applied to those (Spark only
+    analyses), a stateful operator's output its declared or derived schema."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+        self.memo: dict[int, DataFrame] = {}
+
+    def get_or_compute(self, stream: Any) -> DataFrame:
+        if stream.id not in self.memo:
+            self.memo[stream.id] = self._empty(stream)
+        return self.memo[stream.id]
+
+    def input_schema(self, op: StatefulStream) -> Any:
+        frames = [self.get_or_compute(p) for p in op.parents]
+        return (union_by_name(frames) if len(frames) > 1 else frames[0]).schema
+
+    def _empty(self, stream: Any) -> DataFrame:
+        from spark_ckpt.sparkapi import empty_frame
+        from spark_ckpt.streaming.stream import InputStream, Output, Transformed, Windowed
+
+        if isinstance(stream, InputStream):
+            return stream.source.empty(self.spark)
+        if isinstance(stream, Transformed):
+            return stream.fn(*[self.get_or_compute(p) for p in stream.parents])
+        if isinstance(stream, Windowed | Output):
+            return self.get_or_compute(stream.parents[0])
+        if isinstance(stream, AggregatedStream):
+            spec = AggSpec(stream.keys, stream.aggs, self.input_schema(stream))
+            stream_spec, stream.spec = stream.spec, spec
+            try:
+                return spec.view(empty_frame(self.spark, stream.file_schema()))
+            finally:
+                stream.spec = stream_spec
+        if isinstance(stream, ProcessedStream):
+            from pyspark.sql.types import StructType
+
+            schema = stream.output_schema or StructType.fromDDL(stream._declared)
+            return empty_frame(self.spark, schema)
+        raise TypeError(f"stream {stream.name} ({type(stream).__name__})")
+
+
 def params_sources(evolution: Any) -> dict[str, str]:
     return dict(evolution.sources) if evolution is not None else {}
 
@@ -394,6 +437,7 @@ class AggregatedStream(StatefulStream):
         self.aggs = dict(aggs)
         self.state_renames = dict(state_renames or {})
         self._renamed: dict[str, str] = {}  # output renames that apply: new -> old
+        self._types_checked = False  # the restored state's types, against the input's
         self.spec: AggSpec | None = None
         self._empty: DataFrame | None = None  # the update stream's view with no rows
         self._chain_schemas: dict[tuple[str, str], str] = {}  # (output, view schema) -> Arrow
@@ -408,7 +452,7 @@ class AggregatedStream(StatefulStream):
     def _spec(self, df: DataFrame) -> AggSpec:
         if self.spec is None:
             spec = AggSpec(self.keys, self.aggs, df.schema)
-            if "file_schema" in self.restored_describe:
+            if "file_schema" in self.restored_describe and not self._types_checked:
                 self._check_state_types(spec)
             self.spec = spec
         return self.spec
@@ -419,6 +463,7 @@ class AggregatedStream(StatefulStream):
         from spark_ckpt.errors import StateSchemaError
         from spark_ckpt.state.evolution import check_renames
 
+        self._types_checked = False
         stored = self.restored_describe.get("aggs")
         if stored is None:
             return
@@ -442,6 +487,23 @@ class AggregatedStream(StatefulStream):
                 "under a new name (it aggregates from the restore on; drop the old one), or "
                 "start in a new checkpoint directory"
             )
+        if "file_schema" in self.restored_describe:
+            self._check_types_at_start()
+
+    def _check_types_at_start(self) -> None:
+        """The state types an aggregation's input gives it, learnt at start from the template
+        over no rows (Spark analyses, nothing runs); a pipeline whose template cannot be
+        followed so (a stream kind this does not know, a transform that fails on no rows)
+        is checked at its first batch instead."""
+        try:
+            schema = _SchemaRun(self.ctx.spark).input_schema(self)
+            spec = AggSpec(self.keys, self.aggs, schema)
+        except Exception as exc:  # noqa: BLE001 - the first batch checks it instead
+            log.info("Operator %s: state types checked at the first batch (the template's "
+                     "schema at start: %s)", self.operator, exc)
+            return
+        self._check_state_types(spec)
+        self._types_checked = True
 
     def _check_state_types(self, spec: AggSpec) -> None:
         """At the first batch after a restore, before its job: the stored state columns

@@ -26,6 +26,7 @@ from typing import Any
 
 from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.storage import Storage, join
+from spark_ckpt.streaming.runs import run_numbers
 
 __all__ = ["Cleanup", "apply_cleanup", "cleanup_candidates", "pipeline_plan", "pipeline_status",
            "progress_records", "read_restore_request", "request_restore", "run_numbers",
@@ -91,15 +92,6 @@ def checkpoints_uri(checkpoint_dir: str, override: str | None = None) -> str:
 
 
 # -- status ------------------------------------------------------------------------------------
-def run_numbers(storage: Storage, root: str) -> list[int]:
-    """The runs claimed in ``root`` (``runs/<n>.json``), oldest first."""
-    runs = join(root, "runs")
-    if not storage.exists(runs):
-        return []
-    return sorted(int(i.base_name[:8]) for i in storage.list_files(runs, recursive=False)
-                  if i.base_name.endswith(".json") and i.base_name[:8].isdigit())
-
-
 def _read_json(storage: Storage, path: str) -> dict[str, Any] | None:
     try:
         return json.loads(storage.read_bytes(path))

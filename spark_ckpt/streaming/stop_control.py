@@ -79,7 +79,7 @@ def _paths(root: str, request_id: str) -> tuple[str, str]:
 
 def latest_run(storage: Storage, root: str) -> int | None:
     """The newest run number claimed in ``root`` (None: no driver ever started there)."""
-    from spark_ckpt.streaming.operations import run_numbers
+    from spark_ckpt.streaming.runs import run_numbers
 
     return max(run_numbers(storage, root), default=None)
 

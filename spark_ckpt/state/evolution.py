@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 
 from spark_ckpt.errors import StateSchemaError
+from spark_ckpt.state.schema import EXPIRES_COLUMN as EXPIRES
 
 __all__ = ["Evolution", "check_renames", "describe_schema", "evolve_array", "evolve_table",
            "plan_evolution", "type_problem"]
@@ -295,9 +296,6 @@ def evolve_table(table: pa.Table, schema: pa.Schema, sources: Mapping[str, str],
                              _renamed_deadlines(out.column(EXPIRES), sources, set(expires_of),
                                                 schema.field(EXPIRES).type))
     return out
-
-
-EXPIRES = "_expires"
 
 
 def _renamed_deadlines(column: pa.ChunkedArray, sources: Mapping[str, str], declared: set[str],

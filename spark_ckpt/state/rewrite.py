@@ -33,6 +33,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.errors import CheckpointError, JobDefinitionError
+from spark_ckpt.state.schema import EXPIRES_COLUMN as EXPIRES
+from spark_ckpt.state.schema import TIMERS_COLUMN as TIMERS
 from spark_ckpt.storage import Storage, join
 
 if TYPE_CHECKING:
@@ -43,8 +45,6 @@ __all__ = ["bootstrap_state", "check_state_frame", "raw_state", "rewrite_state",
 
 log = logging.getLogger(__name__)
 
-TIMERS = "_timers"
-EXPIRES = "_expires"
 
 
 def _spark_schema(raw: str) -> Any:

@@ -96,10 +96,13 @@ def _quiet(spark) -> None:  # noqa: ANN001
         spark.sparkContext.setLogLevel("ERROR")
 
 
+DEFAULTS = ROOT / "spark-defaults.conf"  # --event-logs: a copy beside the JSON with them on
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYSPARK_PYTHON"] = sys.executable
-    env["SPARK_CKPT_DEFAULTS"] = str(ROOT / "spark-defaults.conf")
+    env["SPARK_CKPT_DEFAULTS"] = str(DEFAULTS)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     return env
 
@@ -461,24 +464,41 @@ def bench_shapes(args: argparse.Namespace, base: Path, figures: dict) -> None:
               f"vertex durable {out['overhead']['every_vertex_durable_ratio']}x plain",
               flush=True)
         _dump(args, figures)
-        fresh_s = median(wall["auto"])
+        fresh_runs = list(wall["auto"])
         clean = runs["auto"][0]
         recoveries = []
         for fraction in fractions:
+            kill_after = fraction * median(fresh_runs)
+            adjacent = None
+            if args.fresh_beside_kills:
+                # a fresh run just before each kill: the machine's drift over a long
+                # invocation lands on both sides, and every fresh run joins the median
+                o, w = fresh("auto")
+                adjacent = run_shape(shape, "auto", args, input_dir, o, w)
+                fresh_runs.append(adjacent["process_seconds"])
+            fresh_s = median(fresh_runs)
             o, w = fresh("recovery")
-            killed = kill_shape(shape, args, input_dir, o, w, fraction * fresh_s)
+            killed = kill_shape(shape, args, input_dir, o, w, kill_after)
             recovered = run_shape(shape, "auto", args, input_dir, o, w)
             shape_outputs(shape, str(base / shape / "out-plain"), o)
             share = durable_share(recovered, clean)
             ratio = recovered["process_seconds"] / fresh_s
             recoveries.append({
                 **killed, "kill_fraction": fraction, "fresh_seconds": fresh_s,
+                "fresh_runs_so_far": list(fresh_runs),
+                "adjacent_fresh_seconds": adjacent and adjacent["process_seconds"],
+                "adjacent_fresh_vertices": adjacent and adjacent["vertices"],
+                "ratio_to_adjacent": adjacent and
+                recovered["process_seconds"] / adjacent["process_seconds"],
                 "recovered_seconds": recovered["process_seconds"], "ratio": ratio,
                 "durable_share": share, "target": min(1.0, 1 - share + 0.10),
                 "planning_s": recovered["planning_s"], "recomputed": recovered["recomputed"],
                 "ran": recovered["ran"], "reused": recovered["reused"],
                 "vertices": recovered["vertices"], "output_checked": True,
             })
+            if adjacent:
+                print(f"  fresh run beside it: {adjacent['process_seconds']:.1f} s",
+                      flush=True)
             print(f"  kill at {fraction:.0%} ({killed['killed_after_seconds']:.1f} s, "
                   f"{killed['durable_partitions']} partitions durable): recovered in "
                   f"{recovered['process_seconds']:.1f} s = {ratio:.2f}x fresh; durable share "
@@ -534,7 +554,22 @@ def main() -> None:
     parser.add_argument("--rows-rollup", type=int, default=265_000_000)
     parser.add_argument("--rows-cleanup", type=int, default=37_000_000)
     parser.add_argument("--keep", action="store_true", help="keep the generated input")
+    parser.add_argument("--fresh-beside-kills", action="store_true",
+                        help="a fresh default run before each kill; ratios against the "
+                             "median of every fresh run")
+    parser.add_argument("--event-logs", action="store_true",
+                        help="Spark event logs of every driver in <json>.logs/events")
     args = parser.parse_args()
+    if args.event_logs and args.json and not args.shape_child and not args.child:
+        global DEFAULTS
+        events = Path(f"{args.json}.logs/events").resolve()
+        events.mkdir(parents=True, exist_ok=True)
+        DEFAULTS = events.parent / "spark-defaults.conf"
+        DEFAULTS.write_text((ROOT / "spark-defaults.conf").read_text() +
+                            f"spark.eventLog.enabled true\nspark.eventLog.dir file://{events}\n" +
+                            (f"spark.driver.extraJavaOptions -Dlog4j2.configurationFile="
+                             f"file:{ROOT / 'conf/log4j2.properties'}\n"
+                             if (ROOT / "conf/log4j2.properties").is_file() else ""))
     if args.shape_child:
         shape_child(args.shape_child, args.mode, args.input, args.output, args.work_dir,
                     args.parallelism)

@@ -67,6 +67,22 @@ def plain_output(spark, shape: str, shape_input, tmp_path) -> str:
 
 
 # -- the split of an aggregation ---------------------------------------------------------------
+def test_waves_start_small_and_cover_every_partition_once():
+    """The first two waves are a quarter and a half of the wave size (a job killed early keeps
+    them); every partition is in exactly one wave, in order; a set size has no ramp."""
+    from spark_ckpt.batch.cuts import waves_of
+
+    assert [len(w) for w in waves_of(list(range(64)), 8, ramp=True)] == [2, 4] + [8] * 7 + [2]
+    assert [len(w) for w in waves_of(list(range(64)), 8, ramp=False)] == [8] * 8
+    assert waves_of([5, 9, 11], 8, ramp=True) == [[5, 9], [11]]
+    assert waves_of(list(range(3)), 1, ramp=True) == [[0], [1], [2]]
+    assert waves_of([], 8, ramp=True) == []
+    for n, size in ((64, 16), (13, 4), (7, 2), (1, 8)):
+        waves = waves_of(list(range(n)), size, ramp=True)
+        assert [p for w in waves for p in w] == list(range(n))
+        assert all(0 < len(w) <= size for w in waves)
+
+
 def test_split_aggregate_gives_plain_sparks_answer(spark):
     """Partials of any number of waves (an empty one included) merge to the aggregation's own
     answer: null keys, null values, decimals, averages, expressions over aggregates."""

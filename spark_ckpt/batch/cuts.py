@@ -220,10 +220,27 @@ def wave_size(parallelism: int, per_wave: int, *, fine: bool) -> int:
     """Partitions per wave of a split-mode vertex: ``spark.ckpt.batch.partitionsPerWave``,
     or (0) a quarter of its partitions, an eighth for partial aggregates and durable
     exchanges (``fine``: their waves are the unit a killed job keeps, and what a wave costs
-    does not grow with its size)."""
+    does not grow with its size); a durable exchange's two first waves are smaller
+    (:func:`waves_of`)."""
     if per_wave > 0:
         return per_wave
     return max(1, math.ceil(parallelism / (8 if fine else 4)))
+
+
+def waves_of(parts: list[int], size: int, *, ramp: bool) -> list[list[int]]:
+    """``parts`` in waves of ``size``; with ``ramp`` the first waves are a quarter and a half
+    of it: a wave is what a killed job keeps, so a job killed early has kept something (the
+    two first waves run at once and the small one finishes first), and what a wave costs
+    besides its rows is small."""
+    out: list[list[int]] = []
+    at = 0
+    if ramp:
+        for small in (size // 4, size // 2):
+            if small >= 1 and at < len(parts):
+                out.append(parts[at:at + small])
+                at += small
+    out.extend(parts[i:i + size] for i in range(at, len(parts), size))
+    return out
 
 
 def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str = "auto",

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_ckpt.sinks import Sink, partition_values, written_files
 from spark_ckpt.batch.buckets import BucketedTables, job_table_prefix, layout_suffix
-from spark_ckpt.batch.cuts import wave_size
+from spark_ckpt.batch.cuts import wave_size, waves_of
 from spark_ckpt.batch.sources import FileSource
 from spark_ckpt.errors import JobDefinitionError, TaskExecutionError
 from spark_ckpt.execution.graph import Edge, JobVertex
@@ -473,9 +473,12 @@ class VertexRunner:
                 raise
 
     def _waves(self, vertex: JobVertex, parts: list[int]) -> list[list[int]]:
-        size = wave_size(vertex.parallelism, self.job.settings.batch_partitions_per_wave,
-                         fine=bool(vertex.partial_of or vertex.exchange_of))
-        return [parts[i:i + size] for i in range(0, len(parts), size)]
+        # A durable exchange's first waves are small: the join after it starts only when
+        # every wave is done, so what a job killed early keeps is its finished waves
+        per_wave = self.job.settings.batch_partitions_per_wave
+        return waves_of(parts, wave_size(vertex.parallelism, per_wave,
+                                         fine=bool(vertex.partial_of or vertex.exchange_of)),
+                        ramp=per_wave == 0 and vertex.exchange_of is not None)
 
     def arranged(self, vertex: JobVertex, parts: list[int]) -> DataFrame:
         """The output of ``parts``, laid out so Spark partition *j* is partition *j* (hash

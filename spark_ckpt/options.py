@@ -123,7 +123,9 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "int",
         0,
         "Partitions of a vertex without a key run per Spark job (a wave); a wave's partitions "
-        "share its files and become durable when it ends. 0 picks partitions / 4 (rounded up).",
+        "share its files and become durable when it ends. 0 picks partitions / 4 (rounded up), "
+        "partitions / 8 for partial aggregates and durable exchanges, whose two first waves are "
+        "a quarter and a half of that (a job killed early keeps them).",
         minimum=0,
     ),
     _opt(

@@ -72,6 +72,9 @@ def child(mode: str, input_dir: str, output: str, work_dir: str, parallelism: in
         settled.write.mode("overwrite").parquet(f"{output}/settled")
         daily = report.daily_revenue(settled)
         write_deltalake(f"{output}/daily", daily.toArrow(), mode="overwrite")
+        # On Spark Connect the cache is the server's, shared by its clients and kept after
+        # this one exits: left cached, the next plain run would read these rows from it
+        settled.unpersist(blocking=True)
         info = {}
     else:
         import orders_report as report

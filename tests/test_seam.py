@@ -144,6 +144,21 @@ def test_the_seam_answers_on_this_kind_of_session(spark):
     assert not api.provably_empty(spark.range(10))
     size = api.size_estimate(spark.range(1000))
     assert size is not None and 4000 <= size <= 16000
+    # how a plan ends partitioned: True only for exactly pmod(hash(key), n)
+    rows = spark.range(200).select("id", (F.col("id") % 7).alias("k"), (F.col("id") % 5)
+                                   .alias("x"))
+    by_k = rows.repartition(4, "k")
+    assert api.ends_hash_partitioned(by_k, ("k",), 4)
+    assert not api.ends_hash_partitioned(by_k, ("k",), 3)
+    assert not api.ends_hash_partitioned(by_k, ("x",), 4)  # would collapse into it
+    assert not api.ends_hash_partitioned(rows.repartition(4, "x"), ("k",), 4)
+    assert not api.ends_hash_partitioned(rows, ("k",), 4)
+    assert not api.ends_hash_partitioned(by_k, ("k", "x"), 4)
+    joined = by_k.join(rows.select("k", F.col("x").alias("y")).repartition(4, "k"), "k")
+    assert api.ends_hash_partitioned(joined.where("y > 1").select("k", "y"), ("k",), 4)
+    assert not api.ends_hash_partitioned(joined.groupBy("x").count(), ("k",), 4)
+    assert not api.ends_hash_partitioned(joined.select((F.col("k") + 1).alias("k")), ("k",), 4)
+    assert not api.ends_hash_partitioned(by_k, ("nope",), 4)
     # a job group: its jobs are cancelled by name, the thread's earlier group comes back
     started = threading.Event()
     failure: list[BaseException] = []

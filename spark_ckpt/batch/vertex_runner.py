@@ -130,8 +130,7 @@ def _ends_hash_partitioned(df: DataFrame, key: tuple[str, ...], parallelism: int
     for line in api.executed_plan(df).splitlines():
         if _EXCHANGE.search(line) and "REPARTITION_BY_NUM" not in line:
             return False
-    found = api.hash_partitioning(df)  # None: not hash partitioned, or cannot tell
-    return found is not None and found == (tuple(key), parallelism)
+    return api.ends_hash_partitioned(df, tuple(key), parallelism)
 
 
 @dataclasses.dataclass

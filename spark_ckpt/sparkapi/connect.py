@@ -44,6 +44,13 @@ def _section(text: str, header: str) -> list[str]:
     return lines[start:end]
 
 
+def _normalized_plan(text: str) -> str:
+    """A physical plan's text without what differs between two analyses of one plan:
+    expression ids (``#12``, ``#12L``) and plan ids."""
+    text = re.sub(r"#\d+L?", "", text)
+    return re.sub(r",? ?\[plan_id=\d+\]", "", text).strip()
+
+
 class ConnectSpark:
     """:class:`spark_ckpt.sparkapi.SparkApi` over a Spark Connect client."""
 
@@ -95,6 +102,21 @@ class ConnectSpark:
 
     def hash_partitioning(self, df: DataFrame) -> tuple[tuple[str, ...] | None, int] | None:
         return None  # not in the explain text: callers repartition by the key themselves
+
+    def ends_hash_partitioned(self, df: DataFrame, key: tuple[str, ...], n: int) -> bool:
+        """Asked the only way the explain text allows: Spark's planner drops a user's
+        ``repartition(n, *key)`` whose child is already partitioned that way (the same hash
+        partitioning, semantically), and nothing else makes the physical plan come out
+        unchanged: a repartition of another partitioning either stays (an exchange more) or
+        collapses into the child's repartition (an exchange that reads differently). So the
+        answer is True only when the two plans' texts are the same but for expression ids."""
+        try:
+            before = self.executed_plan(df)
+            after = self.executed_plan(df.repartition(n, *key))
+        except Exception as exc:  # an analysis error names a missing column elsewhere
+            log.debug("Spark Connect: cannot compare plans for partitioning: %s", exc)
+            return False
+        return _normalized_plan(before) == _normalized_plan(after)
 
     def deterministic(self, df: DataFrame) -> bool | None:
         return None

@@ -698,8 +698,10 @@ def main() -> None:
 
     if "rerun" not in skip:
         out, work = fresh("rerun")
-        # after every vertex (enriched, payments-to-settled, settled, daily) finished
-        crashed = run_child("ckpt", args, out, work, fault="vertex.finished:4")
+        # after every vertex finished (how many there are depends on the plan: a durable
+        # exchange adds one; a full run of this invocation says), before the sinks commit
+        vertices = len(full_runs[0]["vertex_seconds"]) if full_runs else 4
+        crashed = run_child("ckpt", args, out, work, fault=f"vertex.finished:{vertices}")
         staged = sorted((Path(out) / "settled" / "_spark_ckpt_staging" / "bench" / "settled")
                         .glob("*/part-*.parquet"))
         lost = max(1, args.parallelism // 10)

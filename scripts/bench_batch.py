@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "jobs"))
 
 # -- child drivers -----------------------------------------------------------------------------
 def child(mode: str, input_dir: str, output: str, work_dir: str, parallelism: int,
-          agg_parallelism: int, sinks_only: bool = False) -> None:
+          agg_parallelism: int, sinks_only: bool = False, server_cache: bool = False) -> None:
     import logging
 
     from spark_ckpt import Settings, get_or_create_session
@@ -80,7 +80,8 @@ def child(mode: str, input_dir: str, output: str, work_dir: str, parallelism: in
         import orders_report as report
 
         settings = Settings.from_conf(spark.conf, progress="never",
-                                      batch_cleanup_on_success=False)
+                                      batch_cleanup_on_success=False,
+                                      batch_server_cache=server_cache)
         job = report.build_job("bench", input_dir, output, parallelism=parallelism,
                                agg_parallelism=agg_parallelism, work_dir=work_dir, spark=spark,
                                settings=settings, sinks_only=sinks_only)
@@ -115,7 +116,8 @@ def _cmd(mode: str, args: argparse.Namespace, output: str, work_dir: str) -> lis
     return [sys.executable, __file__, "--child", "ckpt" if sinks_only else mode,
             "--input", args.input, "--output", output,
             "--work-dir", work_dir, "--parallelism", str(args.parallelism),
-            "--agg-parallelism", str(args.agg_parallelism)] + (["--sinks-only"] * sinks_only)
+            "--agg-parallelism", str(args.agg_parallelism)] + (["--sinks-only"] * sinks_only) \
+        + (["--server-cache"] * bool(getattr(args, "server_cache", False)))
 
 
 def run_child(mode: str, args: argparse.Namespace, output: str, work_dir: str,
@@ -523,6 +525,9 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", choices=["plain", "ckpt"])
     parser.add_argument("--sinks-only", action="store_true")
+    parser.add_argument("--server-cache", action="store_true",
+                        help="with --connect: spark.ckpt.batch.serverCache=true in every "
+                             "spark_ckpt driver")
     parser.add_argument("--input")
     parser.add_argument("--output")
     parser.add_argument("--work-dir")
@@ -594,7 +599,7 @@ def main() -> None:
         return
     if args.child:
         child(args.child, args.input, args.output, args.work_dir, args.parallelism,
-              args.agg_parallelism, args.sinks_only)
+              args.agg_parallelism, args.sinks_only, args.server_cache)
         return
 
     import orders_data
@@ -731,7 +736,8 @@ def main() -> None:
     if server is not None:
         from connect_server import stop_server
 
-        figures["connect"] = {"cold_recovery": bool(args.connect_cold)}
+        figures["connect"] = {"cold_recovery": bool(args.connect_cold),
+                              "server_cache": bool(args.server_cache)}
         stop_server(server)
     print(json.dumps(figures, indent=2))
     if args.json:

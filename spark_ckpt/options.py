@@ -166,6 +166,20 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         minimum=0,
     ),
     _opt(
+        "spark.ckpt.batch.serverCache",
+        "bool",
+        False,
+        "Spark Connect only (opt-in until its cost on fresh runs is measured): a keyed vertex "
+        "run whole keeps its output persisted on the server "
+        "(DISK_ONLY) while it runs, and unpersists it when it ends. A client killed meanwhile "
+        "leaves it, and with it the Spark shuffles that feed it, in the server's cache, which "
+        "every session of the server shares: the next client's run of the vertex's missing "
+        "partitions reads what the killed one had computed instead of reading and shuffling "
+        "its inputs again, when its input files are the same (paths and sizes, as recovery "
+        "compares them). Jobs whose sources are not files never persist. A speed-up only "
+        "(the server may evict it); false: never persist.",
+    ),
+    _opt(
         "spark.ckpt.batch.concurrentWaves",
         "int",
         2,
@@ -432,6 +446,7 @@ class Settings:
     batch_cut_max_percent: int = 10
     batch_exchange_cuts: bool = True
     batch_exchange_min_bytes: int = 8 << 20
+    batch_server_cache: bool = False
     batch_concurrent_waves: int = 2
     batch_poll_interval_ms: int = 300
     batch_cleanup_on_success: bool = True

@@ -50,6 +50,8 @@ PARITY = {
         "test_event_log_appends_that_fail_twice_are_retried_and_the_job_completes",
         "tests/test_recovery_faults.py::test_killed_twice_in_a_row_then_recovered",
         "tests/test_recovery_faults.py::test_killed_from_outside_mid_vertex",
+        "tests/test_recovery_faults.py::"
+        "test_the_next_client_reads_what_a_killed_client_left_persisted_on_the_server",
     ],
     "keyed-state": [
         "tests/test_keyed_state.py::test_keyed_aggregates_equal_plain_spark_in_every_view",

@@ -282,6 +282,78 @@ def test_replaced_input_file_reruns_only_what_read_it(spark, orders_input, tmp_p
         resubmit(spark, str(local_input), tmp_path, job_id="other")
 
 
+@pytest.mark.skipif(not os.environ.get("SPARK_CKPT_TEST_REMOTE"),
+                    reason="a Spark Connect server's cache outlives its clients; a classic "
+                           "driver's dies with its JVM (runs in tests/test_connect.py)")
+def test_the_next_client_reads_what_a_killed_client_left_persisted_on_the_server(
+        spark, orders_input, expected_daily, tmp_path):
+    """With spark.ckpt.batch.serverCache, settled (run whole) is persisted on the server while
+    it runs. A client killed as its first partition's file appears leaves it (and the shuffles
+    under it) there, and the next client reads it; killed after two of its four partitions
+    became durable, the next client reads the other two from it. Killed, then an input file
+    replaced: the kept rows were computed from the old file under the same path, and are not
+    read."""
+    import re
+    import shutil
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from helpers import defaults_text, read_daily
+
+    defaults = tmp_path / "spark-defaults.conf"  # no durable exchange: settled shuffles
+    defaults.write_text(defaults_text(exchanges=False) + "spark.ckpt.batch.serverCache true\n")
+    kept = "settled reads the output a killed client of this server left persisted"
+    for case in ("first partition", "two partitions durable", "input replaced"):
+        base = tmp_path / case.replace(" ", "-")
+        local_input = base / "input"
+        shutil.copytree(orders_input, local_input)
+        work = str(base / "work")
+        if case == "two partitions durable":  # the poller stops at settled's third file
+            proc = start_driver(str(local_input), str(base / "out"), work,
+                                fault="partition.written:7:pause",
+                                SPARK_CKPT_DEFAULTS=str(defaults))
+            try:
+                assert wait_for(lambda w=work: sum(v == "settled" for v, _ in finished_in_log(w))
+                                >= 2, timeout=240), proc.stdout
+            finally:
+                kill_group(proc)
+            durable_before = {p for v, p in finished_in_log(work) if v == "settled"}
+            assert len(durable_before) == 2, durable_before
+        else:  # killed as settled's first partition's file appears, before it is logged
+            crash(str(local_input), base, "partition.written:5",
+                  SPARK_CKPT_DEFAULTS=str(defaults))
+            assert finished_in_log(work) == {("enriched", p) for p in range(4)}
+        if case == "input replaced":  # another size: recovery sees it replaced
+            victim = sorted((local_input / "payments").glob("*.parquet"))[0]
+            rows = pq.read_table(victim)
+            rows = rows.set_column(rows.schema.get_field_index("paid"), "paid",
+                                   pc.multiply(rows.column("paid"), 3))
+            pq.write_table(rows.slice(1), victim)
+        # the next client: a driver configured as the killed one (a session with other SQL
+        # settings, this test's own, plans differently and finds nothing)
+        done = run_driver(str(local_input), str(base / "out"), work,
+                          SPARK_CKPT_DEFAULTS=str(defaults))
+        logged = done.stdout + done.stderr
+        assert done.returncode == 0, logged[-3000:]
+        ran = re.search(r"settled: 4 partitions, reused (\d), ran (\d)", logged)
+        assert ran, logged[-3000:]
+        if case != "input replaced":
+            assert kept in logged, (case, logged[-3000:])
+            assert int(ran.group(2)) == (2 if case == "two partitions durable" else 4)
+            assert_outputs_equal(spark, str(base / "out"), expected_daily)
+            continue
+        assert kept not in logged
+        assert int(ran.group(2)) == 4
+        orders = spark.read.parquet(str(local_input / "orders"))
+        customers = spark.read.parquet(str(local_input / "customers"))
+        payments = spark.read.parquet(str(local_input / "payments"))
+        settled = report.settle(report.enrich(orders, customers), payments)
+        want = report.daily_revenue(settled).toPandas().sort_values(["region", "day"])
+        got = read_daily(str(base / "out"))
+        assert got[list(want.columns)].reset_index(drop=True).equals(want.reset_index(drop=True))
+
+
 def test_second_driver_fences_the_first(spark, orders_input, expected_daily, tmp_path):
     reached, release = tmp_path / "paused", tmp_path / "release"
     slow = start_driver(orders_input, str(tmp_path / "out"), str(tmp_path / "work"),

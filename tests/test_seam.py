@@ -124,7 +124,7 @@ def _sleep_per_batch(batches):  # noqa: ANN001, ANN202 - a mapInArrow function
             yield batch.slice(i, 1)
 
 
-def test_the_seam_answers_on_this_kind_of_session(spark):
+def test_the_seam_answers_on_this_kind_of_session(spark, tmp_path):
     """Runs on the classic session here and on Spark Connect in tests/test_connect.py."""
     import threading
     import time
@@ -159,6 +159,21 @@ def test_the_seam_answers_on_this_kind_of_session(spark):
     assert not api.ends_hash_partitioned(joined.groupBy("x").count(), ("k",), 4)
     assert not api.ends_hash_partitioned(joined.select((F.col("k") + 1).alias("k")), ("k",), 4)
     assert not api.ends_hash_partitioned(by_k, ("nope",), 4)
+    # a bucketed scan nobody needs is read plainly (file splits), even where a repartition
+    # on top was dropped for its buckets first
+    names = []
+    try:
+        for name in ("spark_ckpt_seam_a", "spark_ckpt_seam_b"):
+            rows.write.bucketBy(4, "k").option("path", str(tmp_path / name)) \
+                .saveAsTable(name)
+            names.append(name)
+        bucketed = spark.table(names[0])
+        broadcast = bucketed.join(F.broadcast(spark.table(names[1]).select("k").distinct()),
+                                  "k")
+        assert not api.ends_hash_partitioned(broadcast, ("k",), 4)
+    finally:
+        for name in names:
+            spark.sql(f"DROP TABLE IF EXISTS {name}")
     # a job group: its jobs are cancelled by name, the thread's earlier group comes back
     started = threading.Event()
     failure: list[BaseException] = []

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import logging
 import re
 import threading
@@ -42,7 +43,7 @@ from spark_ckpt.execution.graph import Edge, JobVertex
 from spark_ckpt.execution.result_partition import OutputFile, PartitionResult, result_dir
 from spark_ckpt.execution.state import ExecutionState
 from spark_ckpt.faults import fault_point
-from spark_ckpt.sparkapi import empty_frame, frame_api, spark_api
+from spark_ckpt.sparkapi import empty_frame, frame_api, is_connect, spark_api
 from spark_ckpt.storage import Storage, join
 
 if TYPE_CHECKING:
@@ -175,6 +176,7 @@ class VertexRunner:
         self.tables = BucketedTables(self.spark, self._table_location,
                                      job_table_prefix(job.run_id))
         self._scratch: str | None = None
+        self._tag: str | None = None  # _inputs_tag, once known ("" for none)
 
     # -- modes -----------------------------------------------------------------------------
     def hash_mode(self, vertex: JobVertex) -> bool:
@@ -479,9 +481,83 @@ class VertexRunner:
                                          fine=bool(vertex.partial_of or vertex.exchange_of)),
                         ramp=per_wave == 0 and vertex.exchange_of is not None)
 
+    # -- a keyed vertex's output kept on a Spark Connect server -----------------------------
+    def keeps_on_server(self, vertex: JobVertex) -> bool:
+        """True when a whole run of ``vertex`` persists its output on the server while it
+        runs (``spark.ckpt.batch.serverCache``): a Spark Connect session (a classic driver's
+        cache dies with it), a keyed vertex (one Spark job whose partitions are its
+        partitions), a real run, inputs that can be told apart (files)."""
+        return (self.job.settings.batch_server_cache and is_connect(self.spark)
+                and self.hash_mode(vertex) and self.planning is None
+                and not self.job.explaining and not self._reads_exchanges(vertex)
+                and self._inputs_tag() is not None)
+
+    def _reads_exchanges(self, vertex: JobVertex) -> bool:
+        """True when ``vertex`` reads durable exchanges: through catalog tables made per
+        attempt (and dropped, uncaching what reads them, at the next attempt's start), so
+        its plan never matches a killed client's; and it shuffles nothing to keep."""
+        return any(self.graph.vertices[e.upstream].bucket_for == vertex.id
+                   for e in vertex.inputs if e.kind == "hash")
+
+    def _inputs_tag(self) -> str | None:
+        """What this job reads, as it reads it: every file source's files and their sizes
+        (as recovery compares them), with the job's id. Spark finds a persisted frame by its
+        plan, and a plan names files by path only: the tag, put in the plan, keeps a frame
+        computed from files since replaced from matching. None when a source is not files."""
+        if self._tag is None:
+            digest = hashlib.sha256(self.job.run_id.encode())
+            for vertex in sorted(self.graph.vertices.values(), key=lambda v: v.id):
+                if not vertex.is_source:
+                    continue
+                if not isinstance(vertex.source, FileSource):
+                    self._tag = ""
+                    break
+                for j, split in enumerate(self.splits.get(vertex.id, [])):
+                    for path, size in split:
+                        digest.update(f"{vertex.id}\0{j}\0{path}\0{size}\n".encode())
+            else:
+                self._tag = digest.hexdigest()[:32]
+        return self._tag or None
+
+    def _left_on_server(self, vertex: JobVertex, whole: DataFrame) -> bool:
+        """True when a killed client of this server left ``whole`` (the vertex's whole output
+        over the same inputs) persisted there."""
+        from pyspark.storagelevel import StorageLevel
+
+        if whole.storageLevel == StorageLevel.NONE:
+            log.debug("Job %s attempt %d: nothing of %s persisted on the server (inputs %s)",
+                      self.job.run_id, self.job.attempt, vertex.id, self._inputs_tag())
+            return False
+        log.info("Job %s attempt %d: %s reads the output a killed client of this server left "
+                 "persisted (the partitions and shuffles it had computed)", self.job.run_id,
+                 self.job.attempt, vertex.id)
+        return True
+
     def arranged(self, vertex: JobVertex, parts: list[int]) -> DataFrame:
         """The output of ``parts``, laid out so Spark partition *j* is partition *j* (hash
         mode) or in any layout (split mode, whose wave is one unit)."""
+        return self._arranged(vertex, parts)[0]
+
+    def _arranged(self, vertex: JobVertex, parts: list[int]
+                  ) -> tuple[DataFrame, DataFrame | None]:
+        """:meth:`arranged`, and the frame to keep persisted on the server while it is written
+        (:meth:`keeps_on_server`), or None."""
+        from pyspark.sql import functions as F
+
+        if not self.keeps_on_server(vertex):
+            return self._arrange(vertex, parts), None
+        tag = F.lit(self._inputs_tag())  # an always-true filter: in the plan, not the job
+        whole = self._arrange(vertex, list(range(vertex.parallelism))).where(tag == tag)
+        left = self._left_on_server(vertex, whole)
+        if len(parts) == vertex.parallelism:
+            return whole, whole
+        if not left:  # read and shuffle only the rows of these partitions
+            return self._arrange(vertex, parts), None
+        # partition j of the kept output holds exactly bucket j's rows: filtering keeps that
+        bucket = F.pmod(F.hash(*vertex.key), F.lit(vertex.parallelism))
+        return whole.where(bucket.isin(parts)), whole
+
+    def _arrange(self, vertex: JobVertex, parts: list[int]) -> DataFrame:
         from pyspark.sql import functions as F
 
         whole = len(parts) == vertex.parallelism
@@ -516,7 +592,7 @@ class VertexRunner:
         executions = {p: job.registry.create(job.attempt, vertex.id, p) for p in parts}
         for execution in executions.values():
             execution.machine.move_to(ExecutionState.DEPLOYING)
-        df = self.arranged(vertex, parts)
+        df, keep = self._arranged(vertex, parts)
         self.schemas[vertex.id] = df.schema.json()
         writes = self._writes(vertex, number)
         with self._prepare_lock:  # waves run in threads; a sink is prepared once
@@ -527,16 +603,25 @@ class VertexRunner:
         with spark_api(self.spark).job_group(
                 group, f"spark_ckpt job {job.run_id} attempt {job.attempt}: vertex "
                 f"{vertex.id} partitions {parts[0]}..{parts[-1]}", owner=job.owner_tag):
-            self._write_unit(vertex, parts, df, writes, executions, started_ms)
+            self._write_unit(vertex, parts, df, writes, executions, started_ms, keep)
 
     def _write_unit(self, vertex: JobVertex, parts: list[int], df: DataFrame,
-                    writes: list[_Write], executions: dict[int, Any], started_ms: int) -> None:
+                    writes: list[_Write], executions: dict[int, Any], started_ms: int,
+                    keep: DataFrame | None = None) -> None:
+        from pyspark.storagelevel import StorageLevel
+
         for execution in executions.values():
             execution.machine.move_to(ExecutionState.RUNNING)
         tracker = _UnitTracker(self, vertex, parts, writes, executions, started_ms)
-        cached = sum(w.mirror_of is None for w in writes) > 1
+        cached = sum(w.mirror_of is None for w in writes) > 1 and keep is None
         if cached:
             df = df.persist()
+        if keep is not None:
+            # on disk, not the server's memory: other sessions share it; a killed client's
+            # next one finds it (and the shuffles under it) by the same plan
+            keep.persist(StorageLevel.DISK_ONLY)
+            log.info("Job %s attempt %d: %s persisted on the server while it runs (inputs "
+                     "%s)", self.job.run_id, self.job.attempt, vertex.id, self._inputs_tag())
         stop = threading.Event()
         poller = None
         if tracker.per_task:
@@ -570,7 +655,15 @@ class VertexRunner:
                 poller.join()
             if cached:
                 df.unpersist()
-        tracker.finish()
+            if keep is not None and not all(w.done for w in writes):
+                keep.unpersist()  # failed: nothing of it is read again in this process
+        # A kept frame stays until every partition is recorded: a client killed while
+        # recording leaves it for the next one, which runs what was not recorded
+        try:
+            tracker.finish()
+        finally:
+            if keep is not None:
+                keep.unpersist()
 
     def _writes(self, vertex: JobVertex, number: int) -> list[_Write]:
         job = self.job

@@ -169,7 +169,8 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "spark.ckpt.batch.serverCache",
         "bool",
         False,
-        "Spark Connect only (opt-in until its cost on fresh runs is measured): a keyed vertex "
+        "Spark Connect only (opt-in: persisting costs a fresh run more than it saves a "
+        "recovery on the repository's benchmark, docs/connect.md): a keyed vertex "
         "run whole keeps its output persisted on the server "
         "(DISK_ONLY) while it runs, and unpersists it when it ends. A client killed meanwhile "
         "leaves it, and with it the Spark shuffles that feed it, in the server's cache, which "

@@ -53,6 +53,21 @@ def resubmit(spark, orders_input, tmp_path, job_id="orders", settings=SETTINGS):
     return job.run()
 
 
+def assert_daily_is_plain_sparks(spark, input_dir, output):
+    """The job's daily report equals plain Spark's over ``input_dir`` (after files in it were
+    replaced); plain Spark's settled rows, for more checks."""
+    from helpers import read_daily
+
+    orders = spark.read.parquet(str(input_dir / "orders"))
+    customers = spark.read.parquet(str(input_dir / "customers"))
+    payments = spark.read.parquet(str(input_dir / "payments"))
+    settled = report.settle(report.enrich(orders, customers), payments)
+    want = report.daily_revenue(settled).toPandas().sort_values(["region", "day"])
+    got = read_daily(str(output))
+    assert got[list(want.columns)].reset_index(drop=True).equals(want.reset_index(drop=True))
+    return settled
+
+
 def durable(work_dir) -> int:
     return len(finished_in_log(str(work_dir)))
 
@@ -244,7 +259,7 @@ def test_replaced_input_file_reruns_only_what_read_it(spark, orders_input, tmp_p
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from helpers import defaults_text, read_daily
+    from helpers import defaults_text
 
     local_input = tmp_path / "input"
     shutil.copytree(orders_input, local_input)
@@ -266,13 +281,7 @@ def test_replaced_input_file_reruns_only_what_read_it(spark, orders_input, tmp_p
     assert {v: s.ran for v, s in result.vertices.items()} == {
         "enriched": 2, "payments-to-settled": 4, "settled": 4, "daily": 2}
 
-    orders = spark.read.parquet(str(local_input / "orders"))
-    customers = spark.read.parquet(str(local_input / "customers"))
-    payments = spark.read.parquet(str(local_input / "payments"))
-    settled = report.settle(report.enrich(orders, customers), payments)
-    want = report.daily_revenue(settled).toPandas().sort_values(["region", "day"])
-    got = read_daily(str(tmp_path / "out"))
-    assert got[list(want.columns)].reset_index(drop=True).equals(want.reset_index(drop=True))
+    settled = assert_daily_is_plain_sparks(spark, local_input, tmp_path / "out")
     assert spark.read.parquet(str(tmp_path / "out" / "settled")).count() == settled.count()
 
     crash(str(local_input), tmp_path, "vertex.finished:1", job_id="other")
@@ -299,7 +308,7 @@ def test_the_next_client_reads_what_a_killed_client_left_persisted_on_the_server
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from helpers import defaults_text, read_daily
+    from helpers import defaults_text
 
     defaults = tmp_path / "spark-defaults.conf"  # no durable exchange: settled shuffles
     defaults.write_text(defaults_text(exchanges=False) + "spark.ckpt.batch.serverCache true\n")
@@ -345,13 +354,7 @@ def test_the_next_client_reads_what_a_killed_client_left_persisted_on_the_server
             continue
         assert kept not in logged
         assert int(ran.group(2)) == 4
-        orders = spark.read.parquet(str(local_input / "orders"))
-        customers = spark.read.parquet(str(local_input / "customers"))
-        payments = spark.read.parquet(str(local_input / "payments"))
-        settled = report.settle(report.enrich(orders, customers), payments)
-        want = report.daily_revenue(settled).toPandas().sort_values(["region", "day"])
-        got = read_daily(str(base / "out"))
-        assert got[list(want.columns)].reset_index(drop=True).equals(want.reset_index(drop=True))
+        assert_daily_is_plain_sparks(spark, local_input, base / "out")
 
 
 def test_second_driver_fences_the_first(spark, orders_input, expected_daily, tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -36,6 +37,22 @@ def settle(enriched: DataFrame, payments: DataFrame) -> DataFrame:
     )
 
 
+def _napping(df: DataFrame) -> DataFrame:
+    """``df``'s rows, every fifth one's task sleeping 2 ms in the JVM first (the filter
+    passes them all): tests that kill a driver while a vertex's Spark job still runs use it
+    (``ORDERS_REPORT_SLOW=1``)."""
+    nap = "java_method('java.lang.Thread', 'sleep', cast(if(order_id % 5 = 0, 2, 0) as bigint))"
+    return df.where(F.expr(f"{nap} is distinct from 'slept'"))
+
+
+def slow_enrich(orders: DataFrame, customers: DataFrame) -> DataFrame:
+    return _napping(enrich(orders, customers))
+
+
+def slow_settle(enriched: DataFrame, payments: DataFrame) -> DataFrame:
+    return _napping(settle(enriched, payments))
+
+
 def daily_revenue(settled: DataFrame) -> DataFrame:
     return settled.groupBy("region", "day").agg(
         F.count("*").alias("orders"),
@@ -55,10 +72,11 @@ def build_job(job_id: str, input_dir: str, output: str, *, parallelism: int = 8,
     orders = job.read_files("orders", f"{input_dir}/orders", parallelism=parallelism)
     customers = job.read_files("customers", f"{input_dir}/customers", parallelism=1)
     payments = job.read_files("payments", f"{input_dir}/payments", parallelism=parallelism)
-    enriched = job.vertex("enriched", enrich, orders, customers.broadcast(),
-                          durable=not sinks_only)
-    settled = job.vertex("settled", settle, enriched.by("order_id"), payments.by("order_id"),
-                         parallelism=parallelism)
+    slow = bool(os.environ.get("ORDERS_REPORT_SLOW"))
+    enriched = job.vertex("enriched", slow_enrich if slow else enrich, orders,
+                          customers.broadcast(), durable=not sinks_only)
+    settled = job.vertex("settled", slow_settle if slow else settle, enriched.by("order_id"),
+                         payments.by("order_id"), parallelism=parallelism)
     daily = job.vertex("daily", daily_revenue, settled.by("region", "day"),
                        parallelism=agg_parallelism)
     job.write_delta(daily, f"{output}/daily", mode="append")
@@ -92,7 +110,7 @@ def main() -> None:
           f"reused={result.reused} duration={result.duration_s:.1f}s")
     for vertex, summary in result.vertices.items():
         print(f"  {vertex}: {summary.partitions} partitions, reused {summary.reused}, "
-              f"ran {summary.ran}")
+              f"ran {summary.ran}" + (f", adopted {summary.adopted}" if summary.adopted else ""))
 
 
 if __name__ == "__main__":

@@ -86,7 +86,8 @@ def child(mode: str, input_dir: str, output: str, work_dir: str, parallelism: in
                                agg_parallelism=agg_parallelism, work_dir=work_dir, spark=spark,
                                settings=settings, sinks_only=sinks_only)
         result = job.run()
-        info = {"ran": result.ran, "reused": result.reused, "attempt": result.attempt,
+        info = {"ran": result.ran, "reused": result.reused, "adopted": result.adopted,
+                "attempt": result.attempt,
                 "vertex_seconds": {v: s.seconds for v, s in result.vertices.items()},
                 "vertex_ran": {v: s.ran for v, s in result.vertices.items()}}
     print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0, **info}), flush=True)
@@ -261,7 +262,8 @@ def shape_child(shape: str, mode: str, input_dir: str, output: str, work_dir: st
                                                  settings=settings),
                                  input_dir, output, parallelism=parallelism)
         result = job.run()
-        info = {"ran": result.ran, "reused": result.reused, "attempt": result.attempt,
+        info = {"ran": result.ran, "reused": result.reused, "adopted": result.adopted,
+                "attempt": result.attempt,
                 "planning_s": result.planning_s, "recomputed": result.recomputed,
                 "vertices": {v: {"partitions": s.partitions, "ran": s.ran, "reused": s.reused,
                                  "seconds": s.seconds} for v, s in result.vertices.items()}}
@@ -689,6 +691,7 @@ def main() -> None:
                          "fresh_process_seconds": statistics.median(full_process) if
                          full_process else None,
                          "reran": recovered["ran"], "reused": recovered["reused"],
+                         "adopted": recovered.get("adopted", 0),
                          "process_ratio": (recovered["process_seconds"]
                                            / statistics.median(full_process)
                                            if full_process else None),
@@ -696,7 +699,8 @@ def main() -> None:
                          "total_ratio": (fraction * full + recovered["seconds"]) / full})
             print(f"kill at {fraction:.0%} of {full:.1f} s with {killed['durable_partitions']} "
                   f"partitions durable: recovered in {recovered['seconds']:.1f} s (ran "
-                  f"{recovered['ran']}, reused {recovered['reused']}): {runs[-1]['ratio']:.2f}x "
+                  f"{recovered['ran']}, reused {recovered['reused']}, adopted "
+                  f"{recovered.get('adopted', 0)}): {runs[-1]['ratio']:.2f}x "
                   f"a fresh run, killed + recovered {runs[-1]['total_ratio']:.2f}x; as "
                   f"processes {runs[-1]['process_ratio'] or float('nan'):.2f}x", flush=True)
         figures["recovery"] = {"fresh_seconds_median": full, "runs": runs}

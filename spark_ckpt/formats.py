@@ -91,6 +91,7 @@ def _safe_path(value: Any) -> bool:
 
 ANY = Check("any value", lambda v: True)
 STR = Check("a string", lambda v: isinstance(v, str))
+BOOL = Check("true or false", lambda v: isinstance(v, bool))
 OBJECT = Check("a JSON object", lambda v: isinstance(v, dict))
 PATH = Check("a path without '..' segments", _safe_path)
 BATCH_ID = integer(0, 10**12 - 1)  # batch ids name files with 12 digits
@@ -188,6 +189,11 @@ RECORDS: dict[tuple[str, int], Any] = {
                               "final_barrier": Opt(BATCH_ID), "ended_ms": MILLIS},
     # streaming/operations.py: spark-ckpt restore's request, taken by the next start
     ("restore-request", 1): {"checkpoint_id": integer(0), "requested_ms": MILLIS},
+    # batch/adoption.py: a run unit a Spark Connect driver submitted (paths derived, not kept)
+    ("batch-unit", 1): {"attempt": integer(1), "vertex": STR, "number": integer(0),
+                        "tag": STR, "parts": ListOf(integer(0)), "operations": ListOf(STR),
+                        "lineage": STR, "schema": STR, "connect_session": STR,
+                        "connect_user": STR, "per_task": BOOL},
 }
 
 

@@ -181,6 +181,27 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "(the server may evict it); false: never persist.",
     ),
     _opt(
+        "spark.ckpt.batch.adoptOperations",
+        "bool",
+        True,
+        "Spark Connect only: the server runs a killed client's write operations on to their "
+        "end. A driver records each run unit before it submits its writes (the operations' "
+        "ids and the lineage of what they read, under the job's units/ directory); the "
+        "next attempt waits for the writes a killed attempt left running (reattaching to "
+        "them) when they read what it would read, and records the partitions their files "
+        "complete instead of running them again. Writes that read anything else are "
+        "interrupted. false: interrupt every write an earlier attempt left running.",
+    ),
+    _opt(
+        "spark.ckpt.batch.adoptMaxWaitMs",
+        "int",
+        30 * 60 * 1000,
+        "How long a driver waits in all for the writes an earlier attempt left running "
+        "(spark.ckpt.batch.adoptOperations) before it interrupts them and runs what they "
+        "had not finished itself (a job killed because a stage hung does not hang again).",
+        minimum=0,
+    ),
+    _opt(
         "spark.ckpt.batch.concurrentWaves",
         "int",
         2,
@@ -448,6 +469,8 @@ class Settings:
     batch_exchange_cuts: bool = True
     batch_exchange_min_bytes: int = 8 << 20
     batch_server_cache: bool = False
+    batch_adopt_operations: bool = True
+    batch_adopt_max_wait_ms: int = 30 * 60 * 1000
     batch_concurrent_waves: int = 2
     batch_poll_interval_ms: int = 300
     batch_cleanup_on_success: bool = True

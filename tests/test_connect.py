@@ -52,6 +52,8 @@ PARITY = {
         "tests/test_recovery_faults.py::test_killed_from_outside_mid_vertex",
         "tests/test_recovery_faults.py::"
         "test_the_next_client_reads_what_a_killed_client_left_persisted_on_the_server",
+        "tests/test_recovery_faults.py::"
+        "test_the_next_client_records_what_a_killed_clients_writes_finished_on_the_server",
     ],
     "keyed-state": [
         "tests/test_keyed_state.py::test_keyed_aggregates_equal_plain_spark_in_every_view",

@@ -146,7 +146,7 @@ def test_killed_twice_in_a_row_then_recovered(spark, orders_input, expected_dail
     assert first < second <= TOTAL_PARTITIONS
     result = resubmit(spark, orders_input, tmp_path)
     assert result.attempt == 3
-    assert result.ran == TOTAL_PARTITIONS - second
+    assert result.ran + result.adopted == TOTAL_PARTITIONS - second
     assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
 
 
@@ -159,7 +159,11 @@ def test_killed_from_outside_mid_vertex(spark, orders_input, expected_daily, tmp
         kill_group(proc)
     done = durable(tmp_path / "work")
     result = resubmit(spark, orders_input, tmp_path)
-    assert result.ran == TOTAL_PARTITIONS - done
+    # on Spark Connect, partitions the killed client's writes finished on the server are
+    # recorded (adopted), not run; a classic driver's jobs died with it
+    assert result.ran + result.adopted == TOTAL_PARTITIONS - done
+    if not os.environ.get("SPARK_CKPT_TEST_REMOTE"):
+        assert result.adopted == 0
     assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
 
 
@@ -311,7 +315,9 @@ def test_the_next_client_reads_what_a_killed_client_left_persisted_on_the_server
     from helpers import defaults_text
 
     defaults = tmp_path / "spark-defaults.conf"  # no durable exchange: settled shuffles
-    defaults.write_text(defaults_text(exchanges=False) + "spark.ckpt.batch.serverCache true\n")
+    defaults.write_text(defaults_text(exchanges=False) + "spark.ckpt.batch.serverCache true\n"
+                        # the cache alone: the killed client's writes are not waited for
+                        "spark.ckpt.batch.adoptOperations false\n")
     kept = "settled reads the output a killed client of this server left persisted"
     for case in ("first partition", "two partitions durable", "input replaced"):
         base = tmp_path / case.replace(" ", "-")
@@ -355,6 +361,103 @@ def test_the_next_client_reads_what_a_killed_client_left_persisted_on_the_server
         assert kept not in logged
         assert int(ran.group(2)) == 4
         assert_daily_is_plain_sparks(spark, local_input, base / "out")
+
+
+@pytest.mark.skipif(not os.environ.get("SPARK_CKPT_TEST_REMOTE"),
+                    reason="a Spark Connect server runs a killed client's writes on; a classic "
+                           "driver's jobs die with its JVM (runs in tests/test_connect.py)")
+def test_the_next_client_records_what_a_killed_clients_writes_finished_on_the_server(
+        spark, orders_input, expected_daily, tmp_path):
+    """The server runs a killed client's write operations on to their end. The next client
+    waits for them (each unit was recorded, with its operations' ids, before they started)
+    and records the partitions their files complete instead of running them: settled killed
+    as its first file appears (all four recorded by the next client, none run), killed after
+    two of its four partitions were logged (the other two), enriched killed after its first
+    wave (a wave recorded whole once its writes ended). Killed, then an input file replaced:
+    the writes read the old file, and are interrupted and run again. Killed after every vertex
+    was logged, then a logged file of settled lost: its partition runs again, never taken
+    from the unit that wrote it (whose write ended, so a missing file could pass for an empty
+    partition)."""
+    import re
+    import shutil
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from helpers import defaults_text
+
+    defaults = tmp_path / "spark-defaults.conf"  # no durable exchange: enriched runs in waves
+    defaults.write_text(defaults_text(exchanges=False) + "spark.ckpt.batch.concurrentWaves 2\n")
+    # every task of enriched and settled takes 2 s (a sleep in the JVM), so the Spark job a
+    # client is killed in still runs when it dies (and the next one finds it running or ended)
+    slow = {"SPARK_CKPT_DEFAULTS": str(defaults), "ORDERS_REPORT_SLOW": "1"}
+    adopted = "recorded without running them again"
+    for case in ("settled's first file", "two partitions durable", "enriched's first wave",
+                 "input replaced", "a logged file lost"):
+        base = tmp_path / re.sub(r"\W+", "-", case)
+        local_input = base / "input"
+        shutil.copytree(orders_input, local_input)
+        work = str(base / "work")
+        if case == "two partitions durable":  # the poller stops at settled's third file
+            proc = start_driver(str(local_input), str(base / "out"), work,
+                                fault="partition.written:7:pause", **slow)
+            try:
+                assert wait_for(lambda w=work: sum(v == "settled" for v, _ in finished_in_log(w))
+                                >= 2, timeout=240), proc.stdout
+            finally:
+                kill_group(proc)
+        else:  # killed as settled's first file, or enriched's first wave, is logged
+            crash(str(local_input), base,
+                  "partition.written:1" if case == "enriched's first wave" else
+                  "vertex.finished:3" if case == "a logged file lost" else
+                  "partition.written:5", **slow)
+        before = finished_in_log(work)
+        units = list((base / "work" / "orders" / "units").glob("00001-u*-*.json"))
+        assert units, "the killed client recorded no unit"
+        if case == "input replaced":  # another size: recovery sees it replaced
+            victim = sorted((local_input / "payments").glob("*.parquet"))[0]
+            rows = pq.read_table(victim)
+            rows = rows.set_column(rows.schema.get_field_index("paid"), "paid",
+                                   pc.multiply(rows.column("paid"), 3))
+            pq.write_table(rows.slice(1), victim)
+        if case == "a logged file lost":
+            assert len(before) == 4 + 4 + 2  # enriched, settled, daily: all logged
+            next((base / "out" / "settled" / "_spark_ckpt_staging" / "orders" / "settled")
+                 .glob("a1-*/part-00001-*.parquet")).unlink()
+        done = run_driver(str(local_input), str(base / "out"), work, **slow)
+        logged = done.stdout + done.stderr
+        assert done.returncode == 0, logged[-3000:]
+        ran = {v: (int(r), int(n)) for v, r, n in
+               re.findall(r"  (\S+): \d+ partitions, reused (\d+), ran (\d+)", logged)}
+        took = {v: int(n) for v, n in re.findall(r"(\S+): (\d+) partition\(s\) written by "
+                                                 r"operations a killed client", logged)}
+        if case == "a logged file lost":
+            assert adopted not in logged and "waiting for the writes" not in logged
+            assert ran["settled"] == (3, 1) and ran["daily"] == (0, 2), (ran, logged[-3000:])
+            assert_outputs_equal(spark, str(base / "out"), expected_daily)
+            continue
+        if case == "input replaced":
+            assert adopted not in logged and "read other inputs; interrupting" in logged
+            assert ran["settled"] == (0, 4) and not took, (ran, logged[-3000:])
+            assert_daily_is_plain_sparks(spark, local_input, base / "out")
+            continue
+        assert adopted in logged, (case, logged[-3000:])
+        # found by the ids recorded for them, still running or ended, and waited for (an
+        # operation whose client had read its result is "gone": the killed one had not)
+        vertex = "enriched" if case == "enriched's first wave" else "settled"
+        assert re.search(rf"the writes of {vertex} attempt 1 unit \d+: (succeeded|ended)",
+                         logged), logged[-3000:]
+        assert_outputs_equal(spark, str(base / "out"), expected_daily)
+        settled_before = sum(v == "settled" for v, _ in before)
+        if case == "enriched's first wave":
+            left = 4 - sum(v == "enriched" for v, _ in before)
+            assert took.get("enriched", 0) >= 1 and \
+                took["enriched"] + ran["enriched"][1] == left, (before, took, ran)
+            continue
+        # settled: its one write ran on to its end; the next client runs none of it
+        assert ran["settled"] == (settled_before, 0), (case, ran, logged[-3000:])
+        assert took["settled"] == 4 - settled_before, (case, took)
+        assert settled_before == (2 if case == "two partitions durable" else 0)
 
 
 def test_second_driver_fences_the_first(spark, orders_input, expected_daily, tmp_path):

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from spark_ckpt.batch.adoption import UnitRecord, load_units, units_dir
 from spark_ckpt.batch.cuts import (
     CutPlan,
     plan_cuts,
@@ -68,6 +69,9 @@ class VertexSummary:
     reused: int
     ran: int
     seconds: float = 0.0  # wall time this attempt spent running the vertex
+    # Spark Connect: partitions a killed client's write operations finished on the server
+    # while this attempt waited for them (batch.adoption); not in ran
+    adopted: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +101,10 @@ class JobResult:
     @property
     def reused(self) -> int:
         return sum(v.reused for v in self.vertices.values())
+
+    @property
+    def adopted(self) -> int:
+        return sum(v.adopted for v in self.vertices.values())
 
 
 def job_paths(storage: Storage, job_id: str) -> dict[str, str]:
@@ -160,6 +168,12 @@ class JobRunner:
         self.finished: dict[tuple[str, int], FinishedPartition] = {}
         self._finished_lock = threading.Lock()
         self.ran: dict[str, int] = {}
+        self.adopted: dict[str, int] = {}
+        # Spark Connect: the units earlier attempts left running (batch.adoption), and the
+        # markers of those attempts, not interrupted until their units are adopted or not
+        self.left_running: list[UnitRecord] = []
+        self._deferred: dict[int, str] = {}
+        self.once_finished: set[tuple[str, int]] = set()  # never adopted (batch.adoption)
         self.seconds: dict[str, float] = {}
         self.attempt = 0
         self.writer: EventLogWriter | None = None
@@ -227,20 +241,61 @@ class JobRunner:
     # -- the attempt -----------------------------------------------------------------------
     def run(self, *, fresh: bool = False) -> JobResult:
         started = time.perf_counter()
-        job_id = self.run_id
         self.graph.validate()
         # Claimed before a fresh start archives anything: attempt numbers keep growing across
         # fresh starts, so a driver still running an older attempt finds itself fenced.
         self.attempt = self._claim_attempt()
         self.fence.claim(f"attempt {self.attempt}")
+        try:
+            return self._run_claimed(started, fresh)
+        finally:
+            self.release_earlier(set(self._deferred))
+
+    def _interrupt_or_defer(self, history: JobHistory) -> None:
+        """Interrupt what the last earlier attempts left running on a Spark Connect server,
+        except the attempts whose recorded run units may finish partitions this one needs
+        (batch.adoption): those are deferred until their vertex comes (VertexRunner.adopt).
+        Only records of attempts this event log knows (a fresh start or a log set aside
+        forgets them with it), and only units with a partition never logged finished."""
+        earlier = range(max(1, self.attempt - 3), self.attempt)
+        if self.settings.batch_adopt_operations and spark_api(self.spark).session_id():
+            known = {n for n in earlier if n in history.attempts}
+            try:
+                records = load_units(self.storage, self.paths["job"], known)
+            except Exception as exc:  # noqa: BLE001 - a speed-up: interrupt and run instead
+                log.warning("Job %s attempt %d: cannot list the run units earlier attempts "
+                            "recorded (%s); interrupting what they left running",
+                            self.run_id, self.attempt, exc)
+                records = []
+            self.left_running = [r for r in records
+                                 if {(r.vertex, p) for p in r.parts} - history.ever_finished]
+        self._deferred = {r.attempt: self._attempt_marker(r.attempt)
+                          for r in self.left_running}
         interrupt_earlier_clients(
             self.spark, self.storage,
-            [self._attempt_marker(n) for n in range(max(1, self.attempt - 3), self.attempt)],
-            "job-attempt", f"Job {job_id} attempt {self.attempt}")
+            [self._attempt_marker(n) for n in earlier if n not in self._deferred],
+            "job-attempt", f"Job {self.run_id} attempt {self.attempt}")
+
+    def release_earlier(self, attempts: set[int]) -> None:
+        """Interrupt what ``attempts`` (earlier ones whose units this one meant to adopt) still
+        run on the server: their units were adopted, or read other inputs, or are not needed."""
+        markers = [self._deferred.pop(n) for n in sorted(attempts) if n in self._deferred]
+        if markers:
+            interrupt_earlier_clients(self.spark, self.storage, markers, "job-attempt",
+                                      f"Job {self.run_id} attempt {self.attempt}")
+
+    def _run_claimed(self, started: float, fresh: bool) -> JobResult:
+        job_id = self.run_id
         if fresh:
             self._archive(self.paths["events"], "archived")
             self._archive(self.paths["results"], "archived")
-        history = self._load_history()
+            self._archive(units_dir(self.paths["job"]), "archived")
+        try:
+            history = self._load_history()
+        except BaseException:
+            self._interrupt_or_defer(JobHistory())  # nothing known: interrupt them all
+            raise
+        self._interrupt_or_defer(history)
         if history.completed:
             log.info("Job %s already completed in attempt %d; nothing to do (attempt %d)",
                      job_id, max(a.attempt for a in history.attempts.values()
@@ -280,6 +335,7 @@ class JobRunner:
             log.error("Job %s: %s; keeping it aside and starting fresh", self.run_id, exc)
             self._archive(self.paths["events"], "unreadable")
             self._archive(self.paths["results"], "orphaned")
+            self._archive(units_dir(self.paths["job"]), "orphaned")
             return JobHistory()
         self.problems.extend(problems)
         return replay_table(table)
@@ -338,6 +394,10 @@ class JobRunner:
             self._emit(event)
         self.finished = dict(plan.finished)
         total_to_run = sum(len(p) for p in plan.to_run.values())
+        self.release_earlier({r.attempt for r in self.left_running}
+                             - {r.attempt for r in self.left_running
+                                if set(r.parts) & set(plan.to_run.get(r.vertex, ()))})
+        self.once_finished = set(history.ever_finished)
         log.info("Job %s attempt %d: reusing %d finished partitions, running %d (%s)", job_id,
                  self.attempt, plan.reused, total_to_run,
                  ", ".join(f"{v}: {len(p)}" for v, p in plan.to_run.items()) or "nothing")
@@ -357,12 +417,13 @@ class JobRunner:
             t0 = time.perf_counter()
             self._check_fenced()  # a newer attempt may have finished and removed results
             try:
-                runner.run(vertex, parts)
+                adopted = runner.run(vertex, parts)
             except Exception:
                 self._check_fenced()  # the failure of a fenced driver is its fencing
                 raise
             self.seconds[vertex.id] = time.perf_counter() - t0
-            self.ran[vertex.id] = len(parts)
+            self.ran[vertex.id] = len(parts) - adopted
+            self.adopted[vertex.id] = adopted
             self.writer.flush()
             fault_point("vertex.finished")
 
@@ -373,6 +434,7 @@ class JobRunner:
                 reused=sum(1 for p in range(v.parallelism) if (v.id, p) in plan.finished),
                 ran=self.ran.get(v.id, 0),
                 seconds=round(self.seconds.get(v.id, 0.0), 3),
+                adopted=self.adopted.get(v.id, 0),
             )
             for v in self.graph.live_vertices() if not self.graph.is_virtual(v.id)
         }
@@ -388,6 +450,7 @@ class JobRunner:
                  job_id, self.attempt, duration, ran, plan.reused)
         if self.settings.batch_cleanup_on_success:
             self.storage.delete_dir(self.paths["results"])
+            self.storage.delete_dir(units_dir(self.paths["job"]))
         return JobResult(job_id, self.attempt, "succeeded", summaries, committed, duration,
                          lost=plan.lost, problems=self.problems,
                          planning_s=round(planning_s, 3), recomputed=recomputed)

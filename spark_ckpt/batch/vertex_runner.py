@@ -25,7 +25,9 @@ A vertex marked ``durable=False`` has no files: consumers compute it inline, in 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import json
 import hashlib
 import logging
 import re
@@ -34,11 +36,12 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
+from spark_ckpt.batch.adoption import UnitRecord, write_unit
 from spark_ckpt.sinks import Sink, partition_values, written_files
 from spark_ckpt.batch.buckets import BucketedTables, job_table_prefix, layout_suffix
 from spark_ckpt.batch.cuts import wave_size, waves_of
 from spark_ckpt.batch.sources import FileSource
-from spark_ckpt.errors import JobDefinitionError, TaskExecutionError
+from spark_ckpt.errors import JobDefinitionError, JobFencedError, TaskExecutionError
 from spark_ckpt.execution.graph import Edge, JobVertex
 from spark_ckpt.execution.result_partition import OutputFile, PartitionResult, result_dir
 from spark_ckpt.execution.state import ExecutionState
@@ -78,6 +81,14 @@ class Attempt(Protocol):
 
     def partition_finished(self, result: PartitionResult) -> bool:
         """Record a finished partition once; False for duplicates and stale attempts."""
+
+    # Spark Connect: the run units earlier attempts left running (batch.adoption), and the
+    # partitions never to take from them (logged finished once: their files may be gone)
+    left_running: list[UnitRecord]
+    once_finished: set[tuple[str, int]]
+
+    def release_earlier(self, attempts: set[int]) -> None:
+        """Interrupt what earlier ``attempts`` still run on the server."""
 
 log = logging.getLogger(__name__)
 
@@ -410,12 +421,11 @@ class VertexRunner:
             )
 
     # -- running ---------------------------------------------------------------------------
-    def run(self, vertex: JobVertex, parts: list[int]) -> None:
+    def run(self, vertex: JobVertex, parts: list[int]) -> int:
+        """Run ``parts`` of ``vertex``; how many of them a killed client's write operations
+        finished instead (:meth:`adopt`)."""
         started = time.perf_counter()
-        if self.hash_mode(vertex):
-            units = [parts]
-        else:
-            units = self._waves(vertex, parts)
+        if not self.hash_mode(vertex):
             for edge in vertex.inputs:
                 upstream = self.graph.vertices[edge.upstream]
                 if edge.kind == "forward" and upstream.durable and not upstream.is_source \
@@ -435,11 +445,15 @@ class VertexRunner:
                     f"{list(upstream.key) or 'none'}); read it with "
                     f"{upstream.id}.by({', '.join(map(repr, vertex.key))})"
                 )
+        adopted = self.adopt(vertex, parts)
+        rest = [p for p in parts if (vertex.id, p) not in self.job.finished]
+        units = ([rest] if self.hash_mode(vertex) else self._waves(vertex, rest)) if rest else []
         log.info("Job %s attempt %d: vertex %s runs %d of %d partitions in %d Spark job(s) "
-                 "(%s mode)", self.job.run_id, self.job.attempt, vertex.id, len(parts),
+                 "(%s mode)", self.job.run_id, self.job.attempt, vertex.id, len(rest),
                  vertex.parallelism, len(units), "hash" if self.hash_mode(vertex) else "split")
         try:
-            self._run_units(vertex, units)
+            if units:
+                self._run_units(vertex, units)
         finally:  # after every wave thread ended
             self.tables.drop_all()
         missing = [p for p in parts if (vertex.id, p) not in self.job.finished]
@@ -452,6 +466,7 @@ class VertexRunner:
         log.info("Job %s attempt %d: vertex %s finished %d partitions in %.1f s",
                  self.job.run_id, self.job.attempt, vertex.id, len(parts),
                  time.perf_counter() - started)
+        return adopted
 
     def _run_units(self, vertex: JobVertex, units: list[list[int]]) -> None:
         groups: list[str] = []
@@ -480,6 +495,162 @@ class VertexRunner:
         return waves_of(parts, wave_size(vertex.parallelism, per_wave,
                                          fine=bool(vertex.partial_of or vertex.exchange_of)),
                         ramp=per_wave == 0 and vertex.exchange_of is not None)
+
+    # -- what a killed Spark Connect client left running (batch.adoption) ------------------
+    def lineage(self, vertex: JobVertex) -> str | None:
+        """What ``vertex`` reads, as recovery tells inputs apart: its definition, and for each
+        input the finished partitions it reads (by attempt id: a partition run again is
+        another input), a source's files and sizes, or an inline vertex's own lineage. Equal
+        lineages read the same rows. None when a source is not files."""
+        digest = hashlib.sha256()
+        if not self._lineage_into(digest, vertex):
+            return None
+        return digest.hexdigest()[:32]
+
+    def _lineage_into(self, digest: Any, vertex: JobVertex) -> bool:
+        digest.update(f"{vertex.id}\0{vertex.fingerprint()}\0{vertex.parallelism}\0"
+                      f"{list(vertex.key)}\n".encode())
+        if vertex.is_source:
+            if not isinstance(vertex.source, FileSource):
+                return False
+            for j, split in enumerate(self.splits.get(vertex.id, [])):
+                for path, size in split:
+                    digest.update(f"{j}\0{path}\0{size}\n".encode())
+            return True
+        for edge in vertex.inputs:
+            upstream = self.graph.vertices[edge.upstream]
+            digest.update(f"{edge.upstream}\0{edge.kind}\0{list(edge.columns)}\n".encode())
+            done = [self.job.finished.get((upstream.id, p)) for p in range(upstream.parallelism)]
+            if upstream.durable and not upstream.is_source and all(done):
+                for f in done:
+                    assert f is not None
+                    digest.update(f"{f.partition}\0{f.attempt_id}\n".encode())
+            elif not self._lineage_into(digest, upstream):
+                return False
+        return True
+
+    def _record_unit(self, vertex: JobVertex, parts: list[int], number: int, tag: str,
+                     writes: list[_Write]) -> list[str] | None:
+        """On Spark Connect, record the unit before its writes start, with the ids its
+        operations will have (:mod:`spark_ckpt.batch.adoption`); None when not recorded."""
+        api = spark_api(self.spark)
+        session = api.session_id()
+        if not (session and self.job.settings.batch_adopt_operations) or \
+                self.planning is not None or self.job.explaining or \
+                any(w.buckets for w in writes) or self._reads_exchanges(vertex):
+            # a durable exchange's writes, and a vertex reading its tables (which the next
+            # attempt drops at its start), are run again
+            return None
+        lineage = self.lineage(vertex)
+        if lineage is None:
+            return None
+        operations = [str(uuid.uuid4()) for w in writes if w.mirror_of is None]
+        write_unit(self.job.storage, self.job.paths["job"], UnitRecord(
+            attempt=self.job.attempt, vertex=vertex.id, number=number, tag=tag,
+            parts=tuple(parts), operations=tuple(operations), lineage=lineage,
+            schema=self.schemas[vertex.id], session=session, user=api.session_user() or "",
+            per_task=self.hash_mode(vertex) and self.per_task_commits()))
+        return operations
+
+    def adopt(self, vertex: JobVertex, parts: list[int]) -> int:
+        """Wait for the write operations earlier attempts left running for ``parts`` of
+        ``vertex`` when they read what this attempt would read, and record the partitions
+        their files complete; how many. Units that read anything else are interrupted."""
+        wanted = {p for p in parts if (vertex.id, p) not in self.job.once_finished}
+        records = [r for r in self.job.left_running
+                   if r.vertex == vertex.id and set(r.parts) & wanted]
+        if not records:
+            return 0
+        lineage = self.lineage(vertex)
+        other = {r.attempt for r in records if r.lineage != lineage}
+        if other:
+            log.info("Job %s attempt %d: the writes of %s attempt(s) %s left running read other "
+                     "inputs; interrupting them", self.job.run_id, self.job.attempt,
+                     vertex.id, sorted(other))
+            self.job.release_earlier(other)
+        api = spark_api(self.spark)
+        before = sum((vertex.id, p) in self.job.finished for p in parts)
+        deadline = time.monotonic() + self.job.settings.batch_adopt_max_wait_ms / 1000.0
+        try:
+            for record in records:
+                if record.attempt in other:
+                    continue
+                log.info("Job %s attempt %d: waiting for the writes of %s partitions %s that "
+                         "attempt %d left running on the server (operations %s)",
+                         self.job.run_id, self.job.attempt, vertex.id, list(record.parts),
+                         record.attempt, ", ".join(record.operations))
+                try:
+                    states = [api.await_operation(record.session, record.user or None, op,
+                                                  max(0.0, deadline - time.monotonic()))
+                              for op in record.operations]
+                    log.info("Job %s attempt %d: the writes of %s attempt %d unit %d: %s",
+                             self.job.run_id, self.job.attempt, vertex.id, record.attempt,
+                             record.number, ", ".join(states))
+                    self._record_left(vertex, record, states, wanted)
+                except JobFencedError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a speed-up: run them instead
+                    log.warning("Job %s attempt %d: could not take what attempt %d's writes of "
+                                "%s finished (%s); running those partitions again",
+                                self.job.run_id, self.job.attempt, record.attempt, vertex.id,
+                                exc)
+        finally:
+            self.job.release_earlier({r.attempt for r in records})
+        adopted = sum((vertex.id, p) in self.job.finished for p in parts) - before
+        if adopted:
+            log.info("Job %s attempt %d: %s: %d partition(s) written by operations a killed "
+                     "client left running, recorded without running them again",
+                     self.job.run_id, self.job.attempt, vertex.id, adopted)
+        return adopted
+
+    def _record_left(self, vertex: JobVertex, record: UnitRecord, states: list[str],
+                     wanted: set[int]) -> None:
+        """Record what one earlier unit's files complete, as its own tracker would have."""
+        from pyspark.sql.types import StructType
+
+        writes = self._writes(vertex, record.number, tag=record.tag)
+        own = [w for w in writes if w.mirror_of is None]
+        if len(own) != len(record.operations) or any(w.buckets for w in writes):
+            log.warning("Job %s: the unit record of %s attempt %d names %d writes, this "
+                        "attempt makes %d; running its partitions again", self.job.run_id,
+                        vertex.id, record.attempt, len(record.operations), len(own))
+            return
+        for w, state in zip(own, states, strict=True):
+            # ended whole: its end seen now, as a success or as an end the server still
+            # knows of with the commit's _SUCCESS marker beside (an old marker alone is no
+            # proof that a missing file was an empty partition: files may be lost since)
+            store = Storage(w.directory)
+            w.done = store.exists(store.root) and (
+                state == "succeeded" or
+                (state == "ended" and store.exists(join(store.root, "_SUCCESS"))))
+        for w in writes:
+            if w.mirror_of is not None:
+                w.done = w.mirror_of.done
+        todo = [p for p in record.parts
+                if p in wanted and (vertex.id, p) not in self.job.finished]
+        hash_mode = self.hash_mode(vertex)
+        if not todo or (not hash_mode and (len(todo) < len(record.parts)
+                                           or not all(w.done for w in writes))):
+            return  # a wave counts whole, when every write ended
+        self.schemas.setdefault(vertex.id, record.schema)
+        self._prepare(writes, StructType.fromJson(json.loads(record.schema)))
+        executions = {p: self.job.registry.create(self.job.attempt, vertex.id, p)
+                      for p in todo}
+        for execution in executions.values():
+            execution.machine.move_to(ExecutionState.DEPLOYING)
+            execution.machine.move_to(ExecutionState.RUNNING)
+        tracker = _UnitTracker(self, vertex, list(record.parts), writes, executions,
+                               self.job.clock.now_ms())
+        tracker.per_task = hash_mode and record.per_task  # as the killed writer committed
+        tracker.recorded = set(record.parts) - set(todo)
+        if hash_mode:
+            tracker._check_attribution()
+            tracker._record_visible()
+        else:
+            tracker.finish()
+        for p, execution in executions.items():
+            if p not in tracker.recorded:
+                execution.machine.move_to(ExecutionState.FAILED)
 
     # -- a keyed vertex's output kept on a Spark Connect server -----------------------------
     def keeps_on_server(self, vertex: JobVertex) -> bool:
@@ -594,20 +765,27 @@ class VertexRunner:
             execution.machine.move_to(ExecutionState.DEPLOYING)
         df, keep = self._arranged(vertex, parts)
         self.schemas[vertex.id] = df.schema.json()
-        writes = self._writes(vertex, number)
-        with self._prepare_lock:  # waves run in threads; a sink is prepared once
-            for w in writes:
-                if w.kind == "sink" and w.target not in self._prepared:
-                    self.sinks[w.target].prepare(df.schema)
-                    self._prepared.add(w.target)
+        tag = f"a{job.attempt}-u{number}-{uuid.uuid4().hex[:8]}"
+        writes = self._writes(vertex, number, tag)
+        self._prepare(writes, df.schema)
+        operations = self._record_unit(vertex, parts, number, tag, writes)
         with spark_api(self.spark).job_group(
                 group, f"spark_ckpt job {job.run_id} attempt {job.attempt}: vertex "
                 f"{vertex.id} partitions {parts[0]}..{parts[-1]}", owner=job.owner_tag):
-            self._write_unit(vertex, parts, df, writes, executions, started_ms, keep)
+            self._write_unit(vertex, parts, df, writes, executions, started_ms, keep,
+                             operations)
+
+    def _prepare(self, writes: list[_Write], schema: StructType) -> None:
+        with self._prepare_lock:  # waves run in threads; a sink is prepared once
+            for w in writes:
+                if w.kind == "sink" and w.target not in self._prepared:
+                    self.sinks[w.target].prepare(schema)
+                    self._prepared.add(w.target)
 
     def _write_unit(self, vertex: JobVertex, parts: list[int], df: DataFrame,
                     writes: list[_Write], executions: dict[int, Any], started_ms: int,
-                    keep: DataFrame | None = None) -> None:
+                    keep: DataFrame | None = None,
+                    operations: list[str] | None = None) -> None:
         from pyspark.storagelevel import StorageLevel
 
         for execution in executions.values():
@@ -628,6 +806,8 @@ class VertexRunner:
             poller = threading.Thread(target=tracker.poll, args=(stop,),
                                       name=f"spark-ckpt-poll-{vertex.id}", daemon=True)
             poller.start()
+        ids = iter(operations or ())
+        api = spark_api(self.spark)
         try:
             for w in writes:
                 if w.mirror_of is not None:
@@ -638,7 +818,9 @@ class VertexRunner:
                     writer = df.write.mode("append").options(**_V2)
                     if w.partition_by:
                         writer = writer.partitionBy(*w.partition_by)
-                    writer.parquet(w.directory)
+                    operation = next(ids, None)
+                    with api.operation_id(operation) if operation else contextlib.nullcontext():
+                        writer.parquet(w.directory)
                 w.done = True
                 for mirror in writes:
                     if mirror.mirror_of is w:
@@ -665,9 +847,10 @@ class VertexRunner:
             if keep is not None:
                 keep.unpersist()
 
-    def _writes(self, vertex: JobVertex, number: int) -> list[_Write]:
+    def _writes(self, vertex: JobVertex, number: int, tag: str) -> list[_Write]:
+        """The writes of run unit ``number``, in directories named by ``tag`` (this unit's, or
+        an earlier attempt's unit's, derived as its driver did)."""
         job = self.job
-        tag = f"a{job.attempt}-u{number}-{uuid.uuid4().hex[:8]}"
         writes = []
         result_sink = self._result_sink(vertex)
         if self._needs_results(vertex) and result_sink is None:

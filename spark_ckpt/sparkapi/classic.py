@@ -169,3 +169,11 @@ class ClassicSpark:
 
     def interrupt_session(self, session_id: str, tag: str, user: str | None) -> list[str]:
         return []  # a classic driver's jobs end with its JVM
+
+    @contextlib.contextmanager
+    def operation_id(self, operation_id: str) -> Iterator[None]:
+        yield  # a classic driver's jobs end with its JVM: nothing to find again
+
+    def await_operation(self, session_id: str, user: str | None, operation_id: str,
+                        timeout_s: float) -> str:
+        return "gone"

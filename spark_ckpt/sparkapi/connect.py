@@ -13,14 +13,17 @@ import contextlib
 import copy
 import logging
 import re
+import threading
+import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.errors import EnvironmentError_
 from spark_ckpt.sparkapi.types import PlanNode
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.connect.client import SparkConnectClient
 
 __all__ = ["ConnectSpark"]
 
@@ -29,6 +32,9 @@ log = logging.getLogger(__name__)
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
           "PiB": 1 << 50, "EiB": 1 << 60}
 _SIZE = re.compile(r"sizeInBytes=([0-9.]+(?:E[0-9]+)?) ?(B|KiB|MiB|GiB|TiB|PiB|EiB)")
+# what a reattach to an operation the server no longer has answers
+_GONE = ("OPERATION_NOT_FOUND", "SESSION_NOT_FOUND", "SESSION_CLOSED", "OPERATION_ABANDONED")
+_PENDING = threading.local()  # operation_id(): the id the next operation of a thread takes
 _SPLITS = re.compile(r"Range \(0, \d+, step=1, splits=(\d+)\)")
 
 
@@ -152,19 +158,23 @@ class ConnectSpark:
         user = getattr(self.spark.client, "_user_id", None)
         return str(user) if user else None
 
-    def interrupt_session(self, session_id: str, tag: str, user: str | None) -> list[str]:
-        """Attach a second client to ``session_id`` (as ``user``: the server finds sessions
-        by user and id) over this client's channel settings (URL, token) and interrupt the
-        operations tagged ``tag``. A session the server closed or forgot has nothing left."""
+    def _client_of(self, session_id: str, user: str | None) -> SparkConnectClient:
+        """A second client attached to ``session_id`` (as ``user``: the server finds sessions
+        by user and id) over this client's channel settings (URL, token)."""
         from pyspark.sql.connect.client import SparkConnectClient
 
-        if session_id == self.session_id():
-            return []
         builder = copy.copy(self.spark.client._builder)
         builder._params = {**builder._params, "session_id": session_id}
         if user:
             builder._params["user_id"] = user
-        client = SparkConnectClient(connection=builder)
+        return SparkConnectClient(connection=builder)
+
+    def interrupt_session(self, session_id: str, tag: str, user: str | None) -> list[str]:
+        """Interrupt the operations tagged ``tag`` in session ``session_id`` (see
+        :meth:`_client_of`). A session the server closed or forgot has nothing left."""
+        if session_id == self.session_id():
+            return []
+        client = self._client_of(session_id, user)
         try:
             return list(client.interrupt_tag(tag) or [])
         except Exception as exc:
@@ -173,3 +183,124 @@ class ConnectSpark:
             raise
         finally:
             client.close()
+
+    @contextlib.contextmanager
+    def operation_id(self, operation_id: str) -> Iterator[None]:
+        """The Python client makes a new UUID for each operation inside its request builder.
+        Two of its methods are wrapped (once per client): ``execute_command`` arms the
+        thread's pending id for a write command only, and the request builder takes an armed
+        id, once. An id the block's write did not take is reported (the record then names an
+        operation the server never had, which the next attempt reads as gone)."""
+        client = self.spark.client
+        if not getattr(client, "_spark_ckpt_operation_ids", False):
+            build = client._execute_plan_request_with_metadata
+            execute = client.execute_command
+
+            def build_with_id(operation_id: str | None = None) -> Any:
+                armed = getattr(_PENDING, "armed", None)
+                if operation_id is None and armed:
+                    operation_id, _PENDING.armed = armed, None
+                return build(operation_id)
+
+            def execute_with_id(command: Any, observations: Any = None) -> Any:
+                pending = getattr(_PENDING, "ids", None)
+                if pending and command.HasField("write_operation"):
+                    _PENDING.armed = pending.pop()
+                try:
+                    return execute(command, observations)
+                finally:
+                    _PENDING.armed = None
+
+            client._execute_plan_request_with_metadata = build_with_id
+            client.execute_command = execute_with_id
+            client._spark_ckpt_operation_ids = True
+        _PENDING.ids = [operation_id]
+        try:
+            yield
+        finally:
+            if _PENDING.ids:
+                log.warning("Spark Connect: the write did not take operation id %s (this "
+                            "client's writes are not write commands?); a client killed "
+                            "during it leaves nothing the next one waits for", operation_id)
+            _PENDING.ids = []
+
+    def await_operation(self, session_id: str, user: str | None, operation_id: str,
+                        timeout_s: float) -> str:
+        """Reattach to the operation (``ReattachExecute``, as a client whose stream broke
+        does) and read its responses to the end: the stream ends with ``result_complete``, or
+        the operation's error, or an unknown-handle error. Attached, a long operation is not
+        abandoned by the server's detached timeout. Where the server cannot resend from the
+        start (the killed client had released responses), the operation's status is polled
+        (``GetStatus``) instead. After ``timeout_s``: ``"running"``."""
+        import grpc
+        from pyspark.sql.connect.proto import base_pb2 as pb2
+
+        deadline = time.monotonic() + timeout_s
+        unavailable = 0
+        client = self._client_of(session_id, user)
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return "running"
+                request = pb2.ReattachExecuteRequest(session_id=session_id,
+                                                     operation_id=operation_id,
+                                                     client_type=client._builder.userAgent)
+                if client._user_id:
+                    request.user_context.user_id = client._user_id
+                try:
+                    for response in client._stub.ReattachExecute(
+                            request, metadata=client._builder.metadata(), timeout=remaining):
+                        if response.HasField("result_complete"):
+                            return "succeeded"
+                except grpc.RpcError as exc:
+                    code = exc.code() if callable(getattr(exc, "code", None)) else None
+                    text = f"{code}: {exc.details() if hasattr(exc, 'details') else exc}"
+                    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        continue  # the deadline above says whether to go on
+                    if code == grpc.StatusCode.UNAVAILABLE and unavailable < 5:
+                        unavailable += 1  # the server restarting, or the network
+                        time.sleep(min(1.0 * unavailable, max(0.0, remaining)))
+                        continue
+                    if any(marker in text for marker in _GONE):
+                        log.info("Spark Connect: no operation %s in session %s: %s",
+                                 operation_id, session_id, text[:300])
+                        return "gone"
+                    if "INVALID_CURSOR" in text:
+                        return _poll_status(client, operation_id, deadline)
+                    log.info("Spark Connect: operation %s of session %s ended with %s",
+                             operation_id, session_id, text[:500])
+                    return "failed"
+                # the stream ended without the result: the server's longest stream; again
+        finally:
+            client.close()
+
+
+def _poll_status(client: SparkConnectClient, operation_id: str, deadline: float,
+                 interval_s: float = 0.5) -> str:
+    """An operation's end by its status (``GetStatus``), until ``deadline`` (monotonic).
+    ``TERMINATING`` is ``"ended"``: the operation ran to its end (its result, or its error,
+    waits for a client that will never release it, until the server abandons it), and the
+    status does not say which; the caller tells by what it wrote. What a server too old to
+    tell answers (no such RPC) is ``"gone"``."""
+    from pyspark.sql.connect.proto import base_pb2 as pb2
+
+    states = pb2.GetStatusResponse.OperationStatus.OperationState
+    while True:
+        try:
+            statuses = client._get_operation_statuses([operation_id]).operation_statuses
+        except Exception as exc:  # noqa: BLE001 - no status: nothing to wait for
+            log.info("Spark Connect: no status of operation %s: %s", operation_id, exc)
+            return "gone"
+        state = next((s.state for s in statuses if s.operation_id == operation_id), None)
+        if state == states.OPERATION_STATE_SUCCEEDED:
+            return "succeeded"
+        if state in (states.OPERATION_STATE_FAILED, states.OPERATION_STATE_CANCELLED):
+            return "failed"
+        if state == states.OPERATION_STATE_TERMINATING:
+            return "ended"
+        if state != states.OPERATION_STATE_RUNNING:
+            return "gone"
+        if time.monotonic() >= deadline:
+            return "running"
+        time.sleep(interval_s)

@@ -111,6 +111,20 @@ class SparkApi(Protocol):
         interrupted. Nothing else of that session is touched (a notebook's session may have
         moved on to other work)."""
 
+    def operation_id(self, operation_id: str) -> AbstractContextManager[None]:
+        """Within the block, the next Spark operation this thread starts on Spark Connect has
+        ``operation_id`` (a UUID4), so a record written before it names it; nothing on classic
+        (whose jobs end with its driver)."""
+
+    def await_operation(self, session_id: str, user: str | None, operation_id: str,
+                        timeout_s: float) -> str:
+        """Wait up to ``timeout_s`` for operation ``operation_id`` of another client's session
+        (a killed client's: the server runs it on) to end: ``"succeeded"``, ``"failed"`` (it
+        ended with an error or was interrupted), ``"gone"`` (the server has no such
+        operation: never started, or ended and forgotten, or its session closed),
+        ``"ended"`` (it ended, and the server cannot say how: tell by what it wrote) or
+        ``"running"`` (still, at the timeout). Always ``"gone"`` on classic."""
+
 
 def walk(node: PlanNode) -> Iterator[PlanNode]:
     """Every node under (and including) ``node``."""

@@ -696,7 +696,9 @@ def main() -> None:
                                            / statistics.median(full_process)
                                            if full_process else None),
                          "fresh_seconds": full, "ratio": recovered["seconds"] / full,
-                         "total_ratio": (fraction * full + recovered["seconds"]) / full})
+                         "total_ratio": (fraction * full + recovered["seconds"]) / full,
+                         "outputs_checked": outputs_equal(str(base / "out-plain"), out)
+                         if (base / "out-plain").exists() else None})
             print(f"kill at {fraction:.0%} of {full:.1f} s with {killed['durable_partitions']} "
                   f"partitions durable: recovered in {recovered['seconds']:.1f} s (ran "
                   f"{recovered['ran']}, reused {recovered['reused']}, adopted "
@@ -727,6 +729,8 @@ def main() -> None:
             "ratio": (rerun["vertex_seconds"]["settled"] / full_settled
                       if full_settled else None),
             "rerun_total_seconds": rerun["seconds"],
+            "outputs_checked": outputs_equal(str(base / "out-plain"), out)
+            if (base / "out-plain").exists() else None,
         }
         print(f"re-run of {lost} settled partitions: {rerun['vertex_seconds']['settled']:.1f} s "
               f"vs the whole vertex {full_settled} s", flush=True)

@@ -288,7 +288,8 @@ class JobRunner:
 
     def _run_claimed(self, started: float, fresh: bool) -> JobResult:
         job_id = self.run_id
-        if fresh:
+        if fresh:  # what earlier attempts still run writes into what is set aside: stop it
+            self._interrupt_or_defer(JobHistory())
             self._archive(self.paths["events"], "archived")
             self._archive(self.paths["results"], "archived")
             self._archive(units_dir(self.paths["job"]), "archived")
@@ -338,22 +339,33 @@ class JobRunner:
         of a 50 + 50 file join on Spark Connect), and every analysis (schema, explain, the
         write) pays it again; so for the run, when the work directory and every file source
         are local, the threshold covers the lists. Object stores keep the parallel listing."""
+        vertices = self.graph.vertices.values()
         local = self.storage.local and all(
-            Storage(v.source.path).local for v in self.graph.vertices.values()
-            if v.is_source and isinstance(v.source, FileSource))
+            isinstance(v.source, FileSource) and Storage(v.source.path).local
+            for v in vertices if v.is_source) and all(
+            Storage(spec.path).local for v in vertices for spec in v.sinks)
         key = "spark.sql.sources.parallelPartitionDiscovery.threshold"
-        before = self.spark.conf.get(key, None) if local else None
-        if not local or (before is not None and before.isdigit() and int(before) >= 1 << 20):
-            yield
-            return
-        self.spark.conf.set(key, str(1 << 20))
+        try:
+            before = self.spark.conf.get(key, None) if local else None
+            if not local or (before is not None and before.isdigit()
+                             and int(before) >= 1 << 20):
+                before = "keep"
+            else:
+                self.spark.conf.set(key, str(1 << 20))
+        except Exception as exc:  # noqa: BLE001 - a speed-up: a server may refuse the key
+            log.info("Job %s: keeping Spark's listing threshold (%s)", self.run_id, exc)
+            before = "keep"
         try:
             yield
         finally:
-            if before is None:
-                self.spark.conf.unset(key)
-            else:
-                self.spark.conf.set(key, before)
+            if before != "keep":
+                try:
+                    if before is None:
+                        self.spark.conf.unset(key)
+                    else:
+                        self.spark.conf.set(key, before)
+                except Exception as exc:  # noqa: BLE001 - the session may be gone
+                    log.warning("Job %s: could not restore %s: %s", self.run_id, key, exc)
 
     def _load_history(self) -> JobHistory:
         try:

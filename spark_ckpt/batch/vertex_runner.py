@@ -545,11 +545,18 @@ class VertexRunner:
         if lineage is None:
             return None
         operations = [str(uuid.uuid4()) for w in writes if w.mirror_of is None]
-        write_unit(self.job.storage, self.job.paths["job"], UnitRecord(
-            attempt=self.job.attempt, vertex=vertex.id, number=number, tag=tag,
-            parts=tuple(parts), operations=tuple(operations), lineage=lineage,
-            schema=self.schemas[vertex.id], session=session, user=api.session_user() or "",
-            per_task=self.hash_mode(vertex) and self.per_task_commits()))
+        try:
+            write_unit(self.job.storage, self.job.paths["job"], UnitRecord(
+                attempt=self.job.attempt, vertex=vertex.id, number=number, tag=tag,
+                parts=tuple(parts), operations=tuple(operations), lineage=lineage,
+                schema=self.schemas[vertex.id], session=session,
+                user=api.session_user() or "",
+                per_task=self.hash_mode(vertex) and self.per_task_commits()))
+        except Exception as exc:  # noqa: BLE001 - a speed-up for the next attempt only
+            log.warning("Job %s attempt %d: could not record run unit %d of %s (%s); a client "
+                        "killed during it leaves nothing the next one waits for",
+                        self.job.run_id, self.job.attempt, number, vertex.id, exc)
+            return None
         return operations
 
     def adopt(self, vertex: JobVertex, parts: list[int]) -> int:
@@ -589,7 +596,13 @@ class VertexRunner:
                     self._record_left(vertex, record, states, wanted)
                 except JobFencedError:
                     raise
-                except Exception as exc:  # noqa: BLE001 - a speed-up: run them instead
+                except Exception as exc:
+                    if not self.hash_mode(vertex) and any(
+                            self.job.finished.get((vertex.id, p)) is not None and
+                            self.job.finished[(vertex.id, p)].job_attempt == self.job.attempt
+                            for p in record.parts):
+                        raise  # a wave counts whole: part of it recorded, it may not run again
+                    # a speed-up: run them instead
                     log.warning("Job %s attempt %d: could not take what attempt %d's writes of "
                                 "%s finished (%s); running those partitions again",
                                 self.job.run_id, self.job.attempt, record.attempt, vertex.id,

@@ -196,11 +196,12 @@ class ConnectSpark:
             build = client._execute_plan_request_with_metadata
             execute = client.execute_command
 
-            def build_with_id(operation_id: str | None = None) -> Any:
+            def build_with_id(*args: Any, **kwargs: Any) -> Any:
+                request = build(*args, **kwargs)  # whatever this client's builder takes
                 armed = getattr(_PENDING, "armed", None)
-                if operation_id is None and armed:
-                    operation_id, _PENDING.armed = armed, None
-                return build(operation_id)
+                if armed:
+                    request.operation_id, _PENDING.armed = armed, None
+                return request
 
             def execute_with_id(command: Any, observations: Any = None) -> Any:
                 pending = getattr(_PENDING, "ids", None)

@@ -195,6 +195,8 @@ RECORDS: dict[tuple[str, int], Any] = {
                         "lineage": STR, "schema": STR, "connect_session": STR,
                         "connect_user": STR, "per_task": BOOL},
 }
+# version 2 adds "positional" (Spark partition i of the unit's writes holds parts[i])
+RECORDS[("batch-unit", 2)] = {**RECORDS[("batch-unit", 1)], "positional": BOOL}
 
 
 def dump_record(kind: str, version: int, body: dict[str, Any]) -> bytes:

@@ -32,6 +32,25 @@ def test_a_unit_record_reads_back_as_written_for_the_attempts_asked(tmp_path):
     assert load_units(storage, str(tmp_path / "no-such-job"), {1}) == []
 
 
+def test_a_unit_laid_out_by_position_says_so_and_an_older_record_reads_as_by_partition(
+        tmp_path):
+    """Version 2 records say whether Spark partition i of the unit's writes held partition
+    parts[i] (a re-run of a few partitions); a version 1 record, written before that layout
+    existed, reads as Spark partition j holding partition j."""
+    storage = Storage(str(tmp_path))
+    job = storage.path("orders")
+    positional = _record(1, 0, parts=(2, 5), positional=True)
+    write_unit(storage, job, positional)
+    directory = tmp_path / "orders" / "units"
+    body = json.loads((directory / "00001-u0-settled.json").read_text())
+    assert body["format_version"] == 2 and body["positional"] is True
+    older = {k: v for k, v in body.items() if k != "positional"}
+    older.update(format_version=1, number=1, tag="a1-u1-0123abcd")
+    (directory / "00001-u1-settled.json").write_text(json.dumps(older))
+    assert load_units(storage, job, {1}) == [
+        positional, _record(1, 1, parts=(2, 5), positional=False)]
+
+
 def test_a_record_that_cannot_be_trusted_is_skipped_and_its_partitions_run_again(tmp_path, caplog):
     storage = Storage(str(tmp_path))
     job = storage.path("orders")

@@ -205,3 +205,86 @@ def test_job_definition_errors(spark, tmp_path):
         job.vertex("v", lambda d: d, src.broadcast())
     with pytest.raises(JobDefinitionError, match="needs split_by"):
         job.source("src2", lambda s: s.range(3), parallelism=2)
+
+
+def _failed_after_every_vertex(job, monkeypatch, vertices: int) -> None:
+    """Run ``job`` to its sinks' commit, which fails: every vertex finished, nothing
+    committed, the sinks' files still staged."""
+    from spark_ckpt import faults
+
+    monkeypatch.setattr(faults, "_spec_seen", [None])  # passes counted afresh
+    monkeypatch.setenv("SPARK_CKPT_FAULT", f"vertex.finished:{vertices}:fail")
+    with pytest.raises(OSError, match="injected storage failure at fault point vertex.finished"):
+        job.run()
+    monkeypatch.delenv("SPARK_CKPT_FAULT")
+
+
+def test_a_few_lost_partitions_of_a_keyed_vertex_run_as_that_many_spark_partitions(
+        spark, orders_input, expected_daily, tmp_path, monkeypatch):
+    """Two of settled's eight partitions lost: the re-run writes them through three Spark
+    partitions (partition parts[i] in Spark partition i, the last for rows of no running
+    partition), not eight of which six would be empty tasks; its answer is plain Spark's. With
+    the extra shuffle judged dearer than the empty tasks, the same re-run goes through a stage
+    as wide as the vertex (Spark partition j is partition j), with the same answer."""
+    import dataclasses
+
+    from spark_ckpt.batch import vertex_runner
+
+    settings = dataclasses.replace(SETTINGS, batch_exchange_min_bytes=8 << 20)  # no exchange
+
+    def job(out):
+        return report.build_job("orders", orders_input, str(out), parallelism=8,
+                                agg_parallelism=2, work_dir=str(out / "work"), spark=spark,
+                                settings=settings)
+
+    for positional in (True, False):
+        out = tmp_path / f"positional-{positional}"
+        if not positional:
+            monkeypatch.setattr(vertex_runner, "_EMPTY_TASK_BYTES", 0)
+        _failed_after_every_vertex(job(out), monkeypatch, 3)  # enriched, settled, daily
+        staged = out / "settled" / "_spark_ckpt_staging" / "orders" / "settled"
+        for p in (2, 5):
+            next(staged.glob(f"a1-*/part-0000{p}-*.parquet")).unlink()
+        result = job(out).run()
+        assert result.status == "succeeded"
+        assert {v: s.ran for v, s in result.vertices.items()} == {
+            "enriched": 0, "settled": 2, "daily": 2}
+        assert result.lost == [("settled", 2), ("settled", 5)]
+        events = read_events(Storage(str(out / "work")), str(out / "work/orders/events"))
+        paths = {e.partition: e.payload["outputs"][0]["path"] for e in events.events
+                 if e.type.value == "ExecutionVertexFinished" and e.vertex_id == "settled"
+                 and e.job_attempt == 2}
+        spark_partition = {p: path.rsplit("/", 1)[1].split("-")[1] for p, path in paths.items()}
+        assert spark_partition == ({2: "00000", 5: "00001"} if positional else
+                                   {2: "00002", 5: "00005"}), paths
+        assert_outputs_equal(spark, str(out), expected_daily)
+
+
+def test_rows_moved_out_of_the_partitions_running_are_refused_however_they_are_laid_out(
+        spark, tmp_path, monkeypatch):
+    """A keyed vertex whose function changes its key: a whole run places each row by its new
+    key, but a re-run of some partitions would write rows of partitions it does not run. It
+    is refused, laid out by position (the rows land in the Spark partition kept for strays)
+    or as wide as the vertex (in their own partition's), and nothing of it is recorded."""
+    from spark_ckpt import TaskExecutionError
+    from spark_ckpt.batch import vertex_runner
+
+    def job(out):
+        job = BatchJob("shift", spark=spark, work_dir=str(out / "work"), settings=SETTINGS)
+        numbers = job.source("numbers", lambda s: s.range(0, 400).withColumn(
+            "k", F.col("id") % 40), parallelism=2, split_by=["id"])
+        shifted = job.vertex("shifted", lambda df: df.withColumn("k", F.col("k") + 1),
+                             numbers.by("k"), parallelism=8)
+        job.write_parquet(shifted, str(out / "shifted"))
+        return job
+
+    for which in ("a partition", "partition "):
+        out = tmp_path / which.replace(" ", "-")
+        if which != "a partition":
+            monkeypatch.setattr(vertex_runner, "_EMPTY_TASK_BYTES", 0)
+        _failed_after_every_vertex(job(out), monkeypatch, 1)
+        staged = out / "shifted" / "_spark_ckpt_staging" / "shift" / "shifted"
+        next(staged.glob("a1-*/part-00003-*.parquet")).unlink()
+        with pytest.raises(TaskExecutionError, match=f"rows of {which}.*which is not running"):
+            job(out).run()
+        assert ("shifted", 3) not in finished_in_log(str(out / "work"), "shift")

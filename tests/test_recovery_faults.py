@@ -384,7 +384,9 @@ def test_the_next_client_records_what_a_killed_clients_writes_finished_on_the_se
     the writes read the old file, and are interrupted and run again. Killed after every vertex
     was logged, then a logged file of settled lost: its partition runs again, never taken
     from the unit that wrote it (whose write ended, so a missing file could pass for an empty
-    partition)."""
+    partition); and that re-run killed as its file appears: it wrote partition 1 through Spark
+    partition 0 (a re-run of a few partitions is laid out by position), and the next client
+    takes it from there."""
     import re
     import shutil
 
@@ -398,7 +400,7 @@ def test_the_next_client_records_what_a_killed_clients_writes_finished_on_the_se
     slow = {"SPARK_CKPT_DEFAULTS": str(defaults), "ORDERS_REPORT_SLOW": "1"}
     adopted = "recorded without running them again"
     for case in ("settled's first file", "two partitions durable", "enriched's first wave",
-                 "input replaced", "a logged file lost"):
+                 "input replaced", "a logged file lost", "a re-run killed"):
         base = tmp_path / re.sub(r"\W+", "-", case)
         local_input = base / "input"
         shutil.copytree(orders_input, local_input)
@@ -414,17 +416,24 @@ def test_the_next_client_records_what_a_killed_clients_writes_finished_on_the_se
         else:  # killed as settled's first file, or enriched's first wave, is logged
             crash(str(local_input), base,
                   "partition.written:1" if case == "enriched's first wave" else
-                  "vertex.finished:3" if case == "a logged file lost" else
-                  "partition.written:5", **slow)
+                  "vertex.finished:3" if case in ("a logged file lost", "a re-run killed")
+                  else "partition.written:5", **slow)
         before = finished_in_log(work)
         units = list((base / "work" / "orders" / "units").glob("00001-u*-*.json"))
         assert units, "the killed client recorded no unit"
         if case == "input replaced":  # another size: recovery sees it replaced
             replace_a_payments_file(local_input)
-        if case == "a logged file lost":
+        if case in ("a logged file lost", "a re-run killed"):
             assert len(before) == 4 + 4 + 2  # enriched, settled, daily: all logged
             next((base / "out" / "settled" / "_spark_ckpt_staging" / "orders" / "settled")
                  .glob("a1-*/part-00001-*.parquet")).unlink()
+        if case == "a re-run killed":  # as settled 1's file appears, before it is logged
+            proc = run_driver(str(local_input), str(base / "out"), work,
+                              fault="partition.written:1", **slow)
+            assert proc.returncode == KILLED, proc.stdout[-3000:] + proc.stderr[-3000:]
+            rerun = json.loads(next((base / "work" / "orders" / "units")
+                                    .glob("00002-u*-settled.json")).read_text())
+            assert rerun["parts"] == [1] and rerun["positional"] is True, rerun
         done = run_driver(str(local_input), str(base / "out"), work, **slow)
         logged = done.stdout + done.stderr
         assert done.returncode == 0, logged[-3000:]
@@ -432,6 +441,11 @@ def test_the_next_client_records_what_a_killed_clients_writes_finished_on_the_se
                re.findall(r"  (\S+): \d+ partitions, reused (\d+), ran (\d+)", logged)}
         took = {v: int(n) for v, n in re.findall(r"(\S+): (\d+) partition\(s\) written by "
                                                  r"operations a killed client", logged)}
+        if case == "a re-run killed":
+            assert ran["settled"] == (3, 0) and took == {"settled": 1}, (ran, took,
+                                                                        logged[-3000:])
+            assert_outputs_equal(spark, str(base / "out"), expected_daily)
+            continue
         if case == "a logged file lost":
             assert adopted not in logged and "waiting for the writes" not in logged
             assert ran["settled"] == (3, 1) and ran["daily"] == (0, 2), (ran, logged[-3000:])

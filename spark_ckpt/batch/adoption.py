@@ -48,13 +48,17 @@ class UnitRecord:
     session: str  # the Spark Connect session the operations run in, and its user
     user: str
     per_task: bool  # a task's file is whole once in place (VertexRunner.per_task_commits)
+    # Spark partition i of its writes holds partition parts[i] (VertexRunner.positional); in
+    # version 1 records (before it existed) always False: Spark partition j is partition j
+    positional: bool = False
 
     def body(self) -> dict[str, object]:
         return {"attempt": self.attempt, "vertex": self.vertex, "number": self.number,
                 "tag": self.tag, "parts": list(self.parts),
                 "operations": list(self.operations), "lineage": self.lineage,
                 "schema": self.schema, "connect_session": self.session,
-                "connect_user": self.user, "per_task": self.per_task}
+                "connect_user": self.user, "per_task": self.per_task,
+                "positional": self.positional}
 
 
 def units_dir(job_dir: str) -> str:
@@ -68,7 +72,7 @@ def _path(job_dir: str, record: UnitRecord) -> str:
 def write_unit(storage: Storage, job_dir: str, record: UnitRecord) -> None:
     """Write ``record`` whole (before its operations start: a record whose operations never
     ran names operations the server does not have, which the next attempt reads as gone)."""
-    storage.write_atomic(_path(job_dir, record), dump_record(UNIT_KIND, 1, record.body()))
+    storage.write_atomic(_path(job_dir, record), dump_record(UNIT_KIND, 2, record.body()))
 
 
 def load_units(storage: Storage, job_dir: str, attempts: set[int]) -> list[UnitRecord]:
@@ -83,14 +87,15 @@ def load_units(storage: Storage, job_dir: str, attempts: set[int]) -> list[UnitR
         if not name or int(name.group(1)) not in attempts:
             continue
         try:
-            body = load_record(storage.read_bytes(info.path), UNIT_KIND, (1,),
+            body = load_record(storage.read_bytes(info.path), UNIT_KIND, (1, 2),
                                where=info.path)
             record = UnitRecord(
                 attempt=body["attempt"], vertex=body["vertex"], number=body["number"],
                 tag=body["tag"], parts=tuple(body["parts"]),
                 operations=tuple(body["operations"]), lineage=body["lineage"],
                 schema=body["schema"], session=body["connect_session"],
-                user=body["connect_user"], per_task=body["per_task"])
+                user=body["connect_user"], per_task=body["per_task"],
+                positional=body.get("positional", False))
             if not _TAG.fullmatch(record.tag):
                 raise ValueError(f"expected a tag like a1-u0-0123abcd, found {record.tag!r}")
         except Exception as exc:  # noqa: BLE001 - a record is a speed-up, never a must

@@ -175,7 +175,9 @@ class JobRunner:
         # markers of those attempts, not interrupted until their units are adopted or not
         self.left_running: list[UnitRecord] = []
         self._deferred: dict[int, str] = {}
-        self.once_finished: set[tuple[str, int]] = set()  # never adopted (batch.adoption)
+        # the last attempt that logged each partition finished: never taken from the units of
+        # that attempt or earlier ones (batch.adoption)
+        self.once_finished: dict[tuple[str, int], int] = {}
         self.seconds: dict[str, float] = {}
         self.attempt = 0
         self.writer: EventLogWriter | None = None
@@ -258,7 +260,8 @@ class JobRunner:
         except the attempts whose recorded run units may finish partitions this one needs
         (batch.adoption): those are deferred until their vertex comes (VertexRunner.adopt).
         Only records of attempts this event log knows (a fresh start or a log set aside
-        forgets them with it), and only units with a partition never logged finished."""
+        forgets them with it), and only units with a partition not logged finished by the
+        unit's attempt or a later one."""
         earlier = range(max(1, self.attempt - 3), self.attempt)
         if self.settings.batch_adopt_operations and spark_api(self.spark).session_id():
             known = {n for n in earlier if n in history.attempts}
@@ -269,8 +272,8 @@ class JobRunner:
                             "recorded (%s); interrupting what they left running",
                             self.run_id, self.attempt, exc)
                 records = []
-            self.left_running = [r for r in records
-                                 if {(r.vertex, p) for p in r.parts} - history.ever_finished]
+            self.left_running = [r for r in records if any(
+                history.ever_finished.get((r.vertex, p), 0) < r.attempt for p in r.parts)]
         self._deferred = {r.attempt: self._attempt_marker(r.attempt)
                           for r in self.left_running}
         interrupt_earlier_clients(
@@ -438,7 +441,7 @@ class JobRunner:
         self.release_earlier({r.attempt for r in self.left_running}
                              - {r.attempt for r in self.left_running
                                 if set(r.parts) & set(plan.to_run.get(r.vertex, ()))})
-        self.once_finished = set(history.ever_finished)
+        self.once_finished = dict(history.ever_finished)
         log.info("Job %s attempt %d: reusing %d finished partitions, running %d (%s)", job_id,
                  self.attempt, plan.reused, total_to_run,
                  ", ".join(f"{v}: {len(p)}" for v, p in plan.to_run.items()) or "nothing")

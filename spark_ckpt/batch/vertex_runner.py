@@ -83,9 +83,10 @@ class Attempt(Protocol):
         """Record a finished partition once; False for duplicates and stale attempts."""
 
     # Spark Connect: the run units earlier attempts left running (batch.adoption), and the
-    # partitions never to take from them (logged finished once: their files may be gone)
+    # last attempt that logged each partition finished: never taken from a unit of that
+    # attempt or an earlier one (its file was logged once, and may be gone since)
     left_running: list[UnitRecord]
-    once_finished: set[tuple[str, int]]
+    once_finished: dict[tuple[str, int], int]
 
     def release_earlier(self, attempts: set[int]) -> None:
         """Interrupt what earlier ``attempts`` still run on the server."""
@@ -98,6 +99,13 @@ _PART_FILE = re.compile(r"^part-(\d{5,})-.*\.parquet$")
 # The v2 file committer moves a task's file into place when the task commits; one file per
 # task (no maxRecordsPerFile split) keeps that move a single rename.
 _V2 = {"mapreduce.fileoutputcommitter.algorithm.version": "2", "maxRecordsPerFile": "0"}
+# A keyed vertex run for some of its partitions (a re-run, a recovery) can write through
+# len(parts) + 1 Spark partitions, Spark partition i holding partition parts[i], instead of
+# through its parallelism, where every partition not running is an empty task: when shuffling
+# the output once more costs less than the empty tasks it saves. An empty task costs about what
+# re-shuffling this many bytes of output does (the orders report on 2 cores: 45 empty tasks,
+# 0.4 s; its 8 MB of output for 5 partitions shuffled once more, 0.2 s).
+_EMPTY_TASK_BYTES = 256 * 1024
 _DEFAULT_COMMITTERS = {
     "spark.sql.sources.commitProtocolClass":
         "org.apache.spark.sql.execution.datasources.SQLHadoopMapReduceCommitProtocol",
@@ -139,10 +147,11 @@ def _ends_hash_partitioned(df: DataFrame, key: tuple[str, ...], parallelism: int
     and every exchange in it is a user repartition by number: adaptive execution may coalesce
     or split the exchanges Spark adds itself (ENSURE_REQUIREMENTS), never those."""
     api = frame_api(df)
-    for line in api.executed_plan(df).splitlines():
+    plan = api.executed_plan(df)
+    for line in plan.splitlines():
         if _EXCHANGE.search(line) and "REPARTITION_BY_NUM" not in line:
             return False
-    return api.ends_hash_partitioned(df, tuple(key), parallelism)
+    return api.ends_hash_partitioned(df, tuple(key), parallelism, plan=plan)
 
 
 @dataclasses.dataclass
@@ -333,8 +342,11 @@ class VertexRunner:
             return empty_frame(self.spark, schema)
         return self.spark.read.schema(schema).parquet(*files)
 
-    def _input(self, edge: Edge, consumer: JobVertex, parts: list[int] | None) -> DataFrame:
-        """One input of ``consumer``: the rows its ``parts`` read (None: all)."""
+    def _input(self, edge: Edge, consumer: JobVertex, parts: list[int] | None,
+               co_partition: bool = True) -> DataFrame:
+        """One input of ``consumer``: the rows its ``parts`` read (None: all); a join's hash
+        inputs co-partitioned into the consumer's partitions unless not ``co_partition``
+        (Spark then shuffles them for the join as it does any join's)."""
         from pyspark.sql import functions as F
 
         upstream = self.graph.vertices[edge.upstream]
@@ -345,8 +357,8 @@ class VertexRunner:
             if parts is not None:
                 bucket = F.pmod(F.hash(*edge.columns), F.lit(consumer.parallelism))
                 df = df.where(bucket.isin(parts))
-            if consumer.key and tuple(edge.columns) == tuple(consumer.key) and \
-                    sum(e.kind == "hash" for e in consumer.inputs) > 1:
+            if co_partition and consumer.key and tuple(edge.columns) == tuple(consumer.key) \
+                    and sum(e.kind == "hash" for e in consumer.inputs) > 1:
                 df = df.repartition(consumer.parallelism, *edge.columns)  # co-partition a join
             return df
         # forward: partition j of the consumer reads partition j of the upstream, which is
@@ -394,16 +406,21 @@ class VertexRunner:
         return self.tables.read(self.output_schema(upstream.id), list(files),
                                 tuple(edge.columns), consumer.parallelism, parts)
 
-    def _compute(self, vertex: JobVertex, parts: list[int] | None) -> DataFrame:
+    def _compute(self, vertex: JobVertex, parts: list[int] | None,
+                 co_partition: bool = True) -> DataFrame:
         """The vertex output for ``parts`` (None: all), before it is arranged for writing."""
         if vertex.is_source:
             return self._source_frame(vertex, parts)
         assert vertex.fn is not None
         fn = vertex.fn_final or vertex.fn  # a consumer of partial aggregates merges them
         bucketed = self._bucketed_inputs(vertex, parts) if self.planning != "inline" else {}
-        out = fn(*[bucketed[i] if i in bucketed else self._input(edge, vertex, parts)
+        out = fn(*[bucketed[i] if i in bucketed else
+                   self._input(edge, vertex, parts, co_partition)
                    for i, edge in enumerate(vertex.inputs)])
-        if out is None or not hasattr(out, "schema"):
+        from pyspark.sql import DataFrame as Frame  # (Spark Connect's is one; asking for
+        # a schema there is a round trip to the server)
+
+        if not isinstance(out, Frame):
             raise JobDefinitionError(
                 f"vertex {vertex.id}: expected its function to return a DataFrame, found "
                 f"{type(out).__name__}"
@@ -530,7 +547,7 @@ class VertexRunner:
         return True
 
     def _record_unit(self, vertex: JobVertex, parts: list[int], number: int, tag: str,
-                     writes: list[_Write]) -> list[str] | None:
+                     writes: list[_Write], positional: bool = False) -> list[str] | None:
         """On Spark Connect, record the unit before its writes start, with the ids its
         operations will have (:mod:`spark_ckpt.batch.adoption`); None when not recorded."""
         api = spark_api(self.spark)
@@ -551,7 +568,8 @@ class VertexRunner:
                 parts=tuple(parts), operations=tuple(operations), lineage=lineage,
                 schema=self.schemas[vertex.id], session=session,
                 user=api.session_user() or "",
-                per_task=self.hash_mode(vertex) and self.per_task_commits()))
+                per_task=self.hash_mode(vertex) and self.per_task_commits(),
+                positional=positional))
         except Exception as exc:  # noqa: BLE001 - a speed-up for the next attempt only
             log.warning("Job %s attempt %d: could not record run unit %d of %s (%s); a client "
                         "killed during it leaves nothing the next one waits for",
@@ -563,9 +581,12 @@ class VertexRunner:
         """Wait for the write operations earlier attempts left running for ``parts`` of
         ``vertex`` when they read what this attempt would read, and record the partitions
         their files complete; how many. Units that read anything else are interrupted."""
-        wanted = {p for p in parts if (vertex.id, p) not in self.job.once_finished}
+        def wanted(record: UnitRecord) -> set[int]:
+            return {p for p in parts
+                    if self.job.once_finished.get((vertex.id, p), 0) < record.attempt}
+
         records = [r for r in self.job.left_running
-                   if r.vertex == vertex.id and set(r.parts) & wanted]
+                   if r.vertex == vertex.id and set(r.parts) & wanted(r)]
         if not records:
             return 0
         lineage = self.lineage(vertex)
@@ -593,7 +614,7 @@ class VertexRunner:
                     log.info("Job %s attempt %d: the writes of %s attempt %d unit %d: %s",
                              self.job.run_id, self.job.attempt, vertex.id, record.attempt,
                              record.number, ", ".join(states))
-                    self._record_left(vertex, record, states, wanted)
+                    self._record_left(vertex, record, states, wanted(record))
                 except JobFencedError:
                     raise
                 except Exception as exc:
@@ -653,7 +674,7 @@ class VertexRunner:
             execution.machine.move_to(ExecutionState.DEPLOYING)
             execution.machine.move_to(ExecutionState.RUNNING)
         tracker = _UnitTracker(self, vertex, list(record.parts), writes, executions,
-                               self.job.clock.now_ms())
+                               self.job.clock.now_ms(), record.positional)
         tracker.per_task = hash_mode and record.per_task  # as the killed writer committed
         tracker.recorded = set(record.parts) - set(todo)
         if hash_mode:
@@ -723,29 +744,64 @@ class VertexRunner:
         return self._arranged(vertex, parts)[0]
 
     def _arranged(self, vertex: JobVertex, parts: list[int]
-                  ) -> tuple[DataFrame, DataFrame | None]:
-        """:meth:`arranged`, and the frame to keep persisted on the server while it is written
-        (:meth:`keeps_on_server`), or None."""
+                  ) -> tuple[DataFrame, DataFrame | None, bool]:
+        """:meth:`arranged`, the frame to keep persisted on the server while it is written
+        (:meth:`keeps_on_server`) or None, and whether Spark partition *i* is partition
+        ``parts[i]`` instead (:meth:`positional`)."""
         from pyspark.sql import functions as F
 
         if not self.keeps_on_server(vertex):
-            return self._arrange(vertex, parts), None
+            positional = self.positional(vertex, parts)
+            return self._arrange(vertex, parts, positional), None, positional
         tag = F.lit(self._inputs_tag())  # an always-true filter: in the plan, not the job
         whole = self._arrange(vertex, list(range(vertex.parallelism))).where(tag == tag)
         left = self._left_on_server(vertex, whole)
         if len(parts) == vertex.parallelism:
-            return whole, whole
+            return whole, whole, False
         if not left:  # read and shuffle only the rows of these partitions
-            return self._arrange(vertex, parts), None
+            return self._arrange(vertex, parts), None, False
         # partition j of the kept output holds exactly bucket j's rows: filtering keeps that
         bucket = F.pmod(F.hash(*vertex.key), F.lit(vertex.parallelism))
-        return whole.where(bucket.isin(parts)), whole
+        return whole.where(bucket.isin(parts)), whole, False
 
-    def _arrange(self, vertex: JobVertex, parts: list[int]) -> DataFrame:
+    def positional(self, vertex: JobVertex, parts: list[int]) -> bool:
+        """True when a run of ``parts`` (fewer than all) of keyed ``vertex`` writes through
+        ``len(parts) + 1`` Spark partitions: partition ``parts[i]`` in Spark partition *i*,
+        rows whose key is in no running partition in the last (refused when it has any). A
+        join of its hash inputs shuffles them as Spark plans any join (its shuffle partitions,
+        coalesced by adaptive execution), and the output is shuffled once more by position,
+        instead of every partition not running being an empty task of stages as wide as the
+        vertex (Spark widens a join's shuffles to at least its shuffle partitions anyway):
+        chosen when that extra shuffle, estimated from
+        the sizes of the vertex's finished partitions, costs less than the empty tasks
+        (:data:`_EMPTY_TASK_BYTES` each). Never for a vertex reading durable exchanges (its
+        bucketed scans are as wide as the vertex anyway)."""
+        n = vertex.parallelism
+        if not self.hash_mode(vertex) or not parts or len(parts) >= n or \
+                self.planning is not None or self._reads_exchanges(vertex):
+            return False
+        sizes = [self._partition_bytes(f) for (v, _), f in list(self.job.finished.items())
+                 if v == vertex.id]
+        if not sizes:
+            return False
+        estimate = len(parts) * sum(sizes) / len(sizes)
+        return estimate <= (n - len(parts)) * _EMPTY_TASK_BYTES
+
+    @staticmethod
+    def _partition_bytes(finished: FinishedPartition) -> int:
+        """The bytes of a finished partition's output: its largest write's files (every write
+        holds the same rows)."""
+        by_write: dict[tuple[str, str], int] = {}
+        for o in finished.outputs:
+            by_write[(o.kind, o.target)] = by_write.get((o.kind, o.target), 0) + o.size
+        return max(by_write.values(), default=0)
+
+    def _arrange(self, vertex: JobVertex, parts: list[int], positional: bool = False
+                 ) -> DataFrame:
         from pyspark.sql import functions as F
 
         whole = len(parts) == vertex.parallelism
-        df = self._compute(vertex, None if whole else parts)
+        df = self._compute(vertex, None if whole else parts, co_partition=not positional)
         if vertex.partial_of is not None:  # a wave may aggregate, what it reads may not
             for edge in vertex.inputs:
                 if edge.kind == "forward" and plan_shuffles(self.frame(edge.upstream, parts)):
@@ -763,10 +819,14 @@ class VertexRunner:
                 )
             return df
         self._check_key(vertex, df)
+        bucket = F.pmod(F.hash(*vertex.key), F.lit(vertex.parallelism))
+        if positional:  # Spark partition i: partition parts[i]; the last: any other key
+            at = F.array_position(F.array(*[F.lit(p) for p in parts]), bucket)  # 0: absent
+            index = F.when(at > 0, at - 1).otherwise(F.lit(len(parts))).cast("int")
+            return df.repartitionById(len(parts) + 1, index)
         if not _ends_hash_partitioned(df, vertex.key, vertex.parallelism):
             # By id, not repartition(n, key): Spark drops that one as redundant after an
             # aggregation by the key, leaving an exchange adaptive execution may coalesce.
-            bucket = F.pmod(F.hash(*vertex.key), F.lit(vertex.parallelism))
             df = df.repartitionById(vertex.parallelism, bucket)
         return df
 
@@ -776,17 +836,17 @@ class VertexRunner:
         executions = {p: job.registry.create(job.attempt, vertex.id, p) for p in parts}
         for execution in executions.values():
             execution.machine.move_to(ExecutionState.DEPLOYING)
-        df, keep = self._arranged(vertex, parts)
+        df, keep, positional = self._arranged(vertex, parts)
         self.schemas[vertex.id] = df.schema.json()
         tag = f"a{job.attempt}-u{number}-{uuid.uuid4().hex[:8]}"
         writes = self._writes(vertex, number, tag)
         self._prepare(writes, df.schema)
-        operations = self._record_unit(vertex, parts, number, tag, writes)
+        operations = self._record_unit(vertex, parts, number, tag, writes, positional)
         with spark_api(self.spark).job_group(
                 group, f"spark_ckpt job {job.run_id} attempt {job.attempt}: vertex "
                 f"{vertex.id} partitions {parts[0]}..{parts[-1]}", owner=job.owner_tag):
             self._write_unit(vertex, parts, df, writes, executions, started_ms, keep,
-                             operations)
+                             operations, positional)
 
     def _prepare(self, writes: list[_Write], schema: StructType) -> None:
         with self._prepare_lock:  # waves run in threads; a sink is prepared once
@@ -798,12 +858,13 @@ class VertexRunner:
     def _write_unit(self, vertex: JobVertex, parts: list[int], df: DataFrame,
                     writes: list[_Write], executions: dict[int, Any], started_ms: int,
                     keep: DataFrame | None = None,
-                    operations: list[str] | None = None) -> None:
+                    operations: list[str] | None = None, positional: bool = False) -> None:
         from pyspark.storagelevel import StorageLevel
 
         for execution in executions.values():
             execution.machine.move_to(ExecutionState.RUNNING)
-        tracker = _UnitTracker(self, vertex, parts, writes, executions, started_ms)
+        tracker = _UnitTracker(self, vertex, parts, writes, executions, started_ms,
+                               positional)
         cached = sum(w.mirror_of is None for w in writes) > 1 and keep is None
         if cached:
             df = df.persist()
@@ -888,14 +949,17 @@ class _UnitTracker:
 
     Hash mode: partition *j* is finished once each write has its file ``part-0000j-*`` (the v2
     committer moves a task's file into place when the task commits), or once the write ended
-    without one (an empty partition). Partitioned sink writes, whose tasks move several files,
-    count only when their Spark job ended. Split mode: every partition of the wave, when the
-    last write ended.
+    without one (an empty partition); ``positional``: partition ``parts[i]``'s file is
+    ``part-0000i-*`` (``VertexRunner.positional``). Partitioned sink writes, whose tasks move
+    several files, count only when their Spark job ended. Split mode: every partition of the
+    wave, when the last write ended.
     """
 
     def __init__(self, runner: VertexRunner, vertex: JobVertex, parts: list[int],
-                 writes: list[_Write], executions: dict[int, Any], started_ms: int) -> None:
+                 writes: list[_Write], executions: dict[int, Any], started_ms: int,
+                 positional: bool = False) -> None:
         self.runner = runner
+        self.positional = positional
         self.vertex = vertex
         self.parts = parts
         self.writes = writes
@@ -906,6 +970,13 @@ class _UnitTracker:
         self.per_task = self.hash and runner.per_task_commits()
         self._footers: dict[str, tuple[int, int]] = {}
         self._linked: set[str] = set()  # mirror files in place (a wave's, once for the wave)
+
+    def _partition_of(self, index: int | None) -> int | None:
+        """The partition Spark partition ``index`` of a write holds (None: not a task's file;
+        -1: rows whose key is in no running partition, positional)."""
+        if index is None or not self.positional:
+            return index
+        return self.parts[index] if index < len(self.parts) else -1
 
     def _listing(self) -> list[list[tuple[str, int | None]]]:
         """Every write's files from one listing of each directory Spark writes; a mirror's
@@ -985,8 +1056,9 @@ class _UnitTracker:
             files: dict[int, list[str]] = {}
             if ended or (self.per_task and not w.partition_by):
                 for path, index in listed:
-                    if index is not None:
-                        files.setdefault(index, []).append(path)
+                    p = self._partition_of(index)
+                    if p is not None:
+                        files.setdefault(p, []).append(path)
             by_write.append(files)
         for p in self.parts:
             if p in self.recorded:
@@ -1014,9 +1086,11 @@ class _UnitTracker:
             if w.mirror_of is not None:
                 continue
             for path, index in self._files(w):
-                if index is not None and index not in running and self._footer(path)[1]:
+                p = self._partition_of(index)
+                if p is not None and p not in running and self._footer(path)[1]:
+                    which = f"partition {p}" if p >= 0 else "a partition"
                     raise TaskExecutionError(
-                        f"vertex {self.vertex.id}: rows of partition {index}, which is not "
+                        f"vertex {self.vertex.id}: rows of {which}, which is not "
                         f"running, came out of partitions {self.parts[0]}..{self.parts[-1]}; the "
                         f"function must keep its key columns {list(self.vertex.key)} unchanged, "
                         "so each output row stays in the partition of its input"

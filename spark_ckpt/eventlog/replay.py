@@ -99,8 +99,9 @@ class JobHistory:
     finished: dict[tuple[str, int], FinishedPartition] = dataclasses.field(default_factory=dict)
     finished_per_attempt: dict[int, int] = dataclasses.field(default_factory=dict)
     resets: int = 0
-    # every partition a finished event ever named, reset since or not
-    ever_finished: set[tuple[str, int]] = dataclasses.field(default_factory=set)
+    # every partition a finished event ever named, reset since or not: the last job attempt
+    # that logged it finished
+    ever_finished: dict[tuple[str, int], int] = dataclasses.field(default_factory=dict)
     sink_started: dict[str, int] = dataclasses.field(default_factory=dict)
     sink_committed: dict[str, int] = dataclasses.field(default_factory=dict)
     completed: bool = False
@@ -146,8 +147,8 @@ def replay_table(table: pa.Table) -> JobHistory:
         history.job_id = history.job_id or str(table.column("job_id")[0])
         counts = finished["job_attempt"].value_counts()
         history.finished_per_attempt = {int(k): int(v) for k, v in counts.items()}
-        history.ever_finished = {(str(v), int(p)) for v, p in
-                                 zip(finished["vertex_id"], finished["partition"], strict=True)}
+        latest = finished.groupby(["vertex_id", "partition"])["job_attempt"].max()
+        history.ever_finished = {(str(v), int(p)): int(a) for (v, p), a in latest.items()}
         last = finished.drop_duplicates(["vertex_id", "partition"], keep="last")
         for position, row in zip(last.index, last.itertuples(index=False), strict=True):
             vertex, partition = row.vertex_id, int(row.partition)
@@ -189,7 +190,8 @@ def _apply(history: JobHistory, event: Event) -> None:
         history.finished_per_attempt[event.job_attempt] = (
             history.finished_per_attempt.get(event.job_attempt, 0) + 1
         )
-        history.ever_finished.add((event.vertex_id, event.partition))
+        key = (event.vertex_id, event.partition)
+        history.ever_finished[key] = max(history.ever_finished.get(key, 0), event.job_attempt)
     elif t is EventType.EXECUTION_VERTEX_RESET:
         history.resets += 1
         if event.partition is None:  # the whole vertex

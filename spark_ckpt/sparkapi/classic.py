@@ -105,7 +105,8 @@ class ClassicSpark:
     def executed_plan(self, df: DataFrame) -> str:
         return str(df._jdf.queryExecution().executedPlan().toString())
 
-    def ends_hash_partitioned(self, df: DataFrame, key: tuple[str, ...], n: int) -> bool:
+    def ends_hash_partitioned(self, df: DataFrame, key: tuple[str, ...], n: int,
+                              plan: str | None = None) -> bool:
         return self.hash_partitioning(df) == (tuple(key), n)
 
     def hash_partitioning(self, df: DataFrame) -> tuple[tuple[str, ...] | None, int] | None:

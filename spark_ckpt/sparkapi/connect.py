@@ -109,7 +109,8 @@ class ConnectSpark:
     def hash_partitioning(self, df: DataFrame) -> tuple[tuple[str, ...] | None, int] | None:
         return None  # not in the explain text: callers repartition by the key themselves
 
-    def ends_hash_partitioned(self, df: DataFrame, key: tuple[str, ...], n: int) -> bool:
+    def ends_hash_partitioned(self, df: DataFrame, key: tuple[str, ...], n: int,
+                              plan: str | None = None) -> bool:
         """Asked the only way the explain text allows: Spark's planner drops a user's
         ``repartition(n, *key)`` whose child is already partitioned that way (the same hash
         partitioning, semantically), and nothing else makes the physical plan come out
@@ -117,7 +118,7 @@ class ConnectSpark:
         collapses into the child's repartition (an exchange that reads differently). So the
         answer is True only when the two plans' texts are the same but for expression ids."""
         try:
-            before = self.executed_plan(df)
+            before = plan if plan is not None else self.executed_plan(df)
             after = self.executed_plan(df.repartition(n, *key))
         except Exception as exc:  # an analysis error names a missing column elsewhere
             log.debug("Spark Connect: cannot compare plans for partitioning: %s", exc)

@@ -77,10 +77,12 @@ class SparkApi(Protocol):
         (the key columns, or None when a key is an expression; the number of partitions).
         None when it is not hash partitioned or this session cannot tell."""
 
-    def ends_hash_partitioned(self, df: DataFrame, key: tuple[str, ...], n: int) -> bool:
+    def ends_hash_partitioned(self, df: DataFrame, key: tuple[str, ...], n: int,
+                              plan: str | None = None) -> bool:
         """True only when ``df``'s physical plan ends with row *r* in partition
         ``pmod(hash(key), n)`` of *r*: a ``repartition(n, *key)`` on top would be redundant.
-        False when it does not or this session cannot tell (the caller then repartitions)."""
+        False when it does not or this session cannot tell (the caller then repartitions).
+        ``plan``: ``df``'s :meth:`executed_plan`, when the caller has it already."""
 
     def deterministic(self, df: DataFrame) -> bool | None:
         """Whether ``df``'s analysed plan is deterministic; None: cannot tell."""

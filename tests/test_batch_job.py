@@ -264,8 +264,8 @@ def test_rows_moved_out_of_the_partitions_running_are_refused_however_they_are_l
         spark, tmp_path, monkeypatch):
     """A keyed vertex whose function changes its key: a whole run places each row by its new
     key, but a re-run of some partitions would write rows of partitions it does not run. It
-    is refused, laid out by position (the rows land in the Spark partition kept for strays)
-    or as wide as the vertex (in their own partition's), and nothing of it is recorded."""
+    is refused as the rows are moved, before any task writes (so the poller can log no
+    partition of it), laid out by position or as wide as the vertex."""
     from spark_ckpt import TaskExecutionError
     from spark_ckpt.batch import vertex_runner
 
@@ -278,13 +278,15 @@ def test_rows_moved_out_of_the_partitions_running_are_refused_however_they_are_l
         job.write_parquet(shifted, str(out / "shifted"))
         return job
 
-    for which in ("a partition", "partition "):
-        out = tmp_path / which.replace(" ", "-")
-        if which != "a partition":
+    for positional in (True, False):
+        out = tmp_path / f"positional-{positional}"
+        if not positional:
             monkeypatch.setattr(vertex_runner, "_EMPTY_TASK_BYTES", 0)
         _failed_after_every_vertex(job(out), monkeypatch, 1)
         staged = out / "shifted" / "_spark_ckpt_staging" / "shift" / "shifted"
         next(staged.glob("a1-*/part-00003-*.parquet")).unlink()
-        with pytest.raises(TaskExecutionError, match=f"rows of {which}.*which is not running"):
+        with pytest.raises(TaskExecutionError, match=r"vertex shifted: a row of partition \d+, "
+                           r"which is not running, came out of partitions 3\.\.3"):
             job(out).run()
         assert ("shifted", 3) not in finished_in_log(str(out / "work"), "shift")
+        assert not list(staged.glob("a2-*/part-*.parquet"))  # no task wrote

@@ -28,6 +28,13 @@ def test_reset_after_finished_makes_partition_unfinished_until_finished_again():
     assert h.finished[("v", 0)].attempt_id == "c"
 
 
+def test_every_partition_ever_logged_keeps_the_last_attempt_that_logged_it():
+    h = replay([finished(1, 1, "v", 0, "a"), finished(1, 2, "v", 1, "b"),
+                ev(T.EXECUTION_VERTEX_RESET, 2, 1, vertex_id="v", partition=0),
+                finished(3, 1, "v", 1, "c")])
+    assert h.ever_finished == {("v", 0): 1, ("v", 1): 3}
+
+
 def test_vertex_wide_reset_clears_every_partition():
     h = replay([finished(1, 1, "v", 0, "a"), finished(1, 2, "v", 1, "b"),
                 finished(1, 3, "w", 0, "c"), ev(T.EXECUTION_VERTEX_RESET, 2, 1, vertex_id="v")])
@@ -90,3 +97,6 @@ def test_columnar_replay_of_a_table_equals_event_by_event_replay():
         [two.finished[k].outputs for k in one.finished]
     assert (one.resets, one.sink_started, one.events) == (two.resets, two.sink_started, two.events)
     assert one.attempts.keys() == two.attempts.keys()
+    # the last attempt that logged each partition finished, resets or not (batch.adoption)
+    assert one.ever_finished == two.ever_finished and len(one.ever_finished) == 18
+    assert set(one.ever_finished.values()) <= {1, 2, 3} and 3 in one.ever_finished.values()

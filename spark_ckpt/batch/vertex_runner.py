@@ -12,7 +12,9 @@ only plans, watches files appear and logs events. How a written file is tied to 
   left to Spark's planner (partial aggregation included) and its output is repartitioned by the
   key unless Spark's plan already ends that way. The write uses the v2 file committer: each
   task's file appears when the task commits, and the driver logs the partition then, long
-  before the Spark job ends. Running some partitions reads the hashed inputs filtered to them.
+  before the Spark job ends. Running some partitions reads the hashed inputs filtered to them;
+  a run of a few is laid out by position when that is cheaper (:meth:`VertexRunner.positional`:
+  partition ``parts[i]`` in Spark partition *i*, file ``part-0000i-...``).
 * **split mode** (no key; forward inputs from sources or hash-mode vertices). Partition *j* is
   the function over input partition *j* (a source's split *j*). Partitions run in *waves*, one
   Spark job per group of partitions over exactly their input files; a wave's files are shared
@@ -100,11 +102,13 @@ _PART_FILE = re.compile(r"^part-(\d{5,})-.*\.parquet$")
 # task (no maxRecordsPerFile split) keeps that move a single rename.
 _V2 = {"mapreduce.fileoutputcommitter.algorithm.version": "2", "maxRecordsPerFile": "0"}
 # A keyed vertex run for some of its partitions (a re-run, a recovery) can write through
-# len(parts) + 1 Spark partitions, Spark partition i holding partition parts[i], instead of
-# through its parallelism, where every partition not running is an empty task: when shuffling
-# the output once more costs less than the empty tasks it saves. An empty task costs about what
-# re-shuffling this many bytes of output does (the orders report on 2 cores: 45 empty tasks,
-# 0.4 s; its 8 MB of output for 5 partitions shuffled once more, 0.2 s).
+# len(parts) Spark partitions, Spark partition i holding partition parts[i], instead of through
+# its parallelism, where every partition not running is an empty task: when shuffling the
+# output once more costs less than the empty tasks it saves. On the orders report (2 cores)
+# 45 empty tasks took 0.4 s of wall time (9 ms each) and shuffling 8 MB of Parquet output
+# (5 partitions) once more 0.2 s (6 ms per 256 KiB): this many output bytes per empty task
+# saved leans, conservatively, towards the wide stage (sizes are compressed Parquet bytes; the
+# shuffle moves more).
 _EMPTY_TASK_BYTES = 256 * 1024
 _DEFAULT_COMMITTERS = {
     "spark.sql.sources.commitProtocolClass":
@@ -766,8 +770,8 @@ class VertexRunner:
 
     def positional(self, vertex: JobVertex, parts: list[int]) -> bool:
         """True when a run of ``parts`` (fewer than all) of keyed ``vertex`` writes through
-        ``len(parts) + 1`` Spark partitions: partition ``parts[i]`` in Spark partition *i*,
-        rows whose key is in no running partition in the last (refused when it has any). A
+        ``len(parts)`` Spark partitions: partition ``parts[i]`` in Spark partition *i* (a row
+        whose key is in no running partition fails the run as it is moved). A
         join of its hash inputs shuffles them as Spark plans any join (its shuffle partitions,
         coalesced by adaptive execution), and the output is shuffled once more by position,
         instead of every partition not running being an empty task of stages as wide as the
@@ -820,13 +824,26 @@ class VertexRunner:
             return df
         self._check_key(vertex, df)
         bucket = F.pmod(F.hash(*vertex.key), F.lit(vertex.parallelism))
-        if positional:  # Spark partition i: partition parts[i]; the last: any other key
-            at = F.array_position(F.array(*[F.lit(p) for p in parts]), bucket)  # 0: absent
-            index = F.when(at > 0, at - 1).otherwise(F.lit(len(parts))).cast("int")
-            return df.repartitionById(len(parts) + 1, index)
+        # A row of a partition not running fails the run before the output is moved (a
+        # filter under the exchange: not the partition id, which Spark does not evaluate for
+        # one partition), so before any task writes: a partition's file, once in place, is
+        # whole and only its own rows (the poller may log it at once). When Spark's plan
+        # already ends partitioned by the key, every row is in its own partition, and only
+        # running ones have rows.
+        kept = F.when(bucket.isin(parts), F.lit(True)).otherwise(F.raise_error(F.concat(
+            F.lit(f"vertex {vertex.id}: a row of partition "), bucket.cast("string"),
+            F.lit(f", which is not running, came out of partitions {parts[0]}..{parts[-1]}; the "
+                  f"function must keep its key columns {list(vertex.key)} unchanged, so each "
+                  "output row stays in the partition of its input"))))
+        if positional:  # Spark partition i: partition parts[i]
+            position = {p: i for i, p in enumerate(parts)}
+            lookup = F.array(*[F.lit(position.get(b, -1)) for b in range(vertex.parallelism)])
+            return df.where(kept).repartitionById(len(parts),
+                                                  F.element_at(lookup, bucket + 1))
         if not _ends_hash_partitioned(df, vertex.key, vertex.parallelism):
             # By id, not repartition(n, key): Spark drops that one as redundant after an
             # aggregation by the key, leaving an exchange adaptive execution may coalesce.
+            df = df if whole else df.where(kept)
             df = df.repartitionById(vertex.parallelism, bucket)
         return df
 
@@ -973,7 +990,7 @@ class _UnitTracker:
 
     def _partition_of(self, index: int | None) -> int | None:
         """The partition Spark partition ``index`` of a write holds (None: not a task's file;
-        -1: rows whose key is in no running partition, positional)."""
+        -1: none, a Spark partition past the positional layout's, which never has rows)."""
         if index is None or not self.positional:
             return index
         return self.parts[index] if index < len(self.parts) else -1

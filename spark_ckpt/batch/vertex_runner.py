@@ -771,15 +771,15 @@ class VertexRunner:
     def positional(self, vertex: JobVertex, parts: list[int]) -> bool:
         """True when a run of ``parts`` (fewer than all) of keyed ``vertex`` writes through
         ``len(parts)`` Spark partitions: partition ``parts[i]`` in Spark partition *i* (a row
-        whose key is in no running partition fails the run as it is moved). A
-        join of its hash inputs shuffles them as Spark plans any join (its shuffle partitions,
-        coalesced by adaptive execution), and the output is shuffled once more by position,
+        whose key is in no running partition fails the run before it is moved). A join of its
+        hash inputs shuffles them as Spark plans any join (its shuffle partitions, coalesced by
+        adaptive execution: Spark would widen a co-partitioning ``repartition(len(parts))`` to
+        its shuffle partitions anyway), and the output is shuffled once more by position,
         instead of every partition not running being an empty task of stages as wide as the
-        vertex (Spark widens a join's shuffles to at least its shuffle partitions anyway):
-        chosen when that extra shuffle, estimated from
-        the sizes of the vertex's finished partitions, costs less than the empty tasks
-        (:data:`_EMPTY_TASK_BYTES` each). Never for a vertex reading durable exchanges (its
-        bucketed scans are as wide as the vertex anyway)."""
+        vertex. Chosen when that extra shuffle, estimated from the sizes of the vertex's
+        finished partitions, costs less than the empty tasks (:data:`_EMPTY_TASK_BYTES` each).
+        Never for a vertex reading durable exchanges (its bucketed scans are as wide as the
+        vertex anyway)."""
         n = vertex.parallelism
         if not self.hash_mode(vertex) or not parts or len(parts) >= n or \
                 self.planning is not None or self._reads_exchanges(vertex):

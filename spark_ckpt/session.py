@@ -10,10 +10,11 @@ instead; the server keeps its own configuration.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,7 @@ from spark_ckpt.javacheck import check_java
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["get_or_create_session", "read_defaults"]
+__all__ = ["get_or_create_session", "read_defaults", "session_conf"]
 
 log = logging.getLogger(__name__)
 
@@ -117,3 +118,36 @@ def get_or_create_session(
         builder = builder.config(key, value)
     log.info("Starting SparkSession %s (defaults: %s)", app_name, path or "embedded")
     return builder.getOrCreate()
+
+
+@contextlib.contextmanager
+def session_conf(spark: SparkSession, key: str, value: str, *,
+                 enough: Callable[[str], bool] = lambda before: False,
+                 required: bool = True) -> Iterator[None]:
+    """``key`` set to ``value`` in ``spark``'s session for the block, then as it was (unset
+    if it was); left alone when its value already does (``enough``). Not ``required``: a
+    session that refuses the key (a server may) keeps its own, logged, and a failed restore
+    is logged too."""
+    try:
+        before = spark.conf.get(key, None)
+        changed = before is None or not (before == value or enough(before))
+        if changed:
+            spark.conf.set(key, value)
+    except Exception as exc:
+        if required:
+            raise
+        log.info("Keeping the session's %s (%s)", key, exc)
+        changed = False
+    try:
+        yield
+    finally:
+        if changed:
+            try:
+                if before is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, before)
+            except Exception as exc:
+                if required:
+                    raise
+                log.warning("Could not restore the session's %s: %s", key, exc)

@@ -51,6 +51,7 @@ from spark_ckpt.execution.result_partition import PartitionResult
 from spark_ckpt.execution.state import ExecutionState
 from spark_ckpt.faults import fault_point
 from spark_ckpt.formats import dump_record
+from spark_ckpt.session import session_conf
 from spark_ckpt.sparkapi import spark_api
 from spark_ckpt.storage import Storage, join
 
@@ -347,28 +348,14 @@ class JobRunner:
             isinstance(v.source, FileSource) and Storage(v.source.path).local
             for v in vertices if v.is_source) and all(
             Storage(spec.path).local for v in vertices for spec in v.sinks)
-        key = "spark.sql.sources.parallelPartitionDiscovery.threshold"
-        try:
-            before = self.spark.conf.get(key, None) if local else None
-            if not local or (before is not None and before.isdigit()
-                             and int(before) >= 1 << 20):
-                before = "keep"
-            else:
-                self.spark.conf.set(key, str(1 << 20))
-        except Exception as exc:  # noqa: BLE001 - a speed-up: a server may refuse the key
-            log.info("Job %s: keeping Spark's listing threshold (%s)", self.run_id, exc)
-            before = "keep"
-        try:
+        if not local:
             yield
-        finally:
-            if before != "keep":
-                try:
-                    if before is None:
-                        self.spark.conf.unset(key)
-                    else:
-                        self.spark.conf.set(key, before)
-                except Exception as exc:  # noqa: BLE001 - the session may be gone
-                    log.warning("Job %s: could not restore %s: %s", self.run_id, key, exc)
+            return
+        threshold = 1 << 20
+        with session_conf(self.spark, "spark.sql.sources.parallelPartitionDiscovery.threshold",
+                          str(threshold), required=False,  # a speed-up: a server may refuse
+                          enough=lambda before: before.isdigit() and int(before) >= threshold):
+            yield
 
     def _load_history(self) -> JobHistory:
         try:

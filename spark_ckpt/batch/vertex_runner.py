@@ -201,6 +201,7 @@ class VertexRunner:
                                      job_table_prefix(job.run_id))
         self._scratch: str | None = None
         self._tag: str | None = None  # _inputs_tag, once known ("" for none)
+        self._lineages: dict[str, str | None] = {}  # lineage() per vertex, once known
 
     # -- modes -----------------------------------------------------------------------------
     def hash_mode(self, vertex: JobVertex) -> bool:
@@ -522,11 +523,13 @@ class VertexRunner:
         """What ``vertex`` reads, as recovery tells inputs apart: its definition, and for each
         input the finished partitions it reads (by attempt id: a partition run again is
         another input), a source's files and sizes, or an inline vertex's own lineage. Equal
-        lineages read the same rows. None when a source is not files."""
-        digest = hashlib.sha256()
-        if not self._lineage_into(digest, vertex):
-            return None
-        return digest.hexdigest()[:32]
+        lineages read the same rows. None when a source is not files. Computed once per
+        vertex (what it reads is finished before it runs, and stays so while it runs)."""
+        if vertex.id not in self._lineages:
+            digest = hashlib.sha256()
+            self._lineages[vertex.id] = digest.hexdigest()[:32] \
+                if self._lineage_into(digest, vertex) else None
+        return self._lineages[vertex.id]
 
     def _lineage_into(self, digest: Any, vertex: JobVertex) -> bool:
         digest.update(f"{vertex.id}\0{vertex.fingerprint()}\0{vertex.parallelism}\0"
@@ -824,28 +827,36 @@ class VertexRunner:
             return df
         self._check_key(vertex, df)
         bucket = F.pmod(F.hash(*vertex.key), F.lit(vertex.parallelism))
-        # A row of a partition not running fails the run before the output is moved (a
-        # filter under the exchange: not the partition id, which Spark does not evaluate for
-        # one partition), so before any task writes: a partition's file, once in place, is
-        # whole and only its own rows (the poller may log it at once). When Spark's plan
-        # already ends partitioned by the key, every row is in its own partition, and only
-        # running ones have rows.
-        kept = F.when(bucket.isin(parts), F.lit(True)).otherwise(F.raise_error(F.concat(
-            F.lit(f"vertex {vertex.id}: a row of partition "), bucket.cast("string"),
-            F.lit(f", which is not running, came out of partitions {parts[0]}..{parts[-1]}; the "
-                  f"function must keep its key columns {list(vertex.key)} unchanged, so each "
-                  "output row stays in the partition of its input"))))
         if positional:  # Spark partition i: partition parts[i]
             position = {p: i for i, p in enumerate(parts)}
             lookup = F.array(*[F.lit(position.get(b, -1)) for b in range(vertex.parallelism)])
-            return df.where(kept).repartitionById(len(parts),
-                                                  F.element_at(lookup, bucket + 1))
+            return self._only_running(df, vertex, parts, bucket).repartitionById(
+                len(parts), F.element_at(lookup, bucket + 1))
         if not _ends_hash_partitioned(df, vertex.key, vertex.parallelism):
             # By id, not repartition(n, key): Spark drops that one as redundant after an
             # aggregation by the key, leaving an exchange adaptive execution may coalesce.
-            df = df if whole else df.where(kept)
+            if not whole:
+                df = self._only_running(df, vertex, parts, bucket)
             df = df.repartitionById(vertex.parallelism, bucket)
         return df
+
+    @staticmethod
+    def _only_running(df: DataFrame, vertex: JobVertex, parts: list[int],
+                      bucket: Any) -> DataFrame:
+        """``df``, failing on a row of a partition not running, before the output is moved
+        (a filter under the exchange: not the partition id, which Spark does not evaluate for
+        one partition), so before any task writes: a partition's file, once in place, is
+        whole and only its own rows (the poller may log it at once). When Spark's plan
+        already ends partitioned by the key, every row is in its own partition, and only
+        running ones have rows: nothing to check."""
+        from pyspark.sql import functions as F
+
+        stray = F.raise_error(F.concat(
+            F.lit(f"vertex {vertex.id}: a row of partition "), bucket.cast("string"),
+            F.lit(f", which is not running, came out of partitions {parts[0]}..{parts[-1]}; the "
+                  f"function must keep its key columns {list(vertex.key)} unchanged, so each "
+                  "output row stays in the partition of its input")))
+        return df.where(F.when(bucket.isin(parts), F.lit(True)).otherwise(stray))
 
     def _run_unit(self, vertex: JobVertex, parts: list[int], group: str, number: int) -> None:
         job = self.job

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from spark_ckpt.errors import CommitError
 from spark_ckpt.execution.result_partition import OutputFile
+from spark_ckpt.session import session_conf
 from spark_ckpt.storage import Storage, stat_any
 
 if TYPE_CHECKING:
@@ -36,19 +37,8 @@ def arrow_schema_for(schema: StructType) -> pa.Schema:
 @contextlib.contextmanager
 def micros_timestamps(spark: Any) -> Iterator[None]:
     """Spark writes INT96 timestamps unless told otherwise; Delta wants microseconds."""
-    key = "spark.sql.parquet.outputTimestampType"
-    before = spark.conf.get(key, None)
-    if before == "TIMESTAMP_MICROS":
+    with session_conf(spark, "spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"):
         yield
-        return
-    spark.conf.set(key, "TIMESTAMP_MICROS")
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, before)
 
 
 def written_files(store: Storage, directory: str) -> list[tuple[Any, str]]:

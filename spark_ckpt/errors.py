@@ -19,6 +19,7 @@ __all__ = [
     "JobFencedError",
     "PipelineFailedError",
     "RecordError",
+    "SinkAheadError",
     "SourceError",
     "SparkCkptError",
     "StateSchemaError",
@@ -107,6 +108,13 @@ class StateSchemaError(CheckpointError):
     """A stateful operator's declared state cannot be read from its checkpoint (a narrowed or
     changed type, a changed aggregation, a rename that does not fit): refused at start,
     before any batch runs; the message names the operator, both schemas and what to do."""
+
+
+class SinkAheadError(CheckpointError):
+    """A sink holds output of batches its pipeline's checkpoint directory does not know (the
+    directory was restored from an older copy, or lost its records): running on would take new
+    input for batches the sink already shows and skip it. Refused at start, before any batch
+    runs; the message names the sink, both positions and what to do."""
 
 
 class UserFunctionError(SparkCkptError, RuntimeError):

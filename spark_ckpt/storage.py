@@ -16,7 +16,22 @@ import pyarrow.fs as pafs
 
 from spark_ckpt import faultfs
 
-__all__ = ["Storage", "human_size", "join", "stat_any"]
+__all__ = ["Storage", "human_size", "join", "resolve", "stat_any"]
+
+# Spark's names of schemes pyarrow knows by another: Hadoop's S3A (and the older S3N) are S3
+_PYARROW_SCHEMES = {"s3a": "s3", "s3n": "s3"}
+
+
+def _from_uri(uri: str) -> tuple[pafs.FileSystem, str]:
+    return pafs.FileSystem.from_uri(uri)
+
+
+def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's file system and path for a URI Spark takes (``s3a://`` is pyarrow's S3)."""
+    if "://" in uri:
+        scheme, rest = uri.split("://", 1)
+        uri = f"{_PYARROW_SCHEMES.get(scheme.lower(), scheme)}://{rest}"
+    return _from_uri(uri)
 
 
 def join(base: str, *parts: str) -> str:
@@ -33,8 +48,14 @@ class Storage:
     def __init__(self, uri: str) -> None:
         if "://" not in uri and not uri.startswith("file:"):
             uri = os.path.abspath(uri)
-        self._fs, root = pafs.FileSystem.from_uri(uri)
+        self._fs, root = resolve(uri)
         self.local = isinstance(self._fs, pafs.LocalFileSystem)
+        # Spark's scheme and authority, and the first segment of pyarrow's paths they stand
+        # for: the bucket on S3 and GCS, the container on ADLS, whose Spark authority is
+        # ``container@account.dfs.core.windows.net``
+        self._scheme, _, rest = uri.partition("://")
+        self._authority = rest.split("/", 1)[0].split("?", 1)[0]
+        self._first = root.lstrip("/").split("/", 1)[0]
         # Callers' direct ``fs`` calls meet the fault rules of the tests (faultfs); this
         # class's own operations check them once, on the unwrapped file system.
         self.fs = faultfs.wrap(self._fs)
@@ -43,18 +64,26 @@ class Storage:
 
     # Paths handed to Spark and delta-rs must be URIs or absolute local paths.
     def spark_path(self, path: str) -> str:
-        return path if self.local else self._uri_for(path)
-
-    def _uri_for(self, path: str) -> str:
-        scheme = self.uri.split("://", 1)[0]
-        return f"{scheme}://{path.lstrip('/')}"
+        """The URI Spark and delta-rs take for a path of this file system; a URI is returned
+        as it is (the conversion is idempotent)."""
+        if self.local or "://" in path or path.startswith("file:"):
+            return path
+        first, _, rest = path.lstrip("/").partition("/")
+        authority = self._authority if first == self._first else first
+        return f"{self._scheme}://{authority}/{rest}" if rest else \
+            f"{self._scheme}://{authority}"
 
     def fs_path(self, path_or_uri: str) -> str:
-        """The path this file system takes for a path or URI it handed out."""
-        if "://" in path_or_uri:
-            return path_or_uri.split("://", 1)[1] if not self.local else \
-                path_or_uri.removeprefix("file://")
-        return path_or_uri
+        """The path this file system takes for a path or URI it handed out (idempotent)."""
+        if self.local:
+            if path_or_uri.startswith("file://"):
+                return path_or_uri[len("file://"):]
+            return path_or_uri.removeprefix("file:")
+        if "://" not in path_or_uri:
+            return path_or_uri
+        authority, _, rest = path_or_uri.split("://", 1)[1].partition("/")
+        first = self._first if authority == self._authority else authority
+        return f"{first}/{rest}" if rest else first
 
     def path(self, *parts: str) -> str:
         return join(self.root, *parts)
@@ -195,9 +224,9 @@ def stat_any(paths: Iterable[str]) -> list[int | None]:
                 except (FileNotFoundError, NotADirectoryError):
                     sizes[i] = None
             continue
-        fs, _ = pafs.FileSystem.from_uri(paths[indexes[0]])
-        names = [paths[i].split("://", 1)[1] for i in indexes]
-        for i, info in zip(indexes, fs.get_file_info(names), strict=True):
+        store = Storage(prefix)
+        names = [store.fs_path(paths[i]) for i in indexes]
+        for i, info in zip(indexes, store.fs.get_file_info(names), strict=True):
             sizes[i] = None if info.type == pafs.FileType.NotFound else info.size
     return sizes
 

@@ -78,6 +78,11 @@ class DeltaSink(Sink):
     def is_committed(self, version: int) -> bool:
         return self._txn_version() >= version
 
+    def committed_version(self) -> int | None:
+        """The version of this sink's app transaction in the table, None if it has none."""
+        version = self._txn_version()
+        return version or None
+
     def commit(self, files: list[OutputFile], version: int, *,
                metadata: dict[str, str] | None = None) -> dict[str, Any]:
         from deltalake import CommitProperties, DeltaTable, Transaction

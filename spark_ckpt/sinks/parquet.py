@@ -44,7 +44,7 @@ class ParquetSink(Sink):
 
     def _finish_half_done(self) -> None:
         """Complete any commit of this job that a crash left half done, before a new one."""
-        for version in self._versions():
+        for version in self.versions():
             marker = self._read_marker(version)
             if marker is not None and marker["status"] == "committing":
                 log.warning("Parquet sink %s: finishing commit v%d of job %s, begun before",
@@ -60,7 +60,7 @@ class ParquetSink(Sink):
                 continue
             if moved is None:
                 moved = {}
-                for version in self._versions():
+                for version in self.versions():
                     marker = self._read_marker(version)
                     if marker is not None:
                         moved.update({src: dst for src, dst, _ in marker["moves"]})
@@ -71,7 +71,7 @@ class ParquetSink(Sink):
     def _marker(self, version: int) -> str:
         return join(self.commits, f"{self.job_id}-v{version:05d}.json")
 
-    def _versions(self) -> list[int]:
+    def versions(self) -> list[int]:
         prefix = f"{self.job_id}-v"
         return sorted(int(i.base_name[len(prefix):-5]) for i in
                       self.store.list_files(self.commits, recursive=False)
@@ -79,13 +79,13 @@ class ParquetSink(Sink):
                       and i.base_name[len(prefix):-5].isdigit())
 
     def next_version(self) -> int:
-        return max(self._versions(), default=0) + 1
+        return max(self.versions(), default=0) + 1
 
     def purge_markers(self, below: int) -> int:
         """Delete the commit markers of versions ``< below`` (a streaming sink's batches
         whose records are purged: they never run again); return how many went."""
         gone = 0
-        for version in self._versions():
+        for version in self.versions():
             if version >= below:
                 break
             self.store.fs.delete_file(self._marker(version))

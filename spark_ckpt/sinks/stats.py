@@ -37,6 +37,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from spark_ckpt.storage import resolve
+
 __all__ = ["file_stats"]
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ def file_stats(path: str, rows: int, partition_columns: set[str]) -> str:
     stats: dict[str, Any] = {"numRecords": rows}
     try:
         if "://" in path:
-            fs, where = pafs.FileSystem.from_uri(path)
+            fs, where = resolve(path)
         else:
             fs, where = pafs.LocalFileSystem(), path
         with fs.open_input_file(where) as handle:

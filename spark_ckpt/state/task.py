@@ -55,10 +55,11 @@ def _fs(uri: str) -> tuple[Any, str]:
     import pyarrow.fs as pafs
 
     from spark_ckpt.faultfs import wrap  # faulty storage in tests; the file system itself else
+    from spark_ckpt.storage import resolve
 
     if "://" not in uri and not uri.startswith("file:"):
         return wrap(pafs.LocalFileSystem()), uri
-    fs, path = pafs.FileSystem.from_uri(uri)
+    fs, path = resolve(uri)
     return wrap(fs), path
 
 

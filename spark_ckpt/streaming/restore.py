@@ -131,13 +131,17 @@ class CheckpointRestore:
                 log.warning("Pipeline %s: could not delete state file %s: %s", self.pipeline, path,
                             exc)
 
-    def first_checkpoint_id(self, run: int, max_concurrent: int) -> int:
+    def first_checkpoint_id(self, run: int, max_concurrent: int, sinks_committed: int = 0,
+                            ) -> int:
         """Past every id used here, and past those an older driver may still hold pending
         (at most its ``maxConcurrent``, not yet on storage; 16 covers an older driver that ran
         with a different setting): a stale driver that wakes and writes its checkpoint's
-        metadata then never takes an id this run uses. Ids are labels: gaps cost nothing."""
+        metadata then never takes an id this run uses. Past ``sinks_committed`` too, the
+        highest id a two-phase sink has committed: a store restored from an older copy has
+        forgotten it, and a sink takes an id it holds as committed. Ids are labels: gaps cost
+        nothing."""
         held = max(max_concurrent, 16) if run > 1 else 0
-        return self.checkpoints.highest_id() + 1 + held
+        return max(self.checkpoints.highest_id(), sinks_committed) + 1 + held
 
 
 def _state_paths(meta: dict[str, Any]) -> tuple[list[str], list[int | None]]:

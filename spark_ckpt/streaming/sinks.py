@@ -84,6 +84,12 @@ class BatchSink:
     def is_committed(self, batch_id: int) -> bool:
         return False
 
+    def committed_batch(self) -> int | None:
+        """The last batch of this lineage the sink has committed (or begun to commit); None
+        if it holds none or cannot tell. Read at start to refuse a checkpoint directory the
+        sink is ahead of."""
+        return None
+
     def finish_pending(self, batch_id: int) -> dict[str, Any] | None:
         """Finish a commit of ``batch_id`` an earlier driver began; None if there is none."""
         return None
@@ -169,6 +175,15 @@ class DeltaBatchSink(_FileSink):
         sink = self._sink()
         return DeltaTable.is_deltatable(sink.uri) and sink.is_committed(batch_id + 1)
 
+    def committed_batch(self) -> int | None:
+        from deltalake import DeltaTable
+
+        sink = self._sink()
+        if not DeltaTable.is_deltatable(sink.uri):
+            return None
+        version = sink.committed_version()
+        return None if version is None else version - 1
+
     def stage(self, df: DataFrame, batch_id: int) -> Any:
         # A fresh, visible directory per try: files of a try that never commits are plain
         # unreferenced files that VACUUM removes; committed files stay where they are.
@@ -206,6 +221,11 @@ class ParquetBatchSink(_FileSink):
     def is_committed(self, batch_id: int) -> bool:
         return self._parquet.is_committed(batch_id + 1)
 
+    def committed_batch(self) -> int | None:
+        # any marker counts: a half-done commit of batch b is finished when b runs again
+        version = max(self._parquet.versions(), default=None)
+        return None if version is None else version - 1
+
     def purge(self, below: int) -> None:
         """Batches ``< below`` never run again (their records are purged): drop their
         commit markers, which would otherwise grow by one a batch forever."""
@@ -230,6 +250,25 @@ class ParquetBatchSink(_FileSink):
         return self._parquet.commit(staged, batch_id + 1)
 
 
+class _BatchDeadLetters(DeltaBatchSink):
+    """One source's dead letters of one batch. Its app transaction names the batch
+    (``spark_ckpt/<lineage>/deadletter-<source>-b<batch>``, version 1), so whether *this*
+    batch's rows were written is asked of this batch alone: a batch's file source may be
+    parsed first after a later batch's dead letters were committed (two windows over one
+    source), and a version counting batches would then say it was written when it was not."""
+
+    def is_committed(self, batch_id: int) -> bool:
+        return super().is_committed(0)
+
+    def commit(self, batch_id: int, staged: Any) -> dict[str, Any]:
+        if not staged:
+            return {"files": 0}
+        return self._sink().commit(staged, 1, metadata={_DEAD_LETTER_BATCH: str(batch_id)})
+
+
+_DEAD_LETTER_BATCH = "spark_ckpt.deadletter_batch"
+
+
 class DeadLetters:
     """Rows a source could not parse, kept in the Delta table ``<checkpoint>/deadletter``
     (``batch_id, source, file, record, reason``), written once per (source, batch)."""
@@ -237,14 +276,29 @@ class DeadLetters:
     def __init__(self, ctx: PipelineScope) -> None:
         self.ctx = ctx
         self.path = join(ctx.root, "deadletter")
-        self._sinks: dict[str, DeltaBatchSink] = {}
+
+    def committed_batch(self, sources: Sequence[str]) -> int | None:
+        """The last batch of this lineage whose dead letters the table holds, or None."""
+        from deltalake import DeltaTable
+
+        uri = self.ctx.storage.spark_path(self.path)
+        if not DeltaTable.is_deltatable(uri):
+            return None
+        table = DeltaTable(uri)
+        job = f"{self.ctx.lineage}"
+        batches = [int(h[_DEAD_LETTER_BATCH]) for h in table.history()
+                   if h.get("spark_ckpt.job_id") == job and _DEAD_LETTER_BATCH in h]
+        for source in sources:  # written before batches named their transactions
+            version = table.transaction_version(f"spark_ckpt/{job}/deadletter-{source}")
+            if version:
+                batches.append(version - 1)
+        return max(batches, default=None)
 
     def write(self, batch_id: int, source: str, rows: DataFrame) -> None:
         from pyspark.sql import functions as F
 
-        sink = self._sinks.setdefault(
-            source, DeltaBatchSink(f"deadletter-{source}", self.ctx.storage.spark_path(self.path),
-                                   ("source",), self.ctx))
+        sink = _BatchDeadLetters(f"deadletter-{source}-b{batch_id}",
+                                 self.ctx.storage.spark_path(self.path), ("source",), self.ctx)
         if sink.is_committed(batch_id):
             return
         df = rows.select(F.lit(batch_id).cast("long").alias("batch_id"),

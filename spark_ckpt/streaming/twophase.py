@@ -108,6 +108,15 @@ class TwoPhaseCommitSink:
         nothing shows twice. None: the sink cannot tell (its output may then repeat)."""
         return None
 
+    def committed_checkpoint(self) -> int | None:
+        """The highest checkpoint id of this lineage the sink has committed, if it can tell.
+
+        A start numbers its checkpoints past it, as well as past its checkpoint store's: a
+        commit keyed by an id the sink already holds would be taken as done and skipped (a
+        store restored from an older copy has forgotten the ids its sinks used). None: the
+        sink cannot tell."""
+        return None
+
 
 def last_batch(txn: dict[str, Any]) -> int:
     return max((int(p["batch"]) for p in txn.get("pieces", []) if "batch" in p), default=-1)
@@ -229,7 +238,7 @@ class _FileTwoPhaseSink(TwoPhaseCommitSink):
 
     def abort(self, pieces: list[dict[str, Any]]) -> None:
         for piece in pieces:
-            self.store.delete_dir(piece["dir"])
+            self.store.delete_dir(self.store.fs_path(piece["dir"]))
 
     def cleanup_staging(self) -> None:
         staging = join(self.store.root, "_spark_ckpt_staging", self.lineage)
@@ -307,12 +316,18 @@ class DeltaTwoPhaseSink(_FileTwoPhaseSink):
             return
         self._merge(sink, files, checkpoint_id, meta)
 
+    def committed_checkpoint(self) -> int | None:
+        from deltalake import DeltaTable
+
+        sink = self.delta()
+        return sink.committed_version() if DeltaTable.is_deltatable(sink.uri) else None
+
     def committed_batch(self) -> int | None:
         from deltalake import DeltaTable
 
         sink = self.delta()
-        if not DeltaTable.is_deltatable(sink.uri):
-            return None
+        if not DeltaTable.is_deltatable(sink.uri) or sink.committed_version() is None:
+            return None  # no commit of this lineage: the table's history is not read
         batches = [int(h["spark_ckpt.last_batch"]) for h in DeltaTable(sink.uri).history()
                    if h.get("spark_ckpt.app") == sink.app_id and "spark_ckpt.last_batch" in h]
         return max(batches, default=None)
@@ -369,11 +384,18 @@ class ParquetTwoPhaseSink(_FileTwoPhaseSink):
         check_files(self.name, _files(pieces))
         moves = []
         for piece in pieces:
-            prefix = self.store.spark_path(piece["dir"]).rstrip("/") + "/"
+            # compared as file-system paths: a staging directory and its files may be recorded
+            # as paths or as Spark URIs (s3a://, abfss://container@account..., file:)
+            prefix = self.store.fs_path(piece["dir"]).rstrip("/") + "/"
             for f in piece["files"]:
-                relative = f["path"][len(prefix):]
-                moves.append([self.store.fs_path(f["path"]), join(self.store.root, relative)])
-        return {"moves": moves, "dirs": [p["dir"] for p in pieces],
+                src = self.store.fs_path(f["path"])
+                if not src.startswith(prefix):
+                    raise CommitError(
+                        f"Parquet sink {self.name}: expected staged file {f['path']} under its "
+                        f"staging directory {piece['dir']}, found it elsewhere; refusing to "
+                        "move it")
+                moves.append([src, join(self.store.root, src[len(prefix):])])
+        return {"moves": moves, "dirs": [self.store.fs_path(p["dir"]) for p in pieces],
                 "last_batch": max((int(p["batch"]) for p in pieces), default=-1)}
 
     def commit(self, checkpoint_id: int, txn: dict[str, Any]) -> None:
@@ -403,21 +425,28 @@ class ParquetTwoPhaseSink(_FileTwoPhaseSink):
         self.store.write_atomic(marker, dump_record("parquet-sink-commit", 1,
                                                     body | {"status": "committed"}))
         for directory in txn["dirs"]:
-            self.store.delete_dir(directory)
+            self.store.delete_dir(self.store.fs_path(directory))
+
+    def _markers(self) -> list[str]:
+        prefix = f"{self.lineage}-{self.name}-c"
+        return [info.path for info in self.store.list_files(
+            join(self.store.root, "_spark_ckpt_commits"), recursive=False)
+            if info.base_name.startswith(prefix) and info.base_name.endswith(".json")]
+
+    def committed_checkpoint(self) -> int | None:
+        # a marker still "committing" counts: whoever reads it next finishes its commit
+        ids = [int(path.rsplit("-c", 1)[1].removesuffix(".json")) for path in self._markers()]
+        return max(ids, default=None)
 
     def committed_batch(self) -> int | None:
-        prefix = f"{self.lineage}-{self.name}-c"
         best: int | None = None
-        for info in self.store.list_files(join(self.store.root, "_spark_ckpt_commits"),
-                                          recursive=False):
-            if info.base_name.startswith(prefix):
-                record = load_record(self.store.read_bytes(info.path), "parquet-sink-commit",
-                                     (1,))
-                if record["status"] != "committed":  # a crash mid-commit: finish it first
-                    self.commit(int(record["checkpoint_id"]),
-                                {"moves": record["moves"], "dirs": [],
-                                 "last_batch": record["last_batch"]})
-                best = max(best if best is not None else -1, int(record["last_batch"]))
+        for path in self._markers():
+            record = load_record(self.store.read_bytes(path), "parquet-sink-commit", (1,))
+            if record["status"] != "committed":  # a crash mid-commit: finish it first
+                self.commit(int(record["checkpoint_id"]),
+                            {"moves": record["moves"], "dirs": [],
+                             "last_batch": record["last_batch"]})
+            best = max(best if best is not None else -1, int(record["last_batch"]))
         return best
 
 

@@ -68,9 +68,10 @@ Every measurement is its own driver process (local[2], 4g driver, UI off, 2 shuf
 UTC), the order of the systems alternating between repetitions. Every run checks its output:
 the newest row per key of the update output (the one with the largest n) against a plain Spark
 ``groupBy(key)`` over all input (n exactly, total within 1e-6 relative); the per-system digests
-(keys, sum of n, sum of total) must also agree. Prints raw figures, medians and ratios and writes
-them to ``docs/benchmarks-state-<date>.json`` (``--json``; a file already there keeps the
-scenarios not run this time). ``--small`` writes to a temporary directory unless ``--json``.
+(keys, sum of n, sum of total) must also agree. Prints raw figures, medians and ratios and
+writes them to ``benchmarks/results/benchmarks-state-<date>.json`` (``--json``; a file already
+there keeps the scenarios not run this time). ``--small`` writes to a temporary directory
+unless ``--json``.
 """
 
 from __future__ import annotations
@@ -1260,7 +1261,7 @@ def main() -> None:
     bench.scenarios = scenarios
     date = time.strftime("%Y-%m-%d")
     default_json = (base / f"benchmarks-state-small-{date}.json" if args.small
-                    else ROOT / "docs" / f"benchmarks-state-{date}.json")
+                    else ROOT / "benchmarks" / "results" / f"benchmarks-state-{date}.json")
     json_path = Path(args.json) if args.json else default_json
     figures: dict[str, Any] = {}
     if json_path.is_file():

@@ -1,6 +1,7 @@
 """Where a driver's Spark time went, from its Spark event log: one line per Spark job.
 
-    python scripts/eventlog_summary.py docs/<bench>.json.logs/events/eventlog_v2_local-*
+    python scripts/eventlog_summary.py \
+        benchmarks/results/<bench>.json.logs/events/eventlog_v2_local-*
 
 ``bench_batch.py --event-logs`` keeps every driver's event log beside its JSON. Per job (of at
 least ``--min-run`` seconds of task time): its wall time, tasks, summed task run and GC time,

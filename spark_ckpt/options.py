@@ -176,9 +176,10 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "leaves it, and with it the Spark shuffles that feed it, in the server's cache, which "
         "every session of the server shares: the next client's run of the vertex's missing "
         "partitions reads what the killed one had computed instead of reading and shuffling "
-        "its inputs again, when its input files are the same (paths and sizes, as recovery "
-        "compares them). Jobs whose sources are not files never persist. A speed-up only "
-        "(the server may evict it); false: never persist.",
+        "its inputs again, when its input files are the same (paths, sizes, modification "
+        "times and object versions, as recovery compares them). Jobs whose sources are not "
+        "files never persist. A speed-up only (the server may evict it); false: never "
+        "persist.",
     ),
     _opt(
         "spark.ckpt.batch.adoptOperations",
@@ -220,6 +221,17 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "bool",
         True,
         "Delete a job's durable result partitions once its sinks have committed.",
+    ),
+    _opt(
+        "spark.ckpt.batch.onInputChanged",
+        "choice",
+        "rerun",
+        "What a resubmitted batch job does with an input file rewritten since an earlier "
+        "attempt recorded it (another size, modification time or object version): rerun (the "
+        "splits that read it and everything downstream run again, on its current content) or "
+        "fail (refused with InputChangedError naming the file, what was recorded and what was "
+        "found; nothing runs). A removed input file is always refused.",
+        choices=("rerun", "fail"),
     ),
     _opt(
         "spark.ckpt.stream.maxBatchesInFlight",
@@ -474,6 +486,7 @@ class Settings:
     batch_concurrent_waves: int = 2
     batch_poll_interval_ms: int = 300
     batch_cleanup_on_success: bool = True
+    batch_on_input_changed: str = "rerun"
     stream_max_batches_in_flight: int = 2
     stream_skip_empty_batches: bool = False
     stream_min_batches_to_retain: int = 100

@@ -37,7 +37,7 @@ from spark_ckpt.batch.progress import JobProgress
 from spark_ckpt.batch.buckets import BucketedTables, job_table_prefix
 from spark_ckpt.batch.recovery import plan_recovery
 from spark_ckpt.sinks import Sink, make_sink, micros_timestamps
-from spark_ckpt.batch.sources import FileSource, decode_splits
+from spark_ckpt.batch.sources import FileSource, decode_files, decode_splits, encode_splits
 from spark_ckpt.batch.vertex_runner import VertexRunner, exchanges
 from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import JobFencedError
@@ -58,6 +58,7 @@ from spark_ckpt.storage import Storage, join
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from spark_ckpt.batch.file_identity import FileIdentity
     from spark_ckpt.execution.graph import JobGraph, JobVertex
     from spark_ckpt.options import Settings
 
@@ -185,6 +186,8 @@ class JobRunner:
         self.problems: list[str] = []
         self.source_schemas: dict[str, Any] = {}
         self.changed_inputs: set[tuple[str, int]] = set()
+        # what identified each file of each file source (recorded, or found now), by path
+        self.input_files: dict[str, dict[str, FileIdentity]] = {}
         self.deferred_events: list[Event] = []
         self.cut_plan: CutPlan | None = None
         self.fence = Fence(self.storage, self.paths["job"], f"job {run_id}")
@@ -418,7 +421,7 @@ class JobRunner:
                              {"reason": "upstream output lost, input replaced or vertex "
                                         "changed"},
                              vertex_id=key[0], partition=key[1]))
-        # Replaced input files are recorded with their new sizes only after the resets they
+        # Rewritten input files are recorded as they are now only after the resets they
         # cause: a crash in between finds them changed again, never forgotten.
         self.writer.flush()
         for event in self.deferred_events:
@@ -576,8 +579,9 @@ class JobRunner:
 
     def _source_state(self, vertex: JobVertex, history: JobHistory,
                       splits: dict[str, list[Any]]) -> tuple[dict[str, Any], bool]:
-        """A file source's splits and schema (recorded, or decided now); True when its files
-        were replaced since they were recorded."""
+        """A file source's splits and schema (recorded, or decided now); True when its record
+        must be logged again: files rewritten since they were recorded, or a record of event
+        format 1 completed with what identifies its files now."""
         from pyspark.sql.types import StructType
 
         assert isinstance(vertex.source, FileSource)
@@ -587,23 +591,31 @@ class JobRunner:
         changed_files = False
         if same and recorded is not None:
             splits[vertex.id] = decode_splits(recorded["coordinator_state"]["splits"])
-            changed = vertex.source.changed_splits(vertex.id, splits[vertex.id])
-            if changed:  # replaced files: what read them runs again, nothing else
+            files = decode_files(recorded["coordinator_state"]["splits"])
+            before = dict(files)
+            changed = vertex.source.changed_splits(
+                vertex.id, splits[vertex.id], files,
+                refuse=self.settings.batch_on_input_changed == "fail")
+            if changed:  # rewritten files: what read them runs again, nothing else
                 log.warning("Job %s: input files of source %s changed since they were "
                             "recorded (splits %s); the partitions that read them and "
                             "everything downstream run again", self.run_id,
                             vertex.id, sorted(changed))
                 self.changed_inputs |= {(vertex.id, j) for j in changed}
-                # the splits are logged again, with the new sizes, but only after the
-                # resets they cause (see _run_attempt)
-                changed_files = True
+            # the splits are logged again with what was found (rewritten files, or a record
+            # of event format 1 completed), but only after the resets they cause (see
+            # _run_attempt)
+            changed_files = files != before
         else:
             declared = vertex.declared_parallelism
+            files = vertex.source.identify()
             splits[vertex.id] = vertex.source.discover(
-                declared if isinstance(declared, int) else None)
+                declared if isinstance(declared, int) else None, files)
+        self.input_files[vertex.id] = files
         if vertex.auto_parallelism:
             self.graph.set_parallelism(vertex.id, len(splits[vertex.id]))
-        state: dict[str, Any] = {"checkpoint_id": -1, "splits": splits[vertex.id]}
+        state: dict[str, Any] = {"checkpoint_id": -1,
+                                 "splits": encode_splits(splits[vertex.id], files)}
         schema = (recorded or {}).get("coordinator_state", {}).get("schema") if same else None
         if schema:
             self.source_schemas[vertex.id] = StructType.fromJson(json.loads(schema))

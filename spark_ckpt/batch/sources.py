@@ -4,10 +4,11 @@
   does: Spark's own reader, every option the user passes, Spark's rules for which files a
   directory holds (hidden ``_``/``.`` names skipped, ``pathGlobFilter``, partition directories
   as columns). Its files are cut into ``parallelism`` contiguous splits in a stable order; the
-  split assignment and the schema are the vertex coordinator's state, recorded in
+  split assignment, what identified each file (size, modification time, object version:
+  batch.file_identity) and the schema are the vertex coordinator's state, recorded in
   ``JobVertexInitialized`` so a recovered attempt reads exactly the files the first one read,
-  with the same schema, even when new files arrived since. Re-running split *i* reads only its
-  files, still with Spark's reader.
+  with the same schema, even when new files arrived since, and knows which were rewritten.
+  Re-running split *i* reads only its files, still with Spark's reader.
 * :class:`DataFrameSource` wraps any DataFrame a user can build (JDBC, tables, ``range``). Its
   rows are split by ``pmod(hash(split_by), parallelism)``; re-running any of its partitions reads
   the whole DataFrame once (Spark cannot read a hash bucket of an arbitrary plan alone).
@@ -22,15 +23,18 @@ import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from spark_ckpt.batch.file_identity import FileIdentity, identify
 from spark_ckpt.errors import InputChangedError, JobDefinitionError, SourceError
 from spark_ckpt.sparkapi import empty_frame
 from spark_ckpt.storage import Storage, stat_any
 
 if TYPE_CHECKING:
+    import pyarrow.fs as pafs
     from pyspark.sql import DataFrame, DataFrameReader, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["DataFrameSource", "FileSource", "Split", "normalize_path"]
+__all__ = ["DataFrameSource", "FileSource", "Split", "decode_files", "decode_splits",
+           "encode_splits", "normalize_path"]
 
 log = logging.getLogger(__name__)
 
@@ -67,18 +71,17 @@ class FileSource:
                 "options": dict(sorted(self.options.items())), "schema": schema}
 
     # -- listing ---------------------------------------------------------------------------
-    def list_files(self) -> list[tuple[str, int]]:
-        """The files Spark's reader would read, sorted, with their sizes (no Spark needed).
-
-        The run checks this list against Spark's own ``inputFiles()`` before reading.
-        """
+    def _listed(self, *, missing_ok: bool = False) -> tuple[Storage, list[pafs.FileInfo]]:
+        """The files Spark's reader would read, as storage lists them (no Spark needed)."""
         store = Storage(self.path)
         if not store.exists(store.root):
+            if missing_ok:
+                return store, []
             raise JobDefinitionError(f"file source {self.path}: expected a file or directory, "
                                      "found nothing at that path")
         info = store.fs.get_file_info(store.root)
         if info.type.name == "File":
-            return [(store.spark_path(store.root), info.size)]
+            return store, [info]
         glob = self._option("pathGlobFilter")
         files = []
         for i in store.list_files(store.root):
@@ -87,8 +90,28 @@ class FileSource:
                 continue
             if glob and not fnmatch.fnmatchcase(parts[-1], glob):
                 continue
-            files.append((store.spark_path(i.path), i.size))
-        return sorted(files)
+            files.append(i)
+        return store, files
+
+    def list_files(self) -> list[tuple[str, int]]:
+        """The files Spark's reader would read, sorted, with their sizes (no Spark needed).
+
+        The run checks this list against Spark's own ``inputFiles()`` before reading.
+        """
+        store, infos = self._listed()
+        return sorted((store.spark_path(i.path), i.size) for i in infos)
+
+    def identify(self, *, only: set[str] | None = None, versions: bool = True,
+                 missing_ok: bool = False) -> dict[str, FileIdentity]:
+        """The files Spark's reader would read (those of ``only``, if given) by path, with
+        what identifies their content now (batch.file_identity); ``versions``: ask an object
+        store for each object's version."""
+        store, infos = self._listed(missing_ok=missing_ok)
+        named = [(store.spark_path(i.path), i) for i in infos]
+        if only is not None:
+            named = [(p, i) for p, i in named if p in only]
+        found = identify(store.fs, [i for _, i in named], versions=versions)
+        return {p: f for (p, _), f in zip(named, found, strict=True)}
 
     def _option(self, name: str) -> str | None:
         for key, value in self.options.items():
@@ -100,16 +123,19 @@ class FileSource:
         store = Storage(self.path)
         return store.fs.get_file_info(store.root).type.name == "Directory"
 
-    def discover(self, parallelism: int | None) -> list[Split]:
-        """List the input files in a stable order and cut them into contiguous splits."""
-        files = self.list_files()
-        if not files:
+    def discover(self, parallelism: int | None,
+                 files: dict[str, FileIdentity] | None = None) -> list[Split]:
+        """Cut the input files (listed now, or ``files`` as :meth:`identify` found them) in a
+        stable order into contiguous splits."""
+        listed = self.list_files() if files is None else \
+            sorted((p, f.size) for p, f in files.items())
+        if not listed:
             raise JobDefinitionError(
                 f"file source {self.path}: expected {self.format} files, found none (Spark "
                 "skips names starting with '_' or '.')"
             )
-        count = min(parallelism or len(files), len(files))
-        return [files[i * len(files) // count:(i + 1) * len(files) // count]
+        count = min(parallelism or len(listed), len(listed))
+        return [listed[i * len(listed) // count:(i + 1) * len(listed) // count]
                 for i in range(count)]
 
     # -- reading with Spark ----------------------------------------------------------------
@@ -178,23 +204,57 @@ class FileSource:
             reader = reader.option("basePath", self.path)  # keep partition columns
         return reader.load(files)
 
-    def changed_splits(self, vertex_id: str, splits: list[Split]) -> set[int]:
-        """Before re-reading recorded splits: the splits whose files were replaced (another
-        size), updated in place to the sizes found. A removed file cannot be read again."""
-        files = [(j, k) for j, split in enumerate(splits) for k in range(len(split))]
-        sizes = stat_any(splits[j][k][0] for j, k in files)
-        changed: set[int] = set()
-        for (j, k), found in zip(files, sizes, strict=True):
-            path, size = splits[j][k]
-            if found is None:
+    def changed_splits(self, vertex_id: str, splits: list[Split],
+                       files: dict[str, FileIdentity], *, refuse: bool = False) -> set[int]:
+        """Before re-reading recorded splits: the splits whose files were rewritten since
+        ``files`` recorded them (another size, modification time or object version), their
+        entries in ``splits`` and ``files`` updated in place to what was found. A record
+        lacking a field (written before event format 2) takes it from an unchanged file.
+
+        Raises:
+            InputChangedError: a recorded file is missing (it cannot be read again), or one
+                was rewritten and ``refuse`` (spark.ckpt.batch.onInputChanged=fail).
+        """
+        recorded = [(j, k, path, files.get(path) or FileIdentity(size))
+                    for j, split in enumerate(splits) for k, (path, size) in enumerate(split)]
+        # an object store is asked for versions only where a record holds one, or lacks a
+        # time (a record to complete): an unversioned store is not asked on every resubmission
+        versions = any(r.version is not None or r.mtime_ns is None for *_, r in recorded)
+        found = self.identify(only={path for _, _, path, _ in recorded}, versions=versions,
+                              missing_ok=True)
+        rewritten = []
+        for j, k, path, was in recorded:
+            now = found.get(path)
+            if now is None:
                 raise InputChangedError(
-                    f"source vertex {vertex_id}: input file {path} was {size} bytes when the "
-                    f"job first read it, found missing. The job's input changed; run it "
+                    f"source vertex {vertex_id}: input file {path} was {was.size} bytes when "
+                    f"the job first read it, found missing. The job's input changed; run it "
                     f"again with fresh=True or a new run key to start over."
                 )
-            if found != size:
-                splits[j][k] = (path, found)
-                changed.add(j)
+            what = was.changes(now)
+            if what:
+                rewritten.append((j, k, path, was, now, what))
+            else:
+                files[path] = was.completed(now)
+        if rewritten and refuse:
+            _, _, path, was, now, what = rewritten[0]
+            raise InputChangedError(
+                f"source vertex {vertex_id}: input file {path} was rewritten since an earlier "
+                f"attempt recorded it ({' and '.join(what)} changed): recorded {was.describe()}; "
+                f"found {now.describe()} ({len(rewritten)} rewritten file(s) in this source). "
+                "Nothing ran: spark.ckpt.batch.onInputChanged=fail refuses to recover from "
+                "changed input. Restore the file, set spark.ckpt.batch.onInputChanged=rerun to "
+                "run again what read it and everything downstream, or start over with "
+                "fresh=True or a new run key."
+            )
+        changed: set[int] = set()
+        for j, k, path, was, now, what in rewritten:
+            log.warning("Source vertex %s: input file %s was rewritten since it was recorded "
+                        "(%s changed: recorded %s; found %s); split %d runs again", vertex_id,
+                        path, " and ".join(what), was.describe(), now.describe(), j)
+            splits[j][k] = (path, now.size)
+            files[path] = now
+            changed.add(j)
         return changed
 
 
@@ -383,5 +443,30 @@ def check_parquet_schemas(what: str, store: Storage, files: list[tuple[str, int]
             )
 
 
+def encode_splits(splits: list[Split], files: dict[str, FileIdentity]) -> list[list[list[Any]]]:
+    """A file source's splits as ``JobVertexInitialized`` records them (event format 2):
+    ``[path, size, mtime_ns, version]`` for each file of each split, None where unknown."""
+    out = []
+    for split in splits:
+        entries = []
+        for path, size in split:
+            found = files.get(path) or FileIdentity(size)
+            entries.append([path, size, found.mtime_ns, found.version])
+        out.append(entries)
+    return out
+
+
 def decode_splits(data: Any) -> list[Split]:
-    return [[(str(p), int(n)) for p, n in s] for s in data]
+    """The (path, size) of each file of each recorded split."""
+    return [[(str(f[0]), int(f[1])) for f in s] for s in data]
+
+
+def decode_files(data: Any) -> dict[str, FileIdentity]:
+    """What identified each recorded file when it was recorded (see :func:`encode_splits`)."""
+    files = {}
+    for split in data:
+        for path, size, mtime_ns, version in split:
+            files[str(path)] = FileIdentity(
+                int(size), None if mtime_ns is None else int(mtime_ns),
+                None if version is None else str(version))
+    return files

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from spark_ckpt.clock import Clock
+    from spark_ckpt.batch.file_identity import FileIdentity
     from spark_ckpt.batch.progress import JobProgress
     from spark_ckpt.eventlog.replay import FinishedPartition
     from spark_ckpt.execution.attempts import ExecutionRegistry
@@ -80,6 +81,8 @@ class Attempt(Protocol):
     finished: dict[tuple[str, int], FinishedPartition]
     clock: Clock  # the partitions' start and finish times
     explaining: bool  # BatchJob.explain: nothing may be written in the job's directory
+    # what identified each file of each file source (size, time, object version), by path
+    input_files: dict[str, dict[str, FileIdentity]]
 
     def partition_finished(self, result: PartitionResult) -> bool:
         """Record a finished partition once; False for duplicates and stale attempts."""
@@ -522,9 +525,10 @@ class VertexRunner:
     def lineage(self, vertex: JobVertex) -> str | None:
         """What ``vertex`` reads, as recovery tells inputs apart: its definition, and for each
         input the finished partitions it reads (by attempt id: a partition run again is
-        another input), a source's files and sizes, or an inline vertex's own lineage. Equal
-        lineages read the same rows. None when a source is not files. Computed once per
-        vertex (what it reads is finished before it runs, and stays so while it runs)."""
+        another input), a source's files and their identities (size, modification time,
+        object version), or an inline vertex's own lineage. Equal lineages read the same rows.
+        None when a source is not files. Computed once per vertex (what it reads is finished
+        before it runs, and stays so while it runs)."""
         if vertex.id not in self._lineages:
             digest = hashlib.sha256()
             self._lineages[vertex.id] = digest.hexdigest()[:32] \
@@ -537,9 +541,11 @@ class VertexRunner:
         if vertex.is_source:
             if not isinstance(vertex.source, FileSource):
                 return False
+            files = self.job.input_files.get(vertex.id, {})
             for j, split in enumerate(self.splits.get(vertex.id, [])):
                 for path, size in split:
-                    digest.update(f"{j}\0{path}\0{size}\n".encode())
+                    known = files.get(path)
+                    digest.update(f"{j}\0{path}\0{size}\0{known and known.token()}\n".encode())
             return True
         for edge in vertex.inputs:
             upstream = self.graph.vertices[edge.upstream]
@@ -712,10 +718,11 @@ class VertexRunner:
                    for e in vertex.inputs if e.kind == "hash")
 
     def _inputs_tag(self) -> str | None:
-        """What this job reads, as it reads it: every file source's files and their sizes
-        (as recovery compares them), with the job's id. Spark finds a persisted frame by its
-        plan, and a plan names files by path only: the tag, put in the plan, keeps a frame
-        computed from files since replaced from matching. None when a source is not files."""
+        """What this job reads, as it reads it: every file source's files and their
+        identities (size, modification time, object version, as recovery compares them),
+        with the job's id. Spark finds a persisted frame by its plan, and a plan names files
+        by path only: the tag, put in the plan, keeps a frame computed from files since
+        rewritten from matching. None when a source is not files."""
         if self._tag is None:
             digest = hashlib.sha256(self.job.run_id.encode())
             for vertex in sorted(self.graph.vertices.values(), key=lambda v: v.id):
@@ -724,9 +731,12 @@ class VertexRunner:
                 if not isinstance(vertex.source, FileSource):
                     self._tag = ""
                     break
+                files = self.job.input_files.get(vertex.id, {})
                 for j, split in enumerate(self.splits.get(vertex.id, [])):
                     for path, size in split:
-                        digest.update(f"{vertex.id}\0{j}\0{path}\0{size}\n".encode())
+                        known = files.get(path)
+                        digest.update(f"{vertex.id}\0{j}\0{path}\0{size}\0"
+                                      f"{known and known.token()}\n".encode())
             else:
                 self._tag = digest.hexdigest()[:32]
         return self._tag or None

@@ -14,9 +14,13 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["EVENT_FORMAT_VERSION", "EVENT_SCHEMA", "Event", "EventType"]
+__all__ = ["EVENT_FORMAT_VERSION", "EVENT_SCHEMA", "READABLE_FORMAT_VERSIONS", "Event",
+           "EventType"]
 
-EVENT_FORMAT_VERSION = 1
+# 2: a file source's recorded splits name each file as [path, size, mtime_ns, version]
+# (format 1: [path, size]); rows of format 1 are upgraded as they are read (_UPGRADES)
+EVENT_FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)
 
 
 class EventType(enum.StrEnum):
@@ -84,15 +88,22 @@ class Event:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Event:
-        """Inverse of :meth:`row`; raises ValueError for an unknown type or version."""
-        if row["format_version"] != EVENT_FORMAT_VERSION:
+        """Inverse of :meth:`row`, for rows of any readable format version (an older row's
+        payload is upgraded to the current format); raises ValueError for an unknown type or
+        version."""
+        version = row["format_version"]
+        if version not in READABLE_FORMAT_VERSIONS:
             raise ValueError(
-                f"event format_version {row['format_version']} is not supported "
-                f"(this release reads {EVENT_FORMAT_VERSION})"
+                f"event format_version {version} is not supported (this release reads "
+                f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))})"
             )
+        event_type = EventType(row["event_type"])
+        payload = json.loads(row["payload"])
+        for older in range(version, EVENT_FORMAT_VERSION):
+            payload = _UPGRADES[older](event_type, payload)
         return cls(
-            type=EventType(row["event_type"]),
-            payload=json.loads(row["payload"]),
+            type=event_type,
+            payload=payload,
             vertex_id=row["vertex_id"],
             partition=row["partition"],
             attempt_id=row["attempt_id"],
@@ -105,6 +116,20 @@ class Event:
             time_us=_micros(row["event_time"]),
         )
 
+
+def _upgrade_1(event_type: EventType, payload: dict[str, Any]) -> dict[str, Any]:
+    """Format 1 to 2: a file source's splits recorded [path, size] for each file; format 2
+    adds its modification time and object version, unknown for a format 1 record (None)."""
+    state = payload.get("coordinator_state")
+    if event_type is EventType.JOB_VERTEX_INITIALIZED and isinstance(state, dict) \
+            and "splits" in state:
+        splits = [[[*entry[:2], None, None] for entry in split] for split in state["splits"]]
+        payload = {**payload, "coordinator_state": {**state, "splits": splits}}
+    return payload
+
+
+# How a payload of each older format becomes one of the next format.
+_UPGRADES = {1: _upgrade_1}
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from spark_ckpt.errors import EventLogError
-from spark_ckpt.eventlog.events import EVENT_FORMAT_VERSION, EVENT_SCHEMA, Event
+from spark_ckpt.eventlog.events import EVENT_SCHEMA, READABLE_FORMAT_VERSIONS, Event
 from spark_ckpt.storage import Storage, join
 
 __all__ = ["EventLogUnreadable", "LogReadResult", "read_events", "read_table"]
@@ -143,9 +143,10 @@ def read_table(storage: Storage, path: str, *, repair: bool = False,
         try:
             piece = pq.read_table(_local(uri) if storage.local else uri)
             versions = set(piece.column("format_version").unique().to_pylist())
-            if versions - {EVENT_FORMAT_VERSION}:
-                raise _FormatVersion(f"event format_version {sorted(versions)} is not "
-                                     f"supported (this release reads {EVENT_FORMAT_VERSION})")
+            if versions - set(READABLE_FORMAT_VERSIONS):
+                raise _FormatVersion(
+                    f"event format_version {sorted(versions)} is not supported (this release "
+                    f"reads {', '.join(map(str, READABLE_FORMAT_VERSIONS))})")
             pieces.append(piece.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA))
         except Exception as exc:
             if not _damaged(exc):

@@ -172,12 +172,35 @@ class StreamingContext:
                                             options=options))
 
     def delta_stream(self, name: str, path: str, *, starting_version: int = 0,
-                     max_versions_per_batch: int | None = None,
-                     ignore_deletes: bool = False) -> InputStream:
-        """Rows appended to a Delta table, version by version."""
+                     max_versions_per_batch: int | None = None, ignore_deletes: bool = False,
+                     ignore_changes: bool = False,
+                     skip_change_commits: bool = False) -> InputStream:
+        """Rows added to a Delta table, version by version, read from its commit log.
+
+        Commits that change no data (OPTIMIZE, compaction, VACUUM, table properties) are
+        skipped. A commit that removes data files stops the pipeline with a SourceError naming
+        the version and the operation, unless an option below allows it (Delta Lake's
+        streaming options of the same meaning; docs/streaming.md has a table per commit kind).
+
+        Args:
+            name: the source's name, unique in the pipeline.
+            path: the table's path or URI.
+            starting_version: the first version read (its changes, not its snapshot).
+            max_versions_per_batch: at most this many versions per batch (skipped ones count);
+                None: every version there is.
+            ignore_deletes: skip commits that only remove files (Delta's ``ignoreDeletes``:
+                DELETE of whole files or partitions); the deleted rows stay downstream.
+            ignore_changes: also read commits that rewrite files (UPDATE, MERGE, DELETE inside
+                files, overwrite) as if they appended the files they added (Delta's deprecated
+                ``ignoreChanges``): rows they did not change come again.
+            skip_change_commits: skip every commit that removes files, and the files it added
+                (Delta's ``skipChangeCommits``): deletes and rewrites are not propagated.
+        """
         return self._input(DeltaStreamSource(name, path, starting_version=starting_version,
                                              max_versions_per_batch=max_versions_per_batch,
-                                             ignore_deletes=ignore_deletes))
+                                             ignore_deletes=ignore_deletes,
+                                             ignore_changes=ignore_changes,
+                                             skip_change_commits=skip_change_commits))
 
     def generator_stream(self, name: str, **kwargs: Any) -> InputStream:
         """Deterministic rows ``id, key, value, event_time`` (see GeneratorSource)."""

@@ -24,6 +24,14 @@ from spark_ckpt.errors import JobDefinitionError, RecordError, SourceError
 from spark_ckpt.formats import ANY, PATH, ListOf, MapOf, Opt, Row, integer, validate
 from spark_ckpt.storage import Storage, join
 from spark_ckpt.streaming.batch import union_by_name
+from spark_ckpt.streaming.delta_log import (
+    AddedFile,
+    CommitKind,
+    DeltaCommit,
+    commit_path,
+    earliest_commit,
+    read_commit,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -480,12 +488,26 @@ class FileStreamSource(Source):
 
 # -- a Delta table -----------------------------------------------------------------------------
 class DeltaStreamSource(Source):
-    """New versions of an append-only Delta table, read through ``deltalake``.
+    """New rows of a Delta table, version by version, followed through the table's commit log.
 
-    A batch reads the files added by the versions since the previous batch (at most
-    ``max_versions_per_batch`` of them); Spark reads the data files, partition values come
-    from the add actions. A version that removed files (overwrite, delete, compaction) stops
-    the pipeline with a :class:`SourceError`, unless ``ignore_deletes`` is set.
+    A batch reads the files that the commits since the previous batch added as new data (at
+    most ``max_versions_per_batch`` versions; a skipped version counts as read); Spark reads the
+    data files, partition values, sizes and row counts come from the add actions. Commits that
+    change no data (``dataChange=false``: OPTIMIZE, Z-order, compaction; VACUUM, table
+    properties) are skipped. A commit that removes data files stops the pipeline with a
+    :class:`SourceError` naming the version and the operation, unless one of Delta Lake's
+    streaming options says otherwise:
+
+    * ``ignore_deletes`` (Delta's ``ignoreDeletes``): a commit that only removes files (DELETE
+      of whole files or partitions) is skipped; one that also adds files still stops;
+    * ``ignore_changes`` (Delta's deprecated ``ignoreChanges``): a commit that rewrites files
+      (UPDATE, MERGE, DELETE inside files, overwrite) is read as if it appended the files it
+      added, so the rows it did not change come again (logged as a warning);
+    * ``skip_change_commits`` (Delta's ``skipChangeCommits``): every commit that removes files
+      is skipped, the files it added too.
+
+    A schema the pipeline's source schema cannot read, deletion vectors and column mapping stop
+    the pipeline by name: Spark's Parquet reader would not apply them and would give wrong rows.
     """
 
     kind = "delta"
@@ -494,15 +516,23 @@ class DeltaStreamSource(Source):
              "rows": Opt(integer(0))}
 
     def __init__(self, name: str, path: str, *, starting_version: int = 0,
-                 max_versions_per_batch: int | None = None,
-                 ignore_deletes: bool = False) -> None:
+                 max_versions_per_batch: int | None = None, ignore_deletes: bool = False,
+                 ignore_changes: bool = False, skip_change_commits: bool = False) -> None:
         super().__init__(name)
+        if starting_version < 0:
+            raise JobDefinitionError(f"Delta source {name}: expected starting_version >= 0, "
+                                     f"found {starting_version}")
+        if max_versions_per_batch is not None and max_versions_per_batch < 1:
+            raise JobDefinitionError(f"Delta source {name}: expected max_versions_per_batch >= 1 "
+                                     f"or None, found {max_versions_per_batch}")
         self.path = path
         self.store = Storage(path)
         self.uri = self.store.spark_path(self.store.root)
         self.starting_version = starting_version
         self.max_versions = max_versions_per_batch
         self.ignore_deletes = ignore_deletes
+        self.ignore_changes = ignore_changes
+        self.skip_change_commits = skip_change_commits
         self.version = starting_version - 1  # the last version read
         self._schema: StructType | None = None
 
@@ -533,41 +563,205 @@ class DeltaStreamSource(Source):
         for _batch, piece in pieces:
             self.version = max(self.version, piece["to_version"])
 
-    def _adds(self, version: int) -> dict[str, dict[str, Any]]:
-        import pyarrow as pa
-
-        if version < 0:
-            return {}
-        table = pa.table(self._table(version).get_add_actions(flatten=True))
-        out = {}
-        for row in table.to_pylist():
-            values = {k[len("partition."):]: v for k, v in row.items()
-                      if k.startswith("partition.")}
-            out[row["path"]] = {"size": row["size_bytes"], "rows": row.get("num_records"),
-                                "partition_values": values}
-        return out
-
+    # -- planning ------------------------------------------------------------------------
     def plan(self) -> dict[str, Any]:
-        latest = self._table().version()
+        table = self._table()
+        latest = table.version()
         if latest <= self.version:
             return {"from_version": self.version, "to_version": self.version, "files": [],
                     "rows": 0}
         target = latest if self.max_versions is None else min(latest,
                                                               self.version + self.max_versions)
-        before, after = self._adds(self.version), self._adds(target)
-        removed = [p for p in before if p not in after]
-        if removed and not self.ignore_deletes:
-            raise SourceError(
-                f"Delta source {self.name}: expected an append-only table, but versions "
-                f"{self.version + 1}..{target} of {self.uri} removed {len(removed)} file(s) "
-                f"(e.g. {removed[0]}); set ignore_deletes=True to read only the added files"
-            )
-        added = [[p, a["size"], a["rows"], a["partition_values"]] for p, a in after.items()
-                 if p not in before]
-        added.sort()
-        rows = (sum(a[2] for a in added) if all(a[2] is not None for a in added) else None)
-        return {"from_version": self.version, "to_version": target, "files": added,
+        mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+        if mode not in (None, "none"):
+            self._refuse_column_mapping(f"its latest version {latest}", mode)
+        chosen: list[tuple[int, AddedFile]] = []
+        for version in range(self.version + 1, target + 1):
+            chosen += [(version, f) for f in self._admit(self._commit(version, target))]
+        files = sorted([f.path, f.size, f.rows, self._partition_values(f.partition_values)]
+                       for _version, f in self._present(chosen))
+        rows = sum(f[2] for f in files) if all(f[2] is not None for f in files) else None
+        return {"from_version": self.version, "to_version": target, "files": files,
                 "rows": rows}
+
+    def _commit(self, version: int, target: int) -> DeltaCommit:
+        commit = read_commit(self.store, version)
+        if commit is not None:
+            return commit
+        earliest = earliest_commit(self.store)
+        there = (f"the oldest commit still in the log is version {earliest}"
+                 if earliest is not None else "no commit file is left in the log")
+        start = earliest if earliest is not None and earliest > version else "<a version>"
+        raise SourceError(
+            f"Delta source {self.name}: expected the commit of version {version} at "
+            f"{join(self.uri, commit_path(version))}, found it gone ({there}): the table's log "
+            "was cleaned up (commits older than delta.logRetentionDuration are deleted once a "
+            f"checkpoint covers them) before this pipeline read version {version}, so what "
+            f"versions {version}..{target} changed cannot be read. Nothing was allocated from "
+            f"them. Put the commit files back and restart, or start a new pipeline (a new "
+            f"checkpoint directory) with starting_version={start} (the rows of the versions "
+            "before it are not read); keep delta.logRetentionDuration longer than the pipeline "
+            "may fall behind"
+        )
+
+    def _admit(self, commit: DeltaCommit) -> tuple[AddedFile, ...]:
+        """The files of ``commit`` a batch reads (none when it is skipped), or SourceError when
+        the options do not allow it."""
+        self._check_metadata(commit)
+        v, op = commit.version, commit.operation
+        if commit.kind is CommitKind.APPEND:
+            added = commit.added
+        elif commit.kind is CommitKind.NO_DATA_CHANGE:
+            log.debug("Delta source %s: version %d (%s) changes no data: skipped", self.name, v,
+                      op)
+            return ()
+        elif self.skip_change_commits or (commit.kind is CommitKind.DELETE and
+                                          (self.ignore_deletes or self.ignore_changes)):
+            option = "skip_change_commits" if self.skip_change_commits else (
+                "ignore_deletes" if self.ignore_deletes else "ignore_changes")
+            log.info("Delta source %s: version %d (%s) removed %d file(s) and added %d: "
+                     "skipped (%s)", self.name, v, op, len(commit.removed), len(commit.added),
+                     option)
+            return ()
+        elif commit.kind is CommitKind.CHANGE and self.ignore_changes:
+            log.warning("Delta source %s: version %d (%s) rewrote %d file(s): reading the %d "
+                        "file(s) it added again (ignore_changes: rows it did not change come "
+                        "again)", self.name, v, op, len(commit.removed), len(commit.added))
+            added = commit.added
+        else:
+            raise SourceError(self._refusal(commit))
+        with_dv = next((f for f in added if f.deletion_vector), None)
+        if with_dv is not None:
+            raise SourceError(
+                f"Delta source {self.name}: version {v} of {self.uri} ({op}) added "
+                f"{with_dv.path} with a deletion vector (rows of the file marked deleted); "
+                "this source reads data files with Spark's Parquet reader, which does not "
+                "apply deletion vectors and would read the deleted rows. Nothing was "
+                f"allocated from version {v}. Set skip_change_commits=True and restart to skip "
+                "the commits that write deletion vectors (DELETE, UPDATE, MERGE on a table "
+                "with delta.enableDeletionVectors=true), or turn deletion vectors off on the "
+                "table before such commits"
+            )
+        return added
+
+    def _refusal(self, commit: DeltaCommit) -> str:
+        v, op = commit.version, commit.operation
+        head = (f"Delta source {self.name}: expected an append-only table, but version {v} of "
+                f"{self.uri} ({op}) removed {len(commit.removed)} file(s) (e.g. "
+                f"{commit.removed[0]})")
+        if commit.kind is CommitKind.DELETE:
+            return (f"{head} and added none. Nothing was allocated from version {v}. Set "
+                    "ignore_deletes=True and restart to skip commits that only remove files "
+                    "(the deleted rows stay in the output), or skip_change_commits=True to skip "
+                    "every commit that removes files")
+        covered = " (ignore_deletes=True covers only commits that add no file)" \
+            if self.ignore_deletes else ""
+        return (f"{head} and added {len(commit.added)}: it rewrote rows (UPDATE, MERGE, a "
+                f"DELETE inside files, an overwrite){covered}. Nothing was allocated from "
+                f"version {v}. Set skip_change_commits=True and restart to skip such commits "
+                "(neither their removed nor their rewritten rows are read), or "
+                "ignore_changes=True to read the files they added (rows they did not change "
+                "come again)")
+
+    def _check_metadata(self, commit: DeltaCommit) -> None:
+        """A commit's new metadata must be readable with the source's schema (its columns, of
+        the same types: older files may lack columns the schema has, read as null)."""
+        import pyarrow as pa
+        from deltalake import Schema
+
+        from spark_ckpt.arrowtypes import to_spark
+
+        if commit.column_mapping is not None:
+            self._refuse_column_mapping(f"version {commit.version} ({commit.operation})",
+                                        commit.column_mapping)
+        if commit.schema_string is None:
+            return
+        reading = self.schema()
+        try:
+            found = to_spark(pa.schema(Schema.from_json(commit.schema_string)))
+        except Exception as exc:
+            raise SourceError(
+                f"Delta source {self.name}: version {commit.version} of {self.uri} "
+                f"({commit.operation}) set a schema this source cannot map: {exc}"
+            ) from exc
+        known = {f.name: f.dataType.simpleString() for f in reading.fields}
+        for f in found.fields:
+            if known.get(f.name) != f.dataType.simpleString():
+                what = (f"column {f.name} is {known[f.name]} in the source's schema" if
+                        f.name in known else f"column {f.name} is not in the source's schema")
+                raise SourceError(
+                    f"Delta source {self.name}: version {commit.version} of {self.uri} "
+                    f"({commit.operation}) changed the table's schema to "
+                    f"{found.simpleString()}, which the source's schema "
+                    f"{reading.simpleString()} does not read ({what}, "
+                    f"{f.dataType.simpleString()} there). Nothing was allocated from version "
+                    f"{commit.version}. A source's schema cannot change under a checkpoint: to "
+                    "read on with the new schema, start a new pipeline (a new checkpoint "
+                    f"directory) with starting_version={commit.version}"
+                )
+
+    def _refuse_column_mapping(self, where: str, mode: str) -> None:
+        raise SourceError(
+            f"Delta source {self.name}: {self.uri} uses column mapping at {where} "
+            f"(delta.columnMapping.mode={mode}): its data files name columns by physical names "
+            "or field ids, which Spark's Parquet reader would not match (reading nulls). This "
+            "source does not read column-mapped tables: stream from a copy written without "
+            "column mapping, or read the table with delta-spark's streaming source"
+        )
+
+    def _full(self, path: str) -> str:
+        return path if "://" in path or path.startswith("/") else \
+            self.uri.rstrip("/") + "/" + path
+
+    def _present(self, chosen: list[tuple[int, AddedFile]]) -> list[tuple[int, AddedFile]]:
+        """The chosen files, each still there: VACUUM deletes a file some time after a later
+        commit removed it (a compaction, a DELETE), and a pipeline behind that has not read its
+        rows yet stops here, naming the version that added it (with ignoreMissingFiles,
+        Spark's answer: the file is left out)."""
+        from spark_ckpt.batch.sources import ignore_missing_files
+        from spark_ckpt.storage import stat_any
+
+        sizes = stat_any(self._full(f.path) for _version, f in chosen)
+        missing = [c for c, size in zip(chosen, sizes, strict=True) if size is None]
+        if not missing:
+            return chosen
+        version, gone = missing[0]
+        if not ignore_missing_files(getattr(self.pipeline, "spark", None), {}):
+            raise SourceError(
+                f"Delta source {self.name}: version {version} of {self.uri} added "
+                f"{gone.path}, found the file missing ({len(missing)} missing file(s)): a later "
+                "commit removed it (OPTIMIZE, DELETE, ...) and VACUUM deleted it before this "
+                "pipeline read its rows. Nothing was allocated from it. Put the file back and "
+                "restart, or set spark.sql.files.ignoreMissingFiles=true to go on without its "
+                "rows; keep delta.deletedFileRetentionDuration longer than the pipeline may "
+                "fall behind"
+            )
+        log.warning("Delta source %s: leaving out %d missing file(s) (e.g. %s, added by version "
+                    "%d): spark.sql.files.ignoreMissingFiles=true", self.name, len(missing),
+                    gone.path, version)
+        return [c for c in chosen if c not in missing]
+
+    def _partition_values(self, values: dict[str, str | None]) -> dict[str, Any]:
+        """The log's partition values (strings) as JSON values the reader casts exactly: whole
+        numbers and booleans as such, a timestamp marked UTC (Delta writes them in UTC without
+        a zone; Spark would read them in the session's time zone)."""
+        from pyspark.sql import types as T
+
+        schema = self.schema()
+        out: dict[str, Any] = {}
+        for column, raw in values.items():
+            kind = schema[column].dataType if column in schema.names else None
+            value: Any = raw
+            if raw is None or kind is None:
+                pass
+            elif isinstance(kind, T.ByteType | T.ShortType | T.IntegerType | T.LongType):
+                value = int(raw) if raw.lstrip("-").isdigit() else raw
+            elif isinstance(kind, T.BooleanType):
+                value = raw.lower() == "true"
+            elif isinstance(kind, T.TimestampType) and "T" not in raw:
+                value = raw.replace(" ", "T", 1) + "Z"
+            out[column] = value
+        return out
 
     def advance(self, piece: dict[str, Any]) -> None:
         self.version = piece["to_version"]
@@ -576,8 +770,11 @@ class DeltaStreamSource(Source):
         return {"version": self.version}
 
     def is_empty(self, piece: dict[str, Any]) -> bool:
-        return not piece["files"]
+        # versions skipped (compactions, ignored deletes) still move the position: a batch
+        # records that, or an available-now run would stop before the versions after them
+        return not piece["files"] and piece["to_version"] == piece["from_version"]
 
+    # -- reading -------------------------------------------------------------------------
     def read(self, run: BatchRun, piece: dict[str, Any]) -> DataFrame:
         from pyspark.sql import functions as F
 
@@ -585,17 +782,15 @@ class DeltaStreamSource(Source):
         if not piece["files"]:
             return self.empty(spark)
         schema = self.schema()
-        root = self.uri.rstrip("/") + "/"
-        partition_columns = list(piece["files"][0][3])
-        data_schema = type(schema)([f for f in schema.fields if f.name not in partition_columns])
         groups: dict[str, list[str]] = {}
         for path, _size, _rows, values in piece["files"]:
-            full = path if "://" in path or path.startswith("/") else root + path
-            groups.setdefault(json.dumps(values, sort_keys=True), []).append(full)
+            groups.setdefault(json.dumps(values, sort_keys=True), []).append(self._full(path))
         frames = []
         for key, files in sorted(groups.items()):
+            values = json.loads(key)
+            data_schema = type(schema)([f for f in schema.fields if f.name not in values])
             df = spark.read.schema(data_schema).parquet(*files)
-            for column, value in json.loads(key).items():
+            for column, value in values.items():
                 df = df.withColumn(column, F.lit(value).cast(schema[column].dataType))
             frames.append(df.select(*schema.names))
 

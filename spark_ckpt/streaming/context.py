@@ -71,6 +71,12 @@ from spark_ckpt.streaming.operations import read_restore_request, take_restore_r
 from spark_ckpt.streaming.runs import run_numbers
 from spark_ckpt.streaming.restore import CheckpointRestore
 from spark_ckpt.streaming.scheduler import JobScheduler
+from spark_ckpt.streaming.sink_positions import (
+    SinkPosition,
+    past_committed_ids,
+    read_positions,
+    refuse_if_ahead,
+)
 from spark_ckpt.streaming.sinks import DeadLetters
 from spark_ckpt.streaming.sources import (
     DeltaStreamSource,
@@ -149,6 +155,7 @@ class StreamingContext:
         self.transactions: dict[str, SinkTransactions] = {}
         self.restored: CompletedCheckpoint | None = None
         self.skip_output_through: dict[str, int] = {}  # output -> last batch already visible
+        self.sink_positions: dict[str, SinkPosition] = {}  # read at start, then read-only
 
     # -- sources -------------------------------------------------------------------------
     def _input(self, source: Source) -> InputStream:
@@ -396,6 +403,7 @@ class StreamingContext:
         self.tracker = ReceiverTracker(self.name, self._sources, self._allocation_store,
                                        self.clock)
         records = self.tracker.restore()
+        self._read_sink_positions(records)
         self.checkpointing = self._checkpointing_wanted()
         if self.checkpointing:
             pending = self._setup_checkpointing(records, restore_checkpoint)
@@ -430,6 +438,23 @@ class StreamingContext:
             stop_control=StopControl(self.storage, self.root, self.name, self._run),
             stop_poll_ms=self.settings.stream_stop_poll_interval_ms)
         return pending, next_batch
+
+    def _read_sink_positions(self, records: list[BatchAllocation]) -> None:
+        """Read where every sink stands and refuse a directory they are ahead of (nothing
+        runs); the positions are kept for the checkpoint set-up."""
+        # a driver that lost the race to claim stops here: reading a Parquet two-phase sink's
+        # position finishes a commit a crash left half done
+        self.check_fenced()
+        for output in self.graph.outputs:
+            if output.two_phase is not None:
+                output.two_phase.lineage = self.lineage
+                output.two_phase.claimed_at = self._claimed
+        known = max([a.batch_id for a in records] + list(self.commits.batch_ids())
+                    + list(self.driver_state.batch_ids()), default=-1)
+        self.sink_positions = read_positions(self.graph.outputs, self.dead_letters,
+                                             [s.name for s in self._sources])
+        refuse_if_ahead(self.name, self.storage.spark_path(self.root), self.sink_positions,
+                        known)
 
     # -- checkpointing -------------------------------------------------------------------
     def _checkpointing_wanted(self) -> bool:
@@ -502,12 +527,10 @@ class StreamingContext:
             for output in self.graph.outputs:
                 if output.two_phase is None:
                     continue
-                output.two_phase.lineage = self.lineage
-                output.two_phase.claimed_at = self._claimed
                 txns = SinkTransactions(output.two_phase, self.name)
                 self.transactions[output.output_name] = txns
                 txns.recover(sinks.get(output.output_name, {}).get("pending", []))
-                through = output.two_phase.committed_batch()
+                through = self.sink_positions[output.output_name].batch
                 if through is not None and chosen is not None and \
                         through > chosen.barrier_batch:
                     self.skip_output_through[output.output_name] = through
@@ -542,7 +565,8 @@ class StreamingContext:
                 retained=s.checkpoint_retained,
                 history_retained=s.checkpoint_history_retained, mode=s.checkpoint_mode),
             storage, completed=list(reversed(retained)),
-            next_id=restore.first_checkpoint_id(self._run or 0, s.checkpoint_max_concurrent),
+            next_id=restore.first_checkpoint_id(self._run or 0, s.checkpoint_max_concurrent,
+                                                past_committed_ids(self.sink_positions)),
             listeners=list(self.transactions.values()),
             on_failure=lambda exc: self._post(CheckpointFailed(exc)),
             on_stats=self._checkpoint_stats,

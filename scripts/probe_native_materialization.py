@@ -8,7 +8,8 @@ bucketed Parquet table (Spark's own writer, bucketed by the consumer's key into 
 parallelism) and read back with bucketed scans, so co-partitioned joins need no shuffle.
 ``native-50`` keeps one task per source split (50 tasks, 50 x 50 bucket files), as
 partition identity needs; ``native-packed`` lets Spark pack the splits (2-3 tasks), which
-partition identity forbids: a lower bound. Prints wall times; see docs/benchmarks.md.
+partition identity forbids: a lower bound. Prints wall times; see
+docs/benchmarks-history.md (issue 2).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ its ids: Flink's check) and that the checkpoint directory stopped growing once r
 applies (its size, less the progress log, which rotation bounds by itself, in the last
 quarter of the run is within 1.5x of its size in the second quarter). The output tables
 themselves grow with the data, as they should. Not a test: a benchmark of what a long run
-keeps; write its result into docs/benchmarks.md.
+keeps; write its result into docs/benchmarks.md (and the round into
+docs/benchmarks-history.md), its JSON into benchmarks/results/.
 """
 
 from __future__ import annotations

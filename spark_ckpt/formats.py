@@ -195,6 +195,9 @@ RECORDS: dict[tuple[str, int], Any] = {
                         "lineage": STR, "schema": STR, "connect_session": STR,
                         "connect_user": STR, "per_task": BOOL},
 }
+# version 2: state file paths inside the checkpoint directory are relative to it, and "root"
+# names that directory as written (checkpoint/locations.py)
+RECORDS[("checkpoint-metadata", 2)] = {**RECORDS[("checkpoint-metadata", 1)], "root?": STR}
 # version 2 adds "positional" (Spark partition i of the unit's writes holds parts[i])
 RECORDS[("batch-unit", 2)] = {**RECORDS[("batch-unit", 1)], "positional": BOOL}
 

@@ -387,8 +387,9 @@ def _check_checkpoints(ckpt: Path) -> None:
             for h in handles:
                 batches = [(f["kind"], f["batch"]) for f in h["files"]]
                 assert len(batches) == len(set(batches)), (meta_path, name, h)
-                for f in h["files"]:
-                    assert Path(f["path"].removeprefix("file:")).exists(), f
+                for f in h["files"]:  # inside the checkpoint directory: relative to it
+                    path = Path(f["path"].removeprefix("file:"))
+                    assert (path if path.is_absolute() else ckpt / path).exists(), f
 
 
 def test_executor_and_worker_killed_mid_stateful_task_exactly_once(spark, tmp_path):

@@ -25,7 +25,7 @@ class CompletedCheckpoint:
     metadata: dict[str, Any]
 
     def state_files(self) -> list[str]:
-        """Every state file this checkpoint references."""
+        """Every state file this checkpoint references, by absolute path (as read)."""
         files = []
         for op in self.metadata.get("operators", {}).values():
             for handle in op.get("handles", {}).values():

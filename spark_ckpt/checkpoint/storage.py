@@ -10,15 +10,20 @@ Layout under the checkpoint storage root (``spark.ckpt.checkpoint.dir``, by defa
 
 Metadata is a versioned JSON record (kind ``checkpoint-metadata``); an unknown version, a record
 of another pipeline or unreadable bytes are rejected with a message, and restore falls back to
-the previous checkpoint.
+the previous checkpoint. Format 2 records the state files inside the checkpoint directory (the
+directory holding the storage root) relative to it, and that directory as ``root`` (where it was
+written); format 1 recorded absolute paths and is still read (checkpoint/locations.py). Callers
+always see absolute paths.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from typing import Any
 
+from spark_ckpt.checkpoint.locations import moved_roots, relativize_files, resolve_files
 from spark_ckpt.errors import CheckpointError, FormatVersionError
 from spark_ckpt.faults import fault_point
 from spark_ckpt.formats import dump_record, load_record
@@ -28,7 +33,8 @@ __all__ = ["METADATA_VERSION", "CheckpointStorage"]
 
 log = logging.getLogger(__name__)
 
-METADATA_VERSION = 1
+METADATA_VERSION = 2  # 2: state files inside the checkpoint directory relative to it
+READ_VERSIONS = (1, 2)
 
 
 class CheckpointStorage:
@@ -36,6 +42,8 @@ class CheckpointStorage:
         self.store = Storage(uri)
         self.root = self.store.root
         self.uri = uri
+        # the checkpoint directory: recorded state file paths are relative to it
+        self.base = self.store.spark_path(self.root.rsplit("/", 1)[0] or "/")
 
     def _dir(self, checkpoint_id: int) -> str:
         return join(self.root, f"chk-{checkpoint_id:08d}")
@@ -46,7 +54,11 @@ class CheckpointStorage:
     def write_metadata(self, checkpoint_id: int, body: dict[str, Any]) -> int:
         """Write a completed checkpoint's metadata atomically; return its size in bytes."""
         fault_point("checkpoint.metadata")
-        data = dump_record("checkpoint-metadata", METADATA_VERSION, body)
+        record = {**body, "root": self.base}  # in memory, paths stay absolute: a copy
+        if "operators" in body:
+            record["operators"] = copy.deepcopy(body["operators"])
+            relativize_files(record, self.base)
+        data = dump_record("checkpoint-metadata", METADATA_VERSION, record)
         path = self.metadata_path(checkpoint_id)
         if not self.store.create_exclusive(path, data):  # atomic on local disks (link)
             raise CheckpointError(
@@ -57,7 +69,8 @@ class CheckpointStorage:
 
     def read_metadata(self, checkpoint_id: int, pipeline_id: str | None = None, *,
                       abandoned: bool = False) -> dict[str, Any]:
-        """A completed checkpoint's metadata (``abandoned``: an abandoned one's, to inspect)."""
+        """A completed checkpoint's metadata (``abandoned``: an abandoned one's, to inspect),
+        its state files by absolute path, wherever the directory was written."""
         path = self.metadata_path(checkpoint_id)
         if abandoned:
             path = path.replace("_metadata.json", "_metadata.abandoned.json")
@@ -67,7 +80,7 @@ class CheckpointStorage:
             raise CheckpointError(f"checkpoint {checkpoint_id}: cannot read {path}: {exc}") \
                 from exc
         try:
-            record = load_record(raw, "checkpoint-metadata", (METADATA_VERSION,))
+            record = load_record(raw, "checkpoint-metadata", READ_VERSIONS)
         except FormatVersionError as exc:
             raise CheckpointError(f"checkpoint {checkpoint_id} at {path}: {exc}") from exc
         if int(record.get("checkpoint_id", -1)) != checkpoint_id:
@@ -80,6 +93,15 @@ class CheckpointStorage:
                 f"checkpoint {checkpoint_id} at {path} belongs to pipeline id "
                 f"{record.get('pipeline_id')!r}, not {pipeline_id!r}"
             )
+        written_in = record.get("root")
+        moved = {written_in: self.base} if isinstance(written_in, str) and \
+            written_in.rstrip("/") != self.base.rstrip("/") else {}
+        if record["format_version"] == 1:
+            moved = moved_roots(record, self.base)
+        if moved:
+            log.info("Checkpoint %d: written in %s, its state files are read from %s",
+                     checkpoint_id, ", ".join(sorted(moved)), self.base)
+        resolve_files(record, self.base, moved)
         return record
 
     def completed_ids(self) -> list[int]:

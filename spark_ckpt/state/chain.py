@@ -22,7 +22,7 @@ __all__ = ["StateFile", "StateHandle"]
 
 @dataclasses.dataclass(frozen=True)
 class StateFile:
-    path: str  # URI or absolute path
+    path: str  # URI or absolute path (relative only inside a stored checkpoint's metadata)
     kind: str  # "snapshot" or "changelog"
     batch: int
     rows: int

@@ -83,12 +83,25 @@ def cancel_restore_request(storage: Storage, root: str) -> int | None:
 
 def checkpoints_uri(checkpoint_dir: str, override: str | None = None) -> str:
     """Where the pipeline on ``checkpoint_dir`` keeps its checkpoints: ``override``, else what
-    its metadata.json records (spark.ckpt.checkpoint.dir), else ``<dir>/checkpoints``."""
+    its metadata.json records (spark.ckpt.checkpoint.dir), else ``<dir>/checkpoints``; also
+    that when the recorded place is gone (a copy of a directory since deleted)."""
     if override:
         return override
     storage = Storage(checkpoint_dir)
     meta = _read_json(storage, join(storage.root, "metadata.json")) or {}
-    return str(meta.get("checkpoints") or join(checkpoint_dir, "checkpoints"))
+    own = join(checkpoint_dir, "checkpoints")
+    recorded = str(meta.get("checkpoints") or own)
+    if recorded.rstrip("/") == own.rstrip("/") or \
+            not storage.exists(join(storage.root, "checkpoints")):
+        return recorded
+    # a copy of the directory, not started yet (a start records where it is now): the record
+    # names the storage of the directory it was copied from, gone if that was deleted
+    try:
+        there = Storage(recorded)
+        gone = not there.exists(there.root)
+    except (OSError, ValueError):  # a store this machine cannot reach
+        gone = True
+    return own if gone else recorded
 
 
 # -- status ------------------------------------------------------------------------------------

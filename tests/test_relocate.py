@@ -308,3 +308,37 @@ def test_a_format_1_path_is_read_from_this_directory_only_when_it_holds_the_file
     copy.parent.mkdir(parents=True)
     copy.write_bytes(b"x")
     assert moved_roots(record, str(tmp_path)) == {"/pipelines/p": str(tmp_path)}
+
+
+def test_a_copied_queue_pipeline_reads_its_own_write_ahead_log(spark, tmp_path):
+    """Allocations name write-ahead blocks by the path they had when received; a copy reads
+    each block by its number from its own log, and a batch replayed after the move reads the
+    copy's blocks (the original is gone)."""
+
+    def start(ckpt: Path, got: dict[int, list[int]]):
+        ctx = StreamingContext(spark, 0.05, str(ckpt), "queued",
+                               settings=Settings(progress="never"))
+        q = ctx.queue_stream("q", "id BIGINT, name STRING")
+        q.foreach_batch(lambda df, b: got.setdefault(b, []).extend(
+            r.id for r in df.collect()), name="ids")
+        q.source.bind(ctx)
+        return ctx, q
+
+    first: dict[int, list[int]] = {}
+    ctx, q = start(tmp_path / "a", first)
+    q.source.push([(1, "a"), (2, "b")])
+    q.source.push([(3, "c")])
+    ctx.process_available(timeout=120)
+    assert sorted(i for ids in first.values() for i in ids) == [1, 2, 3]
+    last_batch = max(first)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "a")
+    # as if the driver died after the batch ran but before its commit record: it replays
+    os.unlink(tmp_path / "b" / "commits" / f"{last_batch:012d}.json")
+
+    again: dict[int, list[int]] = {}
+    ctx, q = start(tmp_path / "b", again)
+    q.source.push([(4, "d")])
+    ctx.process_available(timeout=120)
+    assert sorted(again.pop(last_batch)) == sorted(first[last_batch])  # read from the copy
+    assert sorted(i for ids in again.values() for i in ids) == [4]

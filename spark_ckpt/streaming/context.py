@@ -302,8 +302,8 @@ class StreamingContext:
                 "batch_interval_s": self.batch_interval,
                 # where its checkpoints are (spark.ckpt.checkpoint.dir may put them elsewhere):
                 # spark-ckpt status, cleanup and report find them without being told
-                "checkpoints": self.settings.checkpoint_dir or
-                self.storage.spark_path(join(self.root, "checkpoints"))}
+                # relative when inside this directory: a copy's tools find its own
+                "checkpoints": self.settings.checkpoint_dir or "checkpoints"}
         self._schemas = schemas
         self.storage.write_atomic(path, dump_record("pipeline-metadata", METADATA_VERSION, body))
 

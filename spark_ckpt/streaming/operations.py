@@ -91,6 +91,8 @@ def checkpoints_uri(checkpoint_dir: str, override: str | None = None) -> str:
     meta = _read_json(storage, join(storage.root, "metadata.json")) or {}
     own = join(checkpoint_dir, "checkpoints")
     recorded = str(meta.get("checkpoints") or own)
+    if "://" not in recorded and not recorded.startswith(("/", "file:")):
+        return join(checkpoint_dir, recorded)  # inside the directory (written relative)
     if recorded.rstrip("/") == own.rstrip("/") or \
             not storage.exists(join(storage.root, "checkpoints")):
         return recorded

@@ -133,10 +133,14 @@ class ReceiverSource(Source):
         self.store = BlockStore(pipeline.storage, join(pipeline.root, "receivedData", self.name))
 
     def _check_places(self, piece: dict[str, Any], field: str) -> None:
+        # A block is read by its number from this checkpoint directory's write-ahead log, so a
+        # copy of the directory at another path or URI reads its own blocks: the recorded path
+        # must name block ``seq`` of this source's log, wherever that log was then.
         assert self.store is not None
         for i, (seq, path, _rows) in enumerate(piece["blocks"]):
             expected = self.store.path(seq)
-            if path != expected:
+            tail = f"/receivedData/{self.name}/{seq:012d}.parquet"
+            if path != expected and not str(path).endswith(tail):
                 raise RecordError(f"field {field}.blocks[{i}][1]: expected block {seq} at "
                                   f"{expected}, found {path!r}")
 
@@ -208,7 +212,9 @@ class ReceiverSource(Source):
     def read(self, run: BatchRun, piece: dict[str, Any]) -> DataFrame:
         if not piece["blocks"]:
             return self.empty(run.spark)
-        return run.spark.read.schema(self._schema).parquet(*[b[1] for b in piece["blocks"]])
+        assert self.store is not None
+        return run.spark.read.schema(self._schema).parquet(
+            *[self.store.path(b[0]) for b in piece["blocks"]])  # here, wherever it was written
 
     def purge(self, pieces_below: list[tuple[int, dict[str, Any]]], below: int) -> None:
         last = max((b[0] for _b, p in pieces_below for b in p["blocks"]), default=-1)

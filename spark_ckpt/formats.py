@@ -165,7 +165,7 @@ RECORDS: dict[tuple[str, int], Any] = {
     ("allocation", 1): {"batch_id": BATCH_ID, "batch_time_ms": MILLIS,
                         "pieces": MapOf(OBJECT), "allocated_ms?": MILLIS},
     ("batch-commit", 1): {"batch_id": BATCH_ID, "outputs": MapOf(OBJECT),
-                          "finished_ms?": MILLIS},
+                          "finished_ms?": MILLIS, "two_phase?": BOOL},
     ("pipeline-metadata", 1): {"name": STR, "sources": MapOf(OBJECT),
                                "schemas?": MapOf(STR), "pipeline_id?": STR},
     ("checkpoint-metadata", 1): {

@@ -20,6 +20,9 @@ __all__ = ["Storage", "human_size", "join", "resolve", "stat_any"]
 
 # Spark's names of schemes pyarrow knows by another: Hadoop's S3A (and the older S3N) are S3
 _PYARROW_SCHEMES = {"s3a": "s3", "s3n": "s3"}
+# object stores whose pyarrow paths start with the bucket (or ADLS container) where Spark's URI
+# has its authority; on the others (HDFS, ...) pyarrow's path is the URI's absolute path
+_BUCKET_SCHEMES = {"s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "az", "wasb", "wasbs"}
 
 
 def _from_uri(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -55,7 +58,8 @@ class Storage:
         # ``container@account.dfs.core.windows.net``
         self._scheme, _, rest = uri.partition("://")
         self._authority = rest.split("/", 1)[0].split("?", 1)[0]
-        self._first = root.lstrip("/").split("/", 1)[0]
+        self._bucketed = self._scheme.lower() in _BUCKET_SCHEMES
+        self._first = root.lstrip("/").split("/", 1)[0] if self._bucketed else ""
         # Callers' direct ``fs`` calls meet the fault rules of the tests (faultfs); this
         # class's own operations check them once, on the unwrapped file system.
         self.fs = faultfs.wrap(self._fs)
@@ -68,6 +72,8 @@ class Storage:
         as it is (the conversion is idempotent)."""
         if self.local or "://" in path or path.startswith("file:"):
             return path
+        if not self._bucketed:  # hdfs://namenode:8020 + pyarrow's absolute path
+            return f"{self._scheme}://{self._authority}/{path.lstrip('/')}"
         first, _, rest = path.lstrip("/").partition("/")
         authority = self._authority if first == self._first else first
         return f"{self._scheme}://{authority}/{rest}" if rest else \
@@ -82,6 +88,8 @@ class Storage:
         if "://" not in path_or_uri:
             return path_or_uri
         authority, _, rest = path_or_uri.split("://", 1)[1].partition("/")
+        if not self._bucketed:
+            return "/" + rest
         first = self._first if authority == self._authority else authority
         return f"{first}/{rest}" if rest else first
 

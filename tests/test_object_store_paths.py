@@ -24,6 +24,7 @@ ROOTS = {
     "s3a": "s3a://bucket/out/table",
     "abfss": "abfss://container@account.dfs.core.windows.net/out/table",
     "gs": "gs://bucket/out/table",
+    "hdfs": "hdfs://namenode:8020/user/etl/out/table",
 }
 
 
@@ -35,12 +36,14 @@ def stores(tmp_path, monkeypatch):
 
     def from_uri(uri: str):
         scheme, _, rest = uri.partition("://")
-        if scheme not in ("s3", "gs", "abfss"):  # s3a reaches here as s3, or this fails
+        if scheme not in ("s3", "gs", "abfss", "hdfs"):  # s3a reaches here as s3, or fails
             return real(uri)
         authority, _, tail = rest.partition("/")
         base = tmp_path / "stores" / scheme
         base.mkdir(parents=True, exist_ok=True)
         fs = pafs.SubTreeFileSystem(str(base), pafs.LocalFileSystem())
+        if scheme == "hdfs":  # pyarrow's HDFS paths are the URI's absolute path
+            return fs, "/" + tail.rstrip("/")
         return fs, f"{authority.split('@')[0]}/{tail}".rstrip("/")
 
     monkeypatch.setattr(storage_mod, "_from_uri", from_uri)
@@ -60,7 +63,7 @@ def _roots(tmp_path: Path) -> dict[str, str]:
     return ROOTS | {"local": str(local), "file": f"file:{filed}", "file3": f"file://{filed}3"}
 
 
-@pytest.mark.parametrize("kind", ["s3", "s3a", "abfss", "gs", "local", "file", "file3"])
+@pytest.mark.parametrize("kind", ["s3", "s3a", "abfss", "gs", "hdfs", "local", "file", "file3"])
 def test_spark_path_and_fs_path_are_idempotent(stores, kind):
     uri = _roots(stores)[kind]
     store = Storage(uri)
@@ -73,9 +76,10 @@ def test_spark_path_and_fs_path_are_idempotent(stores, kind):
     if kind in ROOTS:  # Spark's own scheme and authority, never pyarrow's
         assert spark.startswith(uri.split("://")[0] + "://" + uri.split("://")[1].split("/")[0])
         assert "://" not in spark.split("://", 1)[1]
+        assert spark.startswith(uri.rstrip("/") + "/")  # under the root Spark was given
 
 
-@pytest.mark.parametrize("kind", ["s3", "s3a", "abfss", "gs", "local", "file", "file3"])
+@pytest.mark.parametrize("kind", ["s3", "s3a", "abfss", "gs", "hdfs", "local", "file", "file3"])
 @pytest.mark.parametrize("recorded", ["path", "uri"])
 def test_parquet_two_phase_commit_moves_each_file_to_its_name(stores, kind, recorded):
     uri = _roots(stores)[kind]

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 
-from spark_ckpt import SinkAheadError, StreamingContext
+from spark_ckpt import CheckpointError, SinkAheadError, StreamingContext
 from spark_ckpt.delta_reader import read_delta
 from spark_ckpt.options import Settings
 from spark_ckpt.state import count
@@ -168,3 +168,100 @@ def _app_ids(table: Path) -> list[str]:
             if '"txn"' in line:
                 ids.append(json.loads(line)["txn"]["appId"])
     return sorted(set(ids))
+
+
+# -- restarts that must not be refused -------------------------------------------------------
+def _run_with(spark, tmp_path: Path, enabled: str, *, restore: int | None = None,
+              fresh_dir: str | None = None) -> list[dict]:
+    ckpt = str(tmp_path / (fresh_dir or "ckpt"))
+    ctx = StreamingContext(spark, 0.05, ckpt, "flights",
+                           settings=_settings(checkpoint_enabled=enabled,
+                                              checkpoint_interval_ms=3_600_000))
+    ctx.file_stream("days", str(tmp_path / "landing"), "parquet", max_files_per_batch=1) \
+        .write_delta(str(tmp_path / "out"), name="out")
+    return ctx.process_available(timeout=300, restore_checkpoint=restore)
+
+
+@pytest.mark.slow
+def test_checkpoints_switched_on_and_off_between_runs_give_every_row_once(spark, tmp_path):
+    landing = tmp_path / "landing"
+    add_days(landing, range(1, 3))
+    _run_with(spark, tmp_path, "false")  # per batch
+    add_days(landing, range(3, 5))
+    _run_with(spark, tmp_path, "true")  # two-phase, a final checkpoint commits
+    add_days(landing, range(5, 7))
+    _run_with(spark, tmp_path, "false")
+    add_days(landing, range(7, 9))
+    _run_with(spark, tmp_path, "auto")  # no keyed state: per batch
+    check_complete(spark, tmp_path, "delta", range(1, 9))
+
+
+@pytest.mark.slow
+def test_checkpoints_switched_off_with_staged_batches_is_refused_then_committed(
+        spark, tmp_path, monkeypatch):
+    """A run with checkpoints fails after staging two batches no checkpoint committed: a
+    start without checkpoints would take them as done (their rows would never appear). It is
+    refused naming them; a start with checkpoints commits them, and then switching off runs."""
+    from spark_ckpt import PipelineFailedError, faults
+
+    landing = tmp_path / "landing"
+    add_days(landing, range(1, 4))
+    monkeypatch.setattr(faults, "_counts", {})
+    monkeypatch.setenv("SPARK_CKPT_FAULT", "stream.batch.committed:2:fail")
+    with pytest.raises(PipelineFailedError):
+        _run_with(spark, tmp_path, "true")
+    monkeypatch.delenv("SPARK_CKPT_FAULT")
+    assert len(output(spark, tmp_path, "delta")) == 0  # staged, nothing visible
+    with pytest.raises(CheckpointError, match=r"batches 0\.\.1 staged .* two-phase commit"):
+        _run_with(spark, tmp_path, "false")
+    _run_with(spark, tmp_path, "true")
+    check_complete(spark, tmp_path, "delta", range(1, 4))
+    add_days(landing, range(4, 6))
+    _run_with(spark, tmp_path, "false")
+    check_complete(spark, tmp_path, "delta", range(1, 6))
+
+
+@pytest.mark.slow
+def test_a_restore_by_id_after_the_sink_moved_on_is_not_refused(spark, tmp_path):
+    landing = tmp_path / "landing"
+    add_days(landing, range(1, 4))
+    _run_with(spark, tmp_path, "true")
+    first = max(int(p.name[4:]) for p in (tmp_path / "ckpt" / "checkpoints").glob("chk-*"))
+    add_days(landing, range(4, 7))
+    _run_with(spark, tmp_path, "true")
+    add_days(landing, range(7, 9))
+    _run_with(spark, tmp_path, "true", restore=first)  # replays days 4-6: the sink skips them
+    check_complete(spark, tmp_path, "delta", range(1, 9))
+
+
+@pytest.mark.slow
+def test_a_fresh_directory_on_an_existing_table_is_not_refused(spark, tmp_path):
+    add_days(tmp_path / "landing", range(1, 3))
+    _run_with(spark, tmp_path, "false")
+    _run_with(spark, tmp_path, "false", fresh_dir="ckpt-new")  # a new lineage: appends again
+    assert len(output(spark, tmp_path, "delta")) == 2 * len(all_flights(range(1, 3)))
+
+
+def test_a_two_phase_sink_that_cannot_tell_its_batch_is_refused_past_the_store():
+    from spark_ckpt.streaming.sink_positions import SinkPosition, refuse_if_ahead
+
+    blind = {"out": SinkPosition("out", "delta sink at /t", None, 40)}
+    with pytest.raises(SinkAheadError, match="committed checkpoint 40, and its log no longer"):
+        refuse_if_ahead("p", "/ckpt", blind, known_batch=5, known_checkpoint=3)
+    refuse_if_ahead("p", "/ckpt", blind, known_batch=5, known_checkpoint=40)  # the store knows
+
+
+def test_tools_on_a_copy_read_its_own_checkpoints_while_the_original_exists(tmp_path):
+    """A record from before relocatable directories names the original's checkpoints/ by
+    absolute path: the copy's tools must not clean up or restore by the original's."""
+    from spark_ckpt.streaming.operations import checkpoints_uri
+
+    for d in ("orig", "copy"):
+        (tmp_path / d / "checkpoints").mkdir(parents=True)
+    meta = tmp_path / "copy" / "metadata.json"
+    meta.write_text(json.dumps({"checkpoints": str(tmp_path / "orig" / "checkpoints")}))
+    assert checkpoints_uri(str(tmp_path / "copy")) == str(tmp_path / "copy" / "checkpoints")
+    meta.write_text(json.dumps({"checkpoints": "checkpoints"}))
+    assert checkpoints_uri(str(tmp_path / "copy")) == str(tmp_path / "copy" / "checkpoints")
+    meta.write_text(json.dumps({"checkpoints": str(tmp_path / "kept-elsewhere")}))  # its dir
+    assert checkpoints_uri(str(tmp_path / "copy")) == str(tmp_path / "kept-elsewhere")

@@ -83,12 +83,15 @@ class DeltaSink(Sink):
         version = self._txn_version()
         return version or None
 
-    def commit(self, files: list[OutputFile], version: int, *,
+    def commit(self, files: list[OutputFile], version: int | None, *,
                metadata: dict[str, str] | None = None) -> dict[str, Any]:
+        """Add ``files`` in one Delta transaction carrying the app transaction ``version``
+        (skipped if the table already has it); ``version=None``: no app transaction (the
+        caller knows by other means whether the files were committed)."""
         from deltalake import CommitProperties, DeltaTable, Transaction
         from deltalake.transaction import AddAction
 
-        if self.is_committed(version):
+        if version is not None and self.is_committed(version):
             return {"skipped": True}
         check_files(self.spec.name, files)
         root = self.uri.rstrip("/") + "/"
@@ -110,7 +113,8 @@ class DeltaSink(Sink):
         table = DeltaTable(self.uri)
         schema = self._schema or pa.schema(table.schema())
         properties = CommitProperties(
-            app_transactions=[Transaction(app_id=self.app_id, version=version)],
+            app_transactions=None if version is None else [
+                Transaction(app_id=self.app_id, version=version)],
             custom_metadata={"spark_ckpt.job_id": self.job_id, **(metadata or {})},
         )
         mode = self.spec.mode

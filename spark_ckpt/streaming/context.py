@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -303,7 +304,7 @@ class StreamingContext:
                 # where its checkpoints are (spark.ckpt.checkpoint.dir may put them elsewhere):
                 # spark-ckpt status, cleanup and report find them without being told
                 # relative when inside this directory: a copy's tools find its own
-                "checkpoints": self.settings.checkpoint_dir or "checkpoints"}
+                "checkpoints": _absolute(self.settings.checkpoint_dir) or "checkpoints"}
         self._schemas = schemas
         self.storage.write_atomic(path, dump_record("pipeline-metadata", METADATA_VERSION, body))
 
@@ -409,7 +410,9 @@ class StreamingContext:
             pending = self._setup_checkpointing(records, restore_checkpoint)
         else:
             # each kept commit record is loaded (and so checked): a hand-edited one stops here
-            committed = {b for b in self.commits.batch_ids() if self.commits.get(b)}
+            kept = {b: self.commits.get(b) for b in self.commits.batch_ids()}
+            committed = {b for b, record in kept.items() if record}
+            self._refuse_staged_two_phase(kept)
             pending = [a for a in records if a.batch_id not in committed]
         batches = BatchQueue()
         self.scheduler = JobScheduler(self, batches=batches, checkpoints=self._checkpoint_history,
@@ -439,6 +442,11 @@ class StreamingContext:
             stop_poll_ms=self.settings.stream_stop_poll_interval_ms)
         return pending, next_batch
 
+    def _checkpoints_uri(self) -> str:
+        """Where this pipeline's checkpoints are (spark.ckpt.checkpoint.dir, or inside)."""
+        return _absolute(self.settings.checkpoint_dir) or \
+            self.storage.spark_path(join(self.root, "checkpoints"))
+
     def _read_sink_positions(self, records: list[BatchAllocation]) -> None:
         """Read where every sink stands and refuse a directory they are ahead of (nothing
         runs); the positions are kept for the checkpoint set-up."""
@@ -454,7 +462,37 @@ class StreamingContext:
         self.sink_positions = read_positions(self.graph.outputs, self.dead_letters,
                                              [s.name for s in self._sources])
         refuse_if_ahead(self.name, self.storage.spark_path(self.root), self.sink_positions,
-                        known)
+                        known, CheckpointStorage(self._checkpoints_uri()).highest_id())
+
+    def _refuse_staged_two_phase(self, kept: dict[int, dict[str, Any] | None]) -> None:
+        """A start without checkpoints takes a batch with a commit record as done. A run with
+        checkpoints writes that record once the batch's output is *staged* for a two-phase
+        commit, which only a completed checkpoint makes visible: switching checkpoints off
+        after such a run would skip those batches. Refused, naming them, unless every output
+        already shows them."""
+        shown = [p.batch if p.batch is not None else -1 for name, p in
+                 self.sink_positions.items()
+                 if any(o.output_name == name and o.two_phase is not None
+                        for o in self.graph.outputs)]
+        if not shown:
+            return
+        visible = min(shown)
+        # records written before they said how their output was committed: staged if this
+        # directory ever checkpointed
+        ever = CheckpointStorage(self._checkpoints_uri()).highest_id() > 0
+        staged = sorted(b for b, record in kept.items() if record and b > visible and (
+            record.get("two_phase") or ("two_phase" not in record and ever)))
+        if staged:
+            raise CheckpointError(
+                f"pipeline {self.name}: expected every batch with a commit record to be "
+                f"visible in its outputs, found batches {staged[0]}..{staged[-1]} staged by a "
+                "run with checkpoints for a two-phase commit that no completed checkpoint made "
+                f"visible (the outputs show batches through {visible}). Without checkpoints "
+                "(spark.ckpt.checkpoint.enabled=false, or auto with no keyed state) they would "
+                "count as done and their rows never appear. Nothing ran. Start once with "
+                "spark.ckpt.checkpoint.enabled=true (the restore commits or replays them), "
+                "then switch it off"
+            )
 
     # -- checkpointing -------------------------------------------------------------------
     def _checkpointing_wanted(self) -> bool:
@@ -485,7 +523,7 @@ class StreamingContext:
                              restore_id: int | None) -> list[BatchAllocation]:
         """Pick and restore a checkpoint; return the batches to replay after its barrier."""
         s = self.settings
-        uri = s.checkpoint_dir or self.storage.spark_path(join(self.root, "checkpoints"))
+        uri = self._checkpoints_uri()
         storage = self.checkpoint_storage = CheckpointStorage(uri)
         # spark-ckpt restore's request, when the code or the settings name no checkpoint
         requested = None if restore_id or s.checkpoint_restore_from else \
@@ -689,3 +727,11 @@ class StreamingContext:
             self.stop(graceful=False)
             raise PipelineFailedError(f"pipeline {self.name}: not done after {timeout} s")
         return self.recent_progress
+
+
+def _absolute(path: str) -> str:
+    """A local path made absolute (a relative spark.ckpt.checkpoint.dir means the driver's
+    working directory, which the tools do not know); URIs as they are."""
+    if not path or "://" in path or path.startswith("file:"):
+        return path
+    return os.path.abspath(path)

@@ -83,8 +83,12 @@ def cancel_restore_request(storage: Storage, root: str) -> int | None:
 
 def checkpoints_uri(checkpoint_dir: str, override: str | None = None) -> str:
     """Where the pipeline on ``checkpoint_dir`` keeps its checkpoints: ``override``, else what
-    its metadata.json records (spark.ckpt.checkpoint.dir), else ``<dir>/checkpoints``; also
-    that when the recorded place is gone (a copy of a directory since deleted)."""
+    its metadata.json records (spark.ckpt.checkpoint.dir), else ``<dir>/checkpoints``.
+
+    A release before relocatable directories recorded the default place by absolute path, so
+    a copy's record names the original's ``checkpoints/``: a recorded ``.../checkpoints`` of
+    another directory, when this directory has its own, is taken as this one's (reading the
+    original's would have the tools clean up or restore by the wrong checkpoints)."""
     if override:
         return override
     storage = Storage(checkpoint_dir)
@@ -93,17 +97,12 @@ def checkpoints_uri(checkpoint_dir: str, override: str | None = None) -> str:
     recorded = str(meta.get("checkpoints") or own)
     if "://" not in recorded and not recorded.startswith(("/", "file:")):
         return join(checkpoint_dir, recorded)  # inside the directory (written relative)
-    if recorded.rstrip("/") == own.rstrip("/") or \
-            not storage.exists(join(storage.root, "checkpoints")):
+    if recorded.rstrip("/") == own.rstrip("/"):
         return recorded
-    # a copy of the directory, not started yet (a start records where it is now): the record
-    # names the storage of the directory it was copied from, gone if that was deleted
-    try:
-        there = Storage(recorded)
-        gone = not there.exists(there.root)
-    except (OSError, ValueError):  # a store this machine cannot reach
-        gone = True
-    return own if gone else recorded
+    if recorded.rstrip("/").endswith("/checkpoints") and \
+            storage.exists(join(storage.root, "checkpoints")):
+        return own
+    return recorded
 
 
 # -- status ------------------------------------------------------------------------------------

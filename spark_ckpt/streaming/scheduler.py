@@ -307,7 +307,10 @@ class JobScheduler:
                     outputs[name] = output.sink.commit(b, staged[name]) or {}  # type: ignore[union-attr]
                     fault_point("stream.output.committed")
             record = {"outputs": {k: _jsonable(v) for k, v in outputs.items()},
-                      "finished_ms": self._clock.now_ms()}
+                      "finished_ms": self._clock.now_ms(),
+                      # staged for a checkpoint's two-phase commit, not yet visible: a start
+                      # without checkpoints must not take the batch as done
+                      "two_phase": ctx.coordinator is not None}
             ctx.check_fenced()  # and before the commit record (replaced in checkpoint mode)
             if ctx.coordinator is not None:  # replays after a restore record the batch again
                 ctx.commits.put(b, record)

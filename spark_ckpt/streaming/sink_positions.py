@@ -77,9 +77,26 @@ def read_positions(outputs: Iterable[Any], dead_letters: Any, sources: list[str]
 
 
 def refuse_if_ahead(pipeline: str, directory: str, positions: dict[str, SinkPosition],
-                    known_batch: int) -> None:
+                    known_batch: int, known_checkpoint: int = 0) -> None:
     """Raise :class:`SinkAheadError` if a sink holds a batch past ``known_batch``, the last
-    batch the checkpoint directory has allocated (-1: none)."""
+    batch the checkpoint directory has allocated (-1: none), or if a two-phase sink that
+    cannot tell its batch (the commits naming it were cleaned from its log) has committed a
+    checkpoint past ``known_checkpoint``, the highest id the directory's store has used."""
+    blind = [p for p in positions.values() if p.batch is None and p.checkpoint is not None
+             and p.checkpoint > known_checkpoint]
+    if blind:
+        raise SinkAheadError(
+            f"pipeline {pipeline}: expected its sinks to hold no checkpoint past what the "
+            f"checkpoint directory {directory} knows (checkpoints through {known_checkpoint}), "
+            "found " + "; ".join(
+                f"output {p.output} ({p.target}) has committed checkpoint {p.checkpoint}, and "
+                "its log no longer says which batches that held" for p in blind)
+            + ". The directory was restored from an older copy, or lost its records: running "
+            "on could skip new input or write some twice. Nothing ran. Restore a newer copy of "
+            "the checkpoint directory, or start the pipeline on a new checkpoint directory "
+            "with its sources past what the sinks hold; see 'A lost or damaged checkpoint "
+            "directory' in docs/operations.md"
+        )
     ahead = [p for p in positions.values() if p.batch is not None and p.batch > known_batch]
     if not ahead:
         return

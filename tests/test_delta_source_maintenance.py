@@ -1,16 +1,22 @@
 """A Delta streaming source on a table that is maintained and changed while it is read:
 OPTIMIZE, DELETE, UPDATE, MERGE, overwrite, VACUUM, log cleanup, schema changes, deletion
 vectors and column mapping, between runs and within one run, under each of Delta's options
-(ignore_deletes, ignore_changes, skip_change_commits). Real delta-rs tables throughout; the
-pipelines run on the shared SparkSession."""
+(ignore_deletes, ignore_changes, skip_change_commits); where a new pipeline starts (the table's
+snapshot, or an explicit starting_version), add paths given as absolute URIs, and a table
+created again at the same path. Real delta-rs tables throughout; the pipelines run on the
+shared SparkSession."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import os
+import shutil
+import struct
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -106,6 +112,29 @@ def vacuum_all(table: str) -> None:
                              dry_run=False)
 
 
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+
+def inline_deletion_vector(rows) -> dict:
+    """A valid inline deletion vector (Delta's RoaringBitmapArray, Z85-encoded) marking
+    ``rows`` (< 65536) of a file deleted, as delta-rs applies it."""
+    rows = sorted(rows)
+    bitmap = struct.pack("<II", 12346, 1) + struct.pack("<HH", 0, len(rows) - 1)
+    bitmap += struct.pack("<I", len(bitmap) + 4) + b"".join(struct.pack("<H", r) for r in rows)
+    data = struct.pack("<iqi", 1681511377, 1, 0) + bitmap
+    size = len(data)
+    data += b"\0" * (-len(data) % 4)
+    encoded = []
+    for i in range(0, len(data), 4):
+        n, chunk = int.from_bytes(data[i:i + 4], "big"), ""
+        for _ in range(5):
+            n, digit = divmod(n, 85)
+            chunk = _Z85[digit] + chunk
+        encoded.append(chunk)
+    return {"storageType": "i", "pathOrInlineDv": "".join(encoded), "sizeInBytes": size,
+            "cardinality": len(rows)}
+
+
 def merge_upsert(table: str, ids) -> None:
     ids = list(ids)
     source = pa.table({"id": pa.array(ids, pa.int64()), "p": pa.array([i % 2 for i in ids],
@@ -174,16 +203,8 @@ def test_parsing_reads_paths_decoded_and_flags_deletion_vectors_and_cdc_files():
 
 
 # -- options, commit by commit (planning only) -------------------------------------------------
-def changed_table(tmp_path, name, operation):
-    """Versions 0-1 appends (ids 0-199), then ``operation`` (one commit or more), then an append
-    of ids 1000-1099. Returns (table, the operation's first version, its name in the log)."""
-    table = str(tmp_path / name)
-    append(table, range(0, 100))
-    append(table, range(100, 200))
-    first = version(table) + 1
-    logged = {"optimize": "OPTIMIZE", "delete_files": "DELETE", "delete_rows": "DELETE",
-              "update": "UPDATE", "merge": "MERGE", "overwrite": "WRITE",
-              "vacuum": "OPTIMIZE"}[operation]
+def operate(table: str, operation: str) -> None:
+    """One maintenance operation or change on ``table`` (one commit, or two for vacuum)."""
     if operation in ("optimize", "vacuum"):
         compact(table)
         if operation == "vacuum":
@@ -198,6 +219,21 @@ def changed_table(tmp_path, name, operation):
         merge_upsert(table, [20, 505])
     elif operation == "overwrite":
         append(table, [900, 901], mode="overwrite")
+    else:  # pragma: no cover - a typo in a test
+        raise ValueError(operation)
+
+
+def changed_table(tmp_path, name, operation):
+    """Versions 0-1 appends (ids 0-199), then ``operation`` (one commit or more), then an append
+    of ids 1000-1099. Returns (table, the operation's first version, its name in the log)."""
+    table = str(tmp_path / name)
+    append(table, range(0, 100))
+    append(table, range(100, 200))
+    first = version(table) + 1
+    logged = {"optimize": "OPTIMIZE", "delete_files": "DELETE", "delete_rows": "DELETE",
+              "update": "UPDATE", "merge": "MERGE", "overwrite": "WRITE",
+              "vacuum": "OPTIMIZE"}[operation]
+    operate(table, operation)
     append(table, range(1000, 1100))
     return table, first, logged
 
@@ -250,7 +286,7 @@ def test_max_versions_per_batch_counts_skipped_versions(tmp_path):
     compact(table)                                                          # 2
     DeltaTable(table).alter.set_table_properties({"delta.appendOnly": "false"})  # 3
     append(table, range(200, 300))                                          # 4
-    source = DeltaStreamSource("src", table, max_versions_per_batch=2)
+    source = DeltaStreamSource("src", table, starting_version=0, max_versions_per_batch=2)
     pieces = drain(source)
     assert [(p["from_version"], p["to_version"], p["rows"]) for p in pieces] == \
         [(-1, 1, 200), (1, 3, 0), (3, 4, 100)]
@@ -300,7 +336,8 @@ def test_maintenance_and_changes_within_one_run_skip_with_skip_change_commits(sp
         append(table, range(500, 600))                             # 13
 
     got: dict[int, list[int]] = {}
-    progress = run_collecting(spark, tmp_path, table, got, maintain, skip_change_commits=True)
+    progress = run_collecting(spark, tmp_path, table, got, maintain, starting_version=0,
+                              skip_change_commits=True)
     store = Storage(table)
     assert [read_commit(store, v).operation for v in range(2, 14, 2)] == \
         ["OPTIMIZE", "VACUUM END", "DELETE", "UPDATE", "MERGE", "WRITE"]
@@ -322,7 +359,7 @@ def test_a_change_within_one_run_stops_naming_version_and_operation(spark, tmp_p
 
     got: dict[int, list[int]] = {}
     with pytest.raises(PipelineFailedError) as info:
-        run_collecting(spark, tmp_path, table, got, change)
+        run_collecting(spark, tmp_path, table, got, change, starting_version=0)
     cause = info.value.__cause__
     assert isinstance(cause, SourceError)
     assert "version 2 of" in str(cause) and "(UPDATE)" in str(cause)
@@ -403,10 +440,11 @@ def test_a_cleaned_up_log_stops_naming_the_version_and_what_to_do(tmp_path):
     DeltaTable(table).create_checkpoint()
     for v in (0, 1):  # what the log cleanup after that checkpoint removes
         os.remove(log_json(table, v))
-    source = DeltaStreamSource("src", table)
+    source = DeltaStreamSource("src", table, starting_version=0)
     with pytest.raises(SourceError, match=r"expected the commit of version 0 at .*"
                        r"00000000000000000000.json, found it gone \(the oldest commit still in "
-                       r"the log is version 2\).*starting_version=2"):
+                       r"the log is version 2\).*without starting_version it reads the "
+                       r"table's current rows first.*starting_version=2"):
         source.plan()
     assert piece_rows(drain(DeltaStreamSource("src", table, starting_version=2))) == 200
 
@@ -424,8 +462,9 @@ def test_deletion_vectors_are_refused_by_name_unless_their_commit_is_skipped(tmp
     log_json(table, 1).write_text("".join(json.dumps(a) + "\n" for a in actions))
     with pytest.raises(SourceError, match=r"version 1 of .* \(DELETE\) added p=\d/part-.* with a "
                        r"deletion vector.*skip_change_commits=True"):
-        drain(DeltaStreamSource("src", table, ignore_changes=True))
-    assert piece_rows(drain(DeltaStreamSource("src", table, skip_change_commits=True))) == 10
+        drain(DeltaStreamSource("src", table, starting_version=0, ignore_changes=True))
+    assert piece_rows(drain(DeltaStreamSource("src", table, starting_version=0,
+                                              skip_change_commits=True))) == 10
 
 
 def test_column_mapping_is_refused_by_name(tmp_path):
@@ -499,8 +538,284 @@ def test_a_piece_the_snapshot_planner_recorded_still_restores_and_reads(spark, t
         [a["path"], a["size_bytes"], a["num_records"], {"p": a["partition.p"]}] for a in adds)}
     source = DeltaStreamSource("src", table)
     source.check_piece(old, "allocations/000000000000.json")
-    assert source.plan() == old
+    planned = source.plan()
+    assert planned.pop("table_id") == DeltaTable(table).metadata().id
+    assert planned == old  # the first batch is the snapshot again, as then
     source.restore([(0, old)])
     assert source.version == 0 and source.is_empty(source.plan())
     rows = source.read(SimpleNamespace(spark=spark), old).collect()
     assert sorted((r.id, r.p) for r in rows) == [(i, i % 2) for i in range(10)]
+
+
+# -- where a new pipeline starts: the table's current rows, then its changes -------------------
+def deleted_then_appended(tmp_path) -> str:
+    """write(0..9), delete("id < 3") (rewrites both files), append(10..19): 17 rows."""
+    table = str(tmp_path / "src")
+    append(table, range(0, 10))          # 0
+    DeltaTable(table).delete("id < 3")   # 1
+    append(table, range(10, 20))         # 2
+    assert read_delta(table).num_rows == 17
+    return table
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_a_new_pipeline_reads_the_tables_current_rows_first(spark, tmp_path, option):
+    """The first batch is the table as it is (Delta Lake's source without startingVersion):
+    rows an earlier DELETE removed do not come back, and the DELETE does not stop the pipeline
+    (reading history instead gave a SourceError at version 1 by default, 20 rows with
+    skip_change_commits, 27 with ignore_changes)."""
+    table = deleted_then_appended(tmp_path)
+    progress = run(spark, tmp_path, table, **OPTIONS[option])
+    assert output_ids(tmp_path) == list(range(3, 20))
+    assert progress[0]["num_input_rows"] == 17
+    assert sum(p["num_input_rows"] for p in progress) == 17
+    append(table, range(20, 30))         # 3: read as a change, once
+    progress = run(spark, tmp_path, table, **OPTIONS[option])
+    assert output_ids(tmp_path) == list(range(3, 30))
+    assert sum(p["num_input_rows"] for p in progress) == 10
+
+
+def test_an_explicit_starting_version_reads_the_changes_from_it(tmp_path):
+    """starting_version=k is Delta's startingVersion: the commits from k, under the options."""
+    table = deleted_then_appended(tmp_path)
+    with pytest.raises(SourceError, match=r"version 1 of .* \(DELETE\) removed 2 file\(s\)"):
+        DeltaStreamSource("src", table, starting_version=0).plan()
+    assert piece_rows(drain(DeltaStreamSource("src", table, starting_version=0,
+                                              skip_change_commits=True))) == 20
+    assert piece_rows(drain(DeltaStreamSource("src", table, starting_version=2))) == 10
+    first = DeltaStreamSource("src", table, starting_version=5).plan()  # not written yet
+    assert (first["from_version"], first["to_version"], first["files"]) == (4, 4, [])
+
+
+def test_a_new_pipeline_reads_a_table_whose_first_commits_were_cleaned_up(tmp_path):
+    table = str(tmp_path / "src")
+    for start in range(0, 400, 100):
+        append(table, range(start, start + 100))
+    DeltaTable(table).create_checkpoint()
+    for v in (0, 1):  # what the log cleanup after that checkpoint removes
+        os.remove(log_json(table, v))
+    source = DeltaStreamSource("src", table)
+    (piece,) = drain(source)
+    assert (piece["from_version"], piece["to_version"], piece["rows"]) == (-1, 3, 400)
+    assert all(Path(table, f[0]).exists() for f in piece["files"])
+    append(table, range(400, 500))
+    (piece,) = drain(source)
+    assert (piece["from_version"], piece["to_version"], piece["rows"]) == (3, 4, 100)
+
+
+def test_the_snapshot_is_one_batch_then_max_versions_per_batch_bounds_the_changes(tmp_path):
+    table = str(tmp_path / "src")
+    append(table, range(0, 100))          # 0
+    append(table, range(100, 200))        # 1
+    compact(table)                        # 2
+    DeltaTable(table).delete("id < 10")   # 3
+    append(table, range(200, 300))        # 4
+    source = DeltaStreamSource("src", table, max_versions_per_batch=1)
+    first = source.plan()
+    assert (first["from_version"], first["to_version"], first["rows"]) == (-1, 4, 290)
+    source.advance(first)
+    append(table, range(300, 400))        # 5
+    compact(table)                        # 6
+    append(table, range(400, 500))        # 7
+    assert [(p["from_version"], p["to_version"], p["rows"]) for p in drain(source)] == \
+        [(4, 5, 100), (5, 6, 0), (6, 7, 100)]
+
+
+def test_a_snapshot_with_deletion_vectors_is_refused_by_name(tmp_path):
+    table = str(tmp_path / "src")
+    append(table, range(0, 10))
+    add = pa.table(DeltaTable(table).get_add_actions(flatten=True)).to_pylist()[0]
+    actions = [{"commitInfo": {"operation": "DELETE"}},
+               {"remove": {"path": add["path"], "dataChange": True, "deletionTimestamp": 1}},
+               {"add": {"path": add["path"], "partitionValues": {"p": str(add["partition.p"])},
+                        "size": add["size_bytes"], "modificationTime": 1, "dataChange": True,
+                        "stats": json.dumps({"numRecords": add["num_records"]}),
+                        "deletionVector": inline_deletion_vector([0, 2])}}]
+    log_json(table, 1).write_text("".join(json.dumps(a) + "\n" for a in actions))
+    assert pa.table(DeltaTable(table).deletion_vectors()).column(  # delta-rs reads it
+        "selection_vector").to_pylist() == [[False, True, False, True, True]]
+    with pytest.raises(SourceError, match=r"at version 1, which a new pipeline reads first .* "
+                       r"holds 1 file\(s\) with deletion vectors \(.*p=\d/part-.*\).*REORG "
+                       r"TABLE.*starting_version=2"):
+        DeltaStreamSource("src", table, skip_change_commits=True).plan()
+    append(table, range(10, 20))  # 2
+    assert piece_rows(drain(DeltaStreamSource("src", table, starting_version=2))) == 10
+
+
+# -- add actions that name their file by an absolute URI (shallow clones) -----------------------
+def test_add_paths_with_a_scheme_are_absolute_and_decoded(tmp_path):
+    source = DeltaStreamSource("src", str(tmp_path))  # no table needed to resolve paths
+    cases = {
+        "p=a%2520b/x.parquet": "p=a%20b/x.parquet",
+        "file:/data/a%20b/p%3D1/x%2520y.parquet": "file:///data/a b/p=1/x%20y.parquet",
+        "file:///data/a%20b/x.parquet": "file:///data/a b/x.parquet",
+        "file://localhost/data/x.parquet": "file:///data/x.parquet",
+        "s3://bucket/dir/a%20b.parquet": "s3://bucket/dir/a b.parquet",
+        "s3a://bucket/k%3D1/x.parquet": "s3a://bucket/k=1/x.parquet",
+        "abfss://c@acct.dfs.core.windows.net/t/x%20y.parquet":
+            "abfss://c@acct.dfs.core.windows.net/t/x y.parquet",
+        "gs://bucket/x%20y.parquet": "gs://bucket/x y.parquet",
+        "/data/x%20y.parquet": "/data/x y.parquet",
+    }
+    for raw, want in cases.items():
+        line = json.dumps({"add": {"path": raw, "size": 1, "dataChange": True}})
+        (added,) = parse_commit(1, line).added
+        assert added.path == want, raw
+        full = source._full(added.path)
+        assert full == (want if raw[0] != "p" else f"{tmp_path}/{want}"), raw
+
+
+@pytest.mark.parametrize("form", ["file:{}", "file://{}"])
+def test_a_file_named_by_an_absolute_uri_is_read_where_it_is(spark, tmp_path, form):
+    """A shallow clone's add actions name the source table's files by absolute URI (Hadoop's
+    ``file:/abs`` form has no ``//``); they were joined under the table's path and missing."""
+    table = str(tmp_path / "src")
+    append(table, range(0, 4))
+    elsewhere = tmp_path / "cloned from" / "p=1"
+    elsewhere.mkdir(parents=True)
+    pq.write_table(pa.table({"id": pa.array([101, 103], pa.int64()),
+                             "v": pa.array([0, 0], pa.int64())}), elsewhere / "x y.parquet")
+    actions = [{"commitInfo": {"operation": "WRITE"}},
+               {"add": {"path": form.format(quote(str(elsewhere / "x y.parquet"))),
+                        "partitionValues": {"p": "1"},
+                        "size": (elsewhere / "x y.parquet").stat().st_size,
+                        "modificationTime": 1, "dataChange": True,
+                        "stats": json.dumps({"numRecords": 2})}}]
+    log_json(table, 1).write_text("".join(json.dumps(a) + "\n" for a in actions))
+    for source in (DeltaStreamSource("src", table),
+                   DeltaStreamSource("src", table, starting_version=0)):
+        pieces = drain(source)
+        assert piece_rows(pieces) == 6
+        got = [(r.id, r.p) for p in pieces
+               for r in source.read(SimpleNamespace(spark=spark), p).collect()]
+        assert sorted(got) == [(0, 0), (1, 1), (2, 0), (3, 1), (101, 1), (103, 1)]
+
+
+# -- a table created again at the same path ----------------------------------------------------
+def test_a_table_created_again_at_the_same_path_stops_naming_both_ids(spark, tmp_path):
+    table = str(tmp_path / "src")
+    for start in (0, 100, 200):                   # versions 0-2
+        append(table, range(start, start + 100))
+    run(spark, tmp_path, table)
+    old_id = DeltaTable(table).metadata().id
+    shutil.rmtree(table)
+    for start in range(1000, 1500, 100):          # versions 0-4 of another table
+        append(table, range(start, start + 100))
+    new_id = DeltaTable(table).metadata().id
+    assert new_id != old_id
+    with pytest.raises(PipelineFailedError, match=(
+            rf"read through version 2 at .* \(table id {old_id}\), found another table there "
+            rf"\(table id {new_id}, latest version 4\): the table was deleted and created "
+            r"again.*start a new pipeline.*put it back")):
+        run(spark, tmp_path, table)
+    assert output_ids(tmp_path) == list(range(300))  # nothing of the new table was read
+    run(spark, tmp_path, table, ckpt="fresh")
+    assert output_ids(tmp_path, "fresh") == list(range(1000, 1500))
+
+
+def test_pieces_record_the_table_id_and_older_pieces_without_one_still_catch_a_going_back(
+        tmp_path):
+    table = str(tmp_path / "src")
+    for start in (0, 100, 200):
+        append(table, range(start, start + 100))
+    table_id = DeltaTable(table).metadata().id
+    source = DeltaStreamSource("src", table)
+    piece = source.plan()
+    assert piece["table_id"] == table_id
+    source.check_piece(piece, "allocations/000000000000.json")
+    restored = DeltaStreamSource("src", table)
+    restored.restore([(0, piece)])
+    assert restored.table_id == table_id
+    older = {k: v for k, v in piece.items() if k != "table_id"}  # recorded before ids were
+    source = DeltaStreamSource("src", table)
+    source.check_piece(older, "allocations/000000000000.json")
+    source.restore([(0, older)])
+    shutil.rmtree(table)
+    append(table, range(1000, 1100))              # version 0 of another table
+    with pytest.raises(SourceError, match=r"expected version 2 or later of .* found the table's "
+                       r"latest version 0 \(table id .*\): a Delta table's versions never go "
+                       r"back.*start a new pipeline"):
+        source.plan()
+    with pytest.raises(SourceError, match=rf"table id {table_id}\), found another table"):
+        restored.plan()
+
+
+# -- changes between runs and within a run, end to end -------------------------------------------
+@pytest.mark.parametrize("operation", ["merge", "overwrite"])
+def test_merge_and_overwrite_between_runs_follow_the_options(spark, tmp_path, operation):
+    table = str(tmp_path / "src")
+    append(table, range(0, 100))
+    append(table, range(100, 200))
+    for ckpt in ("skip", "changes"):
+        run(spark, tmp_path, table, ckpt=ckpt)
+    operate(table, operation)             # 2
+    append(table, range(1000, 1100))      # 3
+    logged = {"merge": "MERGE", "overwrite": "WRITE"}[operation]
+    with pytest.raises(PipelineFailedError, match=rf"version 2 of .* \({logged}\) removed \d+ "
+                       r"file\(s\).* it rewrote rows.*skip_change_commits=True"):
+        run(spark, tmp_path, table, ckpt="skip")
+    assert output_ids(tmp_path, "skip") == list(range(200))
+    run(spark, tmp_path, table, ckpt="skip", skip_change_commits=True)
+    assert output_ids(tmp_path, "skip") == list(range(200)) + list(range(1000, 1100))
+    # ignore_changes: every file the commit added is read as new rows, once
+    rewritten = [i for f in read_commit(Storage(table), 2).added
+                 for i in pq.read_table(Path(table, f.path)).column("id").to_pylist()]
+    want = Counter(range(200)) + Counter(rewritten) + Counter(range(1000, 1100))
+    run(spark, tmp_path, table, ckpt="changes", ignore_changes=True)
+    out = pq.read_table(tmp_path / "changes-out").to_pylist()
+    assert Counter(r["id"] for r in out) == want
+    if operation == "merge":
+        assert {20, 505} <= set(rewritten)
+        assert sorted(r["v"] for r in out if r["id"] == 20) == [0, 7]
+    else:
+        assert sorted(rewritten) == [900, 901]
+
+
+@pytest.mark.parametrize("option", ["default", "ignore_deletes"])
+def test_compaction_then_append_within_one_run_gives_each_row_once(spark, tmp_path, option):
+    table = str(tmp_path / "src")
+    append(table, range(0, 100))               # 0
+    append(table, range(100, 200))             # 1
+
+    def maintain(batch_id):
+        if batch_id == 0:  # the snapshot at version 1 was read
+            compact(table)                     # 2
+            append(table, range(200, 300))     # 3
+        elif batch_id == 2:  # version 3 was read (batch b > 0 reads version b + 1)
+            compact(table)                     # 4
+            vacuum_all(table)                  # 5, 6: deletes every file read so far
+            append(table, range(300, 400))     # 7
+
+    got: dict[int, list[int]] = {}
+    progress = run_collecting(spark, tmp_path, table, got, maintain, **OPTIONS[option])
+    assert sorted(i for ids in got.values() for i in ids) == list(range(400))
+    assert {b: len(ids) for b, ids in got.items() if ids} == {0: 200, 2: 100, 6: 100}
+    assert [p["batch_id"] for p in progress] == list(range(7))
+
+
+RESTARTED = {
+    "default": ["optimize", "vacuum"],
+    "ignore_deletes": ["optimize", "vacuum", "delete_files"],
+    "skip_change_commits": ["optimize", "vacuum", "delete_files", "delete_rows", "update",
+                            "merge", "overwrite"],
+}
+
+
+@pytest.mark.parametrize("option", sorted(RESTARTED))
+def test_a_pipeline_restarted_after_each_maintenance_operation_gives_each_row_once(
+        spark, tmp_path, option):
+    """Stop, maintain, append, restart, for each operation the option lets through: every row
+    appended is in the output once; the table's rows before the first start are read as they
+    were then (a DELETE before it does not stop the pipeline, nor bring rows back)."""
+    table = str(tmp_path / "src")
+    append(table, range(0, 100))
+    DeltaTable(table).delete("id >= 90")
+    run(spark, tmp_path, table, **OPTIONS[option])
+    want = list(range(90))
+    assert output_ids(tmp_path) == want
+    for n, operation in enumerate(RESTARTED[option], 1):
+        operate(table, operation)
+        append(table, range(1000 * n, 1000 * n + 10))
+        want += range(1000 * n, 1000 * n + 10)
+        run(spark, tmp_path, table, **OPTIONS[option])
+        assert output_ids(tmp_path) == want, operation

@@ -179,23 +179,35 @@ class StreamingContext:
                                             max_bytes_per_batch=max_bytes_per_batch,
                                             options=options))
 
-    def delta_stream(self, name: str, path: str, *, starting_version: int = 0,
+    def delta_stream(self, name: str, path: str, *, starting_version: int | None = None,
                      max_versions_per_batch: int | None = None, ignore_deletes: bool = False,
                      ignore_changes: bool = False,
                      skip_change_commits: bool = False) -> InputStream:
-        """Rows added to a Delta table, version by version, read from its commit log.
+        """Rows of a Delta table: its current rows first, then the rows each later version
+        adds, read from its commit log (as Delta Lake's streaming source reads a table).
 
-        Commits that change no data (OPTIMIZE, compaction, VACUUM, table properties) are
-        skipped. A commit that removes data files stops the pipeline with a SourceError naming
-        the version and the operation, unless an option below allows it (Delta Lake's
-        streaming options of the same meaning; docs/streaming.md has a table per commit kind).
+        A new pipeline's first batch reads the table's snapshot at its latest version (unless
+        ``starting_version`` says otherwise); later batches read the commits after it. Commits
+        that change no data (OPTIMIZE, compaction, VACUUM, table properties) are skipped. A
+        commit that removes data files stops the pipeline with a SourceError naming the version
+        and the operation, unless an option below allows it (Delta Lake's streaming options of
+        the same meaning; docs/streaming.md has a table per commit kind). The table's id is
+        recorded: a table deleted and created again at the path stops the pipeline, naming
+        both ids.
 
         Args:
             name: the source's name, unique in the pipeline.
             path: the table's path or URI.
-            starting_version: the first version read (its changes, not its snapshot).
-            max_versions_per_batch: at most this many versions per batch (skipped ones count);
-                None: every version there is.
+            starting_version: None (the default): the first batch reads the table's rows at
+                its latest version (a snapshot: what earlier commits deleted or rewrote is not
+                read), then the changes after it. A version ``k`` (Delta's
+                ``startingVersion``): no snapshot; the changes of versions ``k, k+1, ...`` are
+                read commit by commit (a DELETE or UPDATE among them stops the pipeline unless
+                an option below allows it), the rows written before ``k`` are not. Only a new
+                pipeline reads it: a restart goes on from its recorded position.
+            max_versions_per_batch: at most this many versions of changes per batch (skipped
+                ones count); None: every version there is. The first batch's snapshot is one
+                version, read whole.
             ignore_deletes: skip commits that only remove files (Delta's ``ignoreDeletes``:
                 DELETE of whole files or partitions); the deleted rows stay downstream.
             ignore_changes: also read commits that rewrite files (UPDATE, MERGE, DELETE inside

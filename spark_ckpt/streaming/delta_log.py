@@ -14,6 +14,7 @@ data feed, not a commit's actions, so the JSON commit files are read with pyarro
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -22,10 +23,13 @@ from urllib.parse import unquote
 from spark_ckpt.errors import SourceError
 from spark_ckpt.storage import Storage, join
 
-__all__ = ["AddedFile", "CommitKind", "DeltaCommit", "commit_path", "earliest_commit",
-           "parse_commit", "read_commit"]
+__all__ = ["AddedFile", "CommitKind", "DeltaCommit", "commit_path", "decode_path",
+           "earliest_commit", "is_absolute", "parse_commit", "read_commit"]
 
 LOG_DIR = "_delta_log"
+# RFC 3986's scheme: a letter, then letters, digits, "+", "-" or "."; a relative path's first
+# segment cannot hold a ":" (Delta writers escape it), so such a prefix names a scheme
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 class CommitKind(Enum):
@@ -42,8 +46,9 @@ class AddedFile:
     """A data file an ``add`` action put in the table.
 
     Attributes:
-        path: relative to the table's root and decoded (the log holds it URI-encoded; the file
-            on disk has the decoded name), or an absolute URI as the log gives it.
+        path: relative to the table's root, or an absolute URI (any scheme: :func:`is_absolute`),
+            decoded (:func:`decode_path`: the log holds it URI-encoded, the file on disk has
+            the decoded name).
         size: bytes.
         rows: ``numRecords`` of the action's ``stats``; None when the writer wrote no stats.
         partition_values: the action's ``partitionValues``, as the log serializes them (strings
@@ -103,10 +108,34 @@ def _rows(stats: Any) -> int | None:
     return rows if isinstance(rows, int) and rows >= 0 else None
 
 
-def _path(raw: str) -> str:
-    # Delta writes paths as URIs: a relative one is percent-encoded once more than the file's
-    # (Hive-escaped) name on disk, e.g. "p=a%252Fb/x.parquet" for the directory "p=a%2Fb".
-    return raw if "://" in raw else unquote(raw)
+def is_absolute(path: str) -> bool:
+    """An add action's path (as the log gives it, or decoded) names its file on its own: a URI
+    with any scheme (``s3://b/k``, ``file:/abs/x`` and ``file:///abs/x`` as shallow clones
+    write them) or an absolute path; anything else is relative to the table's root."""
+    return path.startswith("/") or _SCHEME.match(path) is not None
+
+
+def decode_path(raw: str) -> str:
+    """An add or remove action's path as a path or URI naming the file on its file system.
+
+    Delta writes paths as URIs: a relative one is percent-encoded once more than the file's
+    (Hive-escaped) name on disk, e.g. ``p=a%252Fb/x.parquet`` for the directory ``p=a%2Fb``;
+    an absolute URI's path is encoded the same way, its scheme and authority are kept as
+    they are. A local ``file:`` URI (``file:/abs``, ``file:///abs``, ``file://localhost/abs``)
+    comes out as ``file:///abs``, the form Spark and this package's local checks both take.
+    """
+    scheme = _SCHEME.match(raw)
+    if scheme is None:
+        return unquote(raw)
+    prefix, rest = scheme.group(0), raw[scheme.end():]
+    authority = None
+    if rest.startswith("//"):
+        authority, slash, rest = rest[2:].partition("/")
+        rest = slash + rest
+    path = unquote(rest)
+    if prefix.lower() == "file:" and authority in (None, "", "localhost"):
+        return "file://" + ("/" + path.lstrip("/") if path else "/")
+    return prefix + path if authority is None else f"{prefix}//{authority}{path}"
 
 
 def parse_commit(version: int, data: bytes | str, where: str = "") -> DeltaCommit:
@@ -135,11 +164,11 @@ def parse_commit(version: int, data: bytes | str, where: str = "") -> DeltaCommi
             operation = str(body.get("operation") or operation)
         elif name == "add" and body.get("dataChange", True):
             added.append(AddedFile(
-                _path(body["path"]), int(body.get("size") or 0), _rows(body.get("stats")),
+                decode_path(body["path"]), int(body.get("size") or 0), _rows(body.get("stats")),
                 dict(body.get("partitionValues") or {}),
                 deletion_vector=body.get("deletionVector") is not None))
         elif name == "remove" and body.get("dataChange", True):
-            removed.append(_path(body["path"]))
+            removed.append(decode_path(body["path"]))
         elif name == "metaData":
             schema_string = body.get("schemaString")
             configuration = dict(body.get("configuration") or {})

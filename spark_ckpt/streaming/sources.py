@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_ckpt.errors import JobDefinitionError, RecordError, SourceError
-from spark_ckpt.formats import ANY, PATH, ListOf, MapOf, Opt, Row, integer, validate
+from spark_ckpt.formats import ANY, PATH, STR, ListOf, MapOf, Opt, Row, integer, validate
 from spark_ckpt.storage import Storage, join
 from spark_ckpt.streaming.batch import union_by_name
 from spark_ckpt.streaming.delta_log import (
@@ -29,7 +29,9 @@ from spark_ckpt.streaming.delta_log import (
     CommitKind,
     DeltaCommit,
     commit_path,
+    decode_path,
     earliest_commit,
+    is_absolute,
     read_commit,
 )
 
@@ -488,7 +490,22 @@ class FileStreamSource(Source):
 
 # -- a Delta table -----------------------------------------------------------------------------
 class DeltaStreamSource(Source):
-    """New rows of a Delta table, version by version, followed through the table's commit log.
+    """Rows of a Delta table: its rows as they are when the pipeline starts, then the new rows
+    of each later version, followed through the table's commit log.
+
+    Where a new pipeline starts (as Delta Lake's own streaming source does):
+
+    * by default (``starting_version=None``) the first batch reads the table's *snapshot*: the
+      files of the latest version when the batch is planned (one batch, whatever
+      ``max_versions_per_batch`` says: a snapshot is one version, however many commits made
+      it). What commits before it did (appends, deletes, updates, compactions) is in the
+      snapshot already and is never read as a change, and commits cleaned up from the log do
+      not matter. Later batches read the commits after that version;
+    * ``starting_version=k`` (Delta's ``startingVersion``): no snapshot; the first batch reads
+      the changes of versions ``k, k+1, ...``, commit by commit as below (a DELETE among them
+      stops the pipeline by default); the rows the table held before ``k`` are not read.
+
+    A restarted pipeline goes on from its recorded position, whatever these say.
 
     A batch reads the files that the commits since the previous batch added as new data (at
     most ``max_versions_per_batch`` versions; a skipped version counts as read); Spark reads the
@@ -506,22 +523,28 @@ class DeltaStreamSource(Source):
     * ``skip_change_commits`` (Delta's ``skipChangeCommits``): every commit that removes files
       is skipped, the files it added too.
 
-    A schema the pipeline's source schema cannot read, deletion vectors and column mapping stop
-    the pipeline by name: Spark's Parquet reader would not apply them and would give wrong rows.
+    A schema the pipeline's source schema cannot read, deletion vectors (in a commit read or in
+    the snapshot) and column mapping stop the pipeline by name: Spark's Parquet reader would
+    not apply them and would give wrong rows. Each piece records the table's id
+    (``metaData.id``): a table deleted and created again at the same path has another id, and
+    the pipeline stops naming both (Delta Lake's source refuses it too), instead of taking the
+    new table's versions for the old one's.
     """
 
     kind = "delta"
     PIECE = {"from_version": integer(-1), "to_version": integer(-1),
              "files": ListOf(Row(PATH, integer(0), Opt(integer(0)), MapOf(ANY))),
-             "rows": Opt(integer(0))}
+             "rows": Opt(integer(0)), "table_id?": STR}
 
-    def __init__(self, name: str, path: str, *, starting_version: int = 0,
+    def __init__(self, name: str, path: str, *, starting_version: int | None = None,
                  max_versions_per_batch: int | None = None, ignore_deletes: bool = False,
                  ignore_changes: bool = False, skip_change_commits: bool = False) -> None:
         super().__init__(name)
-        if starting_version < 0:
-            raise JobDefinitionError(f"Delta source {name}: expected starting_version >= 0, "
-                                     f"found {starting_version}")
+        if starting_version is not None and (isinstance(starting_version, bool) or
+                                             not isinstance(starting_version, int) or
+                                             starting_version < 0):
+            raise JobDefinitionError(f"Delta source {name}: expected starting_version >= 0 "
+                                     f"or None, found {starting_version!r}")
         if max_versions_per_batch is not None and max_versions_per_batch < 1:
             raise JobDefinitionError(f"Delta source {name}: expected max_versions_per_batch >= 1 "
                                      f"or None, found {max_versions_per_batch}")
@@ -533,7 +556,10 @@ class DeltaStreamSource(Source):
         self.ignore_deletes = ignore_deletes
         self.ignore_changes = ignore_changes
         self.skip_change_commits = skip_change_commits
-        self.version = starting_version - 1  # the last version read
+        # the last version read; -1 and no starting_version: the snapshot comes first
+        self.version = -1 if starting_version is None else starting_version - 1
+        self.table_id: str | None = None  # the metaData.id of the table the pieces read
+        self._read_through: int | None = None  # the newest version a piece read (None: none)
         self._schema: StructType | None = None
 
     def describe(self) -> dict[str, Any]:
@@ -562,27 +588,114 @@ class DeltaStreamSource(Source):
     def restore(self, pieces: list[tuple[int, dict[str, Any]]]) -> None:
         for _batch, piece in pieces:
             self.version = max(self.version, piece["to_version"])
+            self._note(piece)
+
+    def _note(self, piece: dict[str, Any]) -> None:
+        """Remember what a recorded piece says of the table: the newest version it read and
+        the table's id (pieces recorded before ids were have none)."""
+        if piece["to_version"] > piece["from_version"]:
+            self._read_through = max(self._read_through or -1, piece["to_version"])
+        if piece.get("table_id"):
+            self.table_id = piece["table_id"]
 
     # -- planning ------------------------------------------------------------------------
     def plan(self) -> dict[str, Any]:
         table = self._table()
         latest = table.version()
+        table_id = table.metadata().id
+        self._check_same_table(table_id, latest)
         if latest <= self.version:
-            return {"from_version": self.version, "to_version": self.version, "files": [],
-                    "rows": 0}
-        target = latest if self.max_versions is None else min(latest,
-                                                              self.version + self.max_versions)
+            return self._piece(self.version, self.version, [], table_id)
         mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
         if mode not in (None, "none"):
             self._refuse_column_mapping(f"its latest version {latest}", mode)
+        if self.version < 0 and self.starting_version is None:
+            return self._plan_snapshot(table, latest, table_id)
+        target = latest if self.max_versions is None else min(latest,
+                                                              self.version + self.max_versions)
         chosen: list[tuple[int, AddedFile]] = []
         for version in range(self.version + 1, target + 1):
             chosen += [(version, f) for f in self._admit(self._commit(version, target))]
-        files = sorted([f.path, f.size, f.rows, self._partition_values(f.partition_values)]
-                       for _version, f in self._present(chosen))
+        return self._piece(self.version, target, self._files(self._present(chosen)), table_id)
+
+    def _piece(self, from_version: int, to_version: int, files: list[list[Any]],
+               table_id: str) -> dict[str, Any]:
         rows = sum(f[2] for f in files) if all(f[2] is not None for f in files) else None
-        return {"from_version": self.version, "to_version": target, "files": files,
-                "rows": rows}
+        return {"from_version": from_version, "to_version": to_version, "files": files,
+                "rows": rows, "table_id": table_id}
+
+    def _files(self, chosen: list[tuple[int, AddedFile]]) -> list[list[Any]]:
+        return sorted([f.path, f.size, f.rows, self._partition_values(f.partition_values)]
+                      for _version, f in chosen)
+
+    def _check_same_table(self, table_id: str, latest: int) -> None:
+        """The table at the path must be the one the recorded pieces read: same id, and a
+        version at least the newest one read (a Delta table's versions never go back)."""
+        again = ("Nothing was allocated from it. To read the table now at that path, start a "
+                 "new pipeline (a new checkpoint directory): it reads the table's current rows "
+                 "first, then its changes; to go on with the table this pipeline read, put it "
+                 "back at that path and restart")
+        if self.table_id is not None and table_id != self.table_id:
+            raise SourceError(
+                f"Delta source {self.name}: expected the table this pipeline read through "
+                f"version {self.version} at {self.uri} (table id {self.table_id}), found "
+                f"another table there (table id {table_id}, latest version {latest}): the "
+                "table was deleted and created again at that path, or another table was put "
+                "there, so the versions this pipeline recorded are not this table's, and "
+                f"reading on from version {self.version + 1} would skip or mix up rows. {again}"
+            )
+        if self._read_through is not None and latest < self._read_through:
+            raise SourceError(
+                f"Delta source {self.name}: expected version {self._read_through} or later of "
+                f"{self.uri} (this pipeline read through it), found the table's latest version "
+                f"{latest} (table id {table_id}): a Delta table's versions never go back, so "
+                "the table was created again at that path, or its log was replaced by an older "
+                f"copy (this pipeline's records hold no table id to tell which). {again}"
+            )
+
+    def _plan_snapshot(self, table: Any, version: int, table_id: str) -> dict[str, Any]:
+        """The first batch of a pipeline without ``starting_version``: every file of the table
+        at ``version`` (its latest), as Delta Lake's streaming source reads first."""
+        import pyarrow as pa
+
+        from spark_ckpt.arrowtypes import to_spark
+
+        self._check_schema(to_spark(pa.schema(table.schema())),
+                           f"the table {self.uri} at version {version}, which a new pipeline "
+                           "reads first (its current rows), has the schema", version)
+        self._refuse_snapshot_deletion_vectors(table, version)
+        chosen = [(version, AddedFile(
+            decode_path(add["path"]), int(add["size_bytes"] or 0), add.get("num_records"),
+            {k: _log_value(v) for k, v in (add.get("partition") or {}).items()}))
+            for add in pa.table(table.get_add_actions(flatten=False)).to_pylist()]
+        log.info("Delta source %s: a new pipeline reads the table's %d file(s) at version %d "
+                 "first, then the versions after it", self.name, len(chosen), version)
+        return self._piece(-1, version, self._files(self._present(chosen, snapshot=True)),
+                           table_id)
+
+    def _refuse_snapshot_deletion_vectors(self, table: Any, version: int) -> None:
+        import pyarrow as pa
+
+        head = (f"Delta source {self.name}: the table {self.uri} at version {version}, which a "
+                "new pipeline reads first (its current rows),")
+        try:
+            files = pa.table(table.deletion_vectors()).column("filepath").to_pylist()
+        except Exception as exc:
+            raise SourceError(
+                f"{head} may hold deletion vectors: reading them failed ({exc}). This source "
+                "reads data files with Spark's Parquet reader, which does not apply deletion "
+                "vectors. Nothing was allocated"
+            ) from exc
+        if files:
+            raise SourceError(
+                f"{head} holds {len(files)} file(s) with deletion vectors (rows of the file "
+                f"marked deleted, e.g. {files[0]}); this source reads data files with Spark's "
+                "Parquet reader, which does not apply deletion vectors and would read the "
+                "deleted rows. Nothing was allocated. Rewrite those files without deletion "
+                "vectors (delta-spark: REORG TABLE ... APPLY (PURGE)) and restart, or start "
+                f"with starting_version={version + 1} to read only the changes after it (not "
+                "the rows the table holds now)"
+            )
 
     def _commit(self, version: int, target: int) -> DeltaCommit:
         commit = read_commit(self.store, version)
@@ -599,9 +712,10 @@ class DeltaStreamSource(Source):
             f"checkpoint covers them) before this pipeline read version {version}, so what "
             f"versions {version}..{target} changed cannot be read. Nothing was allocated from "
             f"them. Put the commit files back and restart, or start a new pipeline (a new "
-            f"checkpoint directory) with starting_version={start} (the rows of the versions "
-            "before it are not read); keep delta.logRetentionDuration longer than the pipeline "
-            "may fall behind"
+            "checkpoint directory): without starting_version it reads the table's current rows "
+            f"first, then its changes; with starting_version={start} the changes from that "
+            "version (the rows of the versions before it are not read). Keep "
+            "delta.logRetentionDuration longer than the pipeline may fall behind"
         )
 
     def _admit(self, commit: DeltaCommit) -> tuple[AddedFile, ...]:
@@ -676,7 +790,6 @@ class DeltaStreamSource(Source):
                                         commit.column_mapping)
         if commit.schema_string is None:
             return
-        reading = self.schema()
         try:
             found = to_spark(pa.schema(Schema.from_json(commit.schema_string)))
         except Exception as exc:
@@ -684,20 +797,26 @@ class DeltaStreamSource(Source):
                 f"Delta source {self.name}: version {commit.version} of {self.uri} "
                 f"({commit.operation}) set a schema this source cannot map: {exc}"
             ) from exc
+        self._check_schema(found, f"version {commit.version} of {self.uri} "
+                           f"({commit.operation}) changed the table's schema to", commit.version)
+
+    def _check_schema(self, found: StructType, head: str, version: int) -> None:
+        """SourceError (``head`` says where ``found`` is) unless the source's schema reads
+        ``found``: each of its columns there, of the same type."""
+        reading = self.schema()
         known = {f.name: f.dataType.simpleString() for f in reading.fields}
         for f in found.fields:
             if known.get(f.name) != f.dataType.simpleString():
                 what = (f"column {f.name} is {known[f.name]} in the source's schema" if
                         f.name in known else f"column {f.name} is not in the source's schema")
                 raise SourceError(
-                    f"Delta source {self.name}: version {commit.version} of {self.uri} "
-                    f"({commit.operation}) changed the table's schema to "
-                    f"{found.simpleString()}, which the source's schema "
-                    f"{reading.simpleString()} does not read ({what}, "
+                    f"Delta source {self.name}: {head} {found.simpleString()}, which the "
+                    f"source's schema {reading.simpleString()} does not read ({what}, "
                     f"{f.dataType.simpleString()} there). Nothing was allocated from version "
-                    f"{commit.version}. A source's schema cannot change under a checkpoint: to "
-                    "read on with the new schema, start a new pipeline (a new checkpoint "
-                    f"directory) with starting_version={commit.version}"
+                    f"{version}. A source's schema cannot change under a checkpoint: to read on "
+                    "with the new schema, start a new pipeline (a new checkpoint directory), "
+                    "which reads the table's current rows first, or with "
+                    f"starting_version={version} to read the changes from that version"
                 )
 
     def _refuse_column_mapping(self, where: str, mode: str) -> None:
@@ -710,14 +829,16 @@ class DeltaStreamSource(Source):
         )
 
     def _full(self, path: str) -> str:
-        return path if "://" in path or path.startswith("/") else \
-            self.uri.rstrip("/") + "/" + path
+        """A piece's file as Spark reads it: an absolute path or URI as it is (any scheme:
+        ``s3://``, ``file:/``, ...), a relative one under the table's root."""
+        return path if is_absolute(path) else self.uri.rstrip("/") + "/" + path
 
-    def _present(self, chosen: list[tuple[int, AddedFile]]) -> list[tuple[int, AddedFile]]:
+    def _present(self, chosen: list[tuple[int, AddedFile]], *,
+                 snapshot: bool = False) -> list[tuple[int, AddedFile]]:
         """The chosen files, each still there: VACUUM deletes a file some time after a later
         commit removed it (a compaction, a DELETE), and a pipeline behind that has not read its
         rows yet stops here, naming the version that added it (with ignoreMissingFiles,
-        Spark's answer: the file is left out)."""
+        Spark's answer: the file is left out). ``snapshot``: the files are a snapshot's."""
         from spark_ckpt.batch.sources import ignore_missing_files
         from spark_ckpt.storage import stat_any
 
@@ -727,6 +848,16 @@ class DeltaStreamSource(Source):
             return chosen
         version, gone = missing[0]
         if not ignore_missing_files(getattr(self.pipeline, "spark", None), {}):
+            if snapshot:
+                raise SourceError(
+                    f"Delta source {self.name}: the table {self.uri} at version {version}, "
+                    "which a new pipeline reads first (its current rows), holds "
+                    f"{self._full(gone.path)}, found the file missing ({len(missing)} missing "
+                    "file(s)): the table is damaged (a data file deleted while a version "
+                    "still holds it: VACUUM with too short a retention, or by hand). Nothing "
+                    "was allocated. Put the file back and restart, or set "
+                    "spark.sql.files.ignoreMissingFiles=true to go on without its rows"
+                )
             raise SourceError(
                 f"Delta source {self.name}: version {version} of {self.uri} added "
                 f"{gone.path}, found the file missing ({len(missing)} missing file(s)): a later "
@@ -765,6 +896,7 @@ class DeltaStreamSource(Source):
 
     def advance(self, piece: dict[str, Any]) -> None:
         self.version = piece["to_version"]
+        self._note(piece)
 
     def position(self) -> dict[str, Any]:
         return {"version": self.version}
@@ -795,6 +927,27 @@ class DeltaStreamSource(Source):
             frames.append(df.select(*schema.names))
 
         return union_by_name(frames)
+
+
+def _log_value(value: Any) -> str | None:
+    """A typed partition value of delta-rs's add actions as the commit log serializes it (the
+    form :meth:`DeltaStreamSource._partition_values` reads): timestamps in UTC without a zone,
+    dates ``YYYY-MM-DD``, booleans ``true``/``false``, numbers as written."""
+    import datetime as dt
+
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.UTC).replace(tzinfo=None)
+        return value.isoformat(sep=" ", timespec="microseconds")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
 
 
 # -- a deterministic generator -----------------------------------------------------------------

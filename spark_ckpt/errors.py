@@ -2,6 +2,33 @@
 
 Every error names what was expected, what was found and, where there is one, what to do.
 Expected races (late acknowledgements, duplicate manifests) are returned outcomes, not errors.
+Every ``raise`` in the package raises a class of this tree (tests/test_errors.py checks it,
+with its short list of deliberate exceptions: Python protocols and injected storage faults),
+and one condition raises one class. Each class also derives from the built-in error that
+fits it (in brackets), so ``except ValueError`` and ``except RuntimeError`` keep working::
+
+    SparkCkptError
+    ├── ConfigurationError [ValueError]
+    ├── EnvironmentError_ [RuntimeError]
+    ├── JobDefinitionError [ValueError]
+    ├── InternalError [ValueError]
+    ├── IllegalStateTransition [RuntimeError]
+    ├── FormatVersionError [ValueError]
+    │   └── RecordError
+    ├── EventLogError [RuntimeError]
+    │   └── EventLogUnreadable
+    ├── JobFencedError [RuntimeError]
+    ├── CommitError [RuntimeError]
+    ├── InputChangedError [RuntimeError]
+    ├── TaskExecutionError [RuntimeError]
+    ├── SourceError [RuntimeError]
+    ├── PipelineFailedError [RuntimeError]
+    ├── StateTooLargeError [RuntimeError]
+    ├── CheckpointError [RuntimeError]
+    │   ├── StateSchemaError
+    │   └── SinkAheadError
+    ├── UserFunctionError [RuntimeError]
+    └── NotSplittable
 """
 
 from __future__ import annotations
@@ -12,11 +39,14 @@ __all__ = [
     "ConfigurationError",
     "EnvironmentError_",
     "EventLogError",
+    "EventLogUnreadable",
     "FormatVersionError",
     "IllegalStateTransition",
     "InputChangedError",
+    "InternalError",
     "JobDefinitionError",
     "JobFencedError",
+    "NotSplittable",
     "PipelineFailedError",
     "RecordError",
     "SinkAheadError",
@@ -34,7 +64,8 @@ class SparkCkptError(Exception):
 
 
 class ConfigurationError(SparkCkptError, ValueError):
-    """A ``spark.ckpt.*`` option has a value of the wrong type or outside its range."""
+    """A ``spark.ckpt.*`` option (or a ``SPARK_CKPT_*`` environment variable, a defaults file)
+    has a value of the wrong type or outside its range, or names no declared option."""
 
 
 class EnvironmentError_(SparkCkptError, RuntimeError):
@@ -42,7 +73,15 @@ class EnvironmentError_(SparkCkptError, RuntimeError):
 
 
 class JobDefinitionError(SparkCkptError, ValueError):
-    """A job graph is malformed: unknown vertex, cycle, mismatched parallelism, bad key."""
+    """A job or pipeline is declared or called wrongly: unknown vertex, cycle, mismatched
+    parallelism, bad key, a bad argument, a method called when it cannot be."""
+
+
+class InternalError(SparkCkptError, ValueError):
+    """An invariant of spark_ckpt itself does not hold: a component was handed what its
+    contract rules out (rows of another task's key groups, a key twice in one state update,
+    an attempt registered twice, an object of a kind it does not know). A bug, in spark_ckpt
+    or in how Spark routed rows; nothing was changed. Please report it."""
 
 
 class IllegalStateTransition(SparkCkptError, RuntimeError):
@@ -66,7 +105,13 @@ class RecordError(FormatVersionError):
 
 
 class EventLogError(SparkCkptError, RuntimeError):
-    """The job event log could not be written (reading tolerates damage instead)."""
+    """The job event log could not be written, or could not be loaded at all (reading
+    tolerates damaged files and torn tail commits instead)."""
+
+
+class EventLogUnreadable(EventLogError):
+    """No version of the event log could be loaded: every commit is torn. A batch job sets
+    such a log aside and starts fresh; the tools report it."""
 
 
 class JobFencedError(SparkCkptError, RuntimeError):
@@ -105,9 +150,10 @@ class CheckpointError(SparkCkptError, RuntimeError):
 
 
 class StateSchemaError(CheckpointError):
-    """A stateful operator's declared state cannot be read from its checkpoint (a narrowed or
-    changed type, a changed aggregation, a rename that does not fit): refused at start,
-    before any batch runs; the message names the operator, both schemas and what to do."""
+    """A stateful operator's declared state cannot be read from its checkpoint (a changed key
+    or max parallelism, a narrowed or changed type, a changed aggregation, a rename that does
+    not fit): refused at start, before any batch runs; the message names the operator, both
+    schemas and what to do."""
 
 
 class SinkAheadError(CheckpointError):
@@ -135,3 +181,8 @@ class UserFunctionError(SparkCkptError, RuntimeError):
         end = text.find(cls.END, start)
         body = text[start + len(cls.MARK):end if end > 0 else None].strip()
         return cls(body)
+
+
+class NotSplittable(SparkCkptError):
+    """A batch vertex's aggregation has no partial form here (the message says why): a planning
+    outcome, caught inside batch planning, which then keeps the vertex whole."""

@@ -42,6 +42,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from spark_ckpt.errors import ConfigurationError
+
 __all__ = ["ENV", "Rule", "active", "crash", "wrap"]
 
 ENV = "SPARK_CKPT_FAULT_FS"
@@ -63,8 +65,8 @@ class Rule:
     def parse(cls, raw: dict[str, Any]) -> Rule:
         op, action = raw.get("op"), raw.get("action", "fail")
         if op not in OPS or action not in ACTIONS:
-            raise ValueError(f"{ENV}: expected op in {OPS} and action in {ACTIONS}, found "
-                             f"op={op!r} action={action!r}")
+            raise ConfigurationError(f"{ENV}: expected op in {OPS} and action in {ACTIONS}, "
+                                     f"found op={op!r} action={action!r}")
         first, dash, last = str(raw.get("nth", "1")).partition("-")
         high: float = (int(last) if last else float("inf")) if dash else int(first)
         return cls(op, str(raw.get("path", "*")), int(first), high, action,

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from spark_ckpt.errors import FormatVersionError, RecordError
+from spark_ckpt.errors import FormatVersionError, InternalError, RecordError
 
 __all__ = ["ANY", "PATH", "RECORDS", "STR", "At", "Check", "Each", "ListOf", "MapOf", "Opt",
            "Row", "dump_record", "integer", "load_record", "validate"]
@@ -146,7 +146,7 @@ def validate(value: Any, spec: Any, field: str = "") -> None:
             elif not name.endswith("?"):
                 raise RecordError(f"field {at(key)}: expected a value, found the field missing")
     else:  # pragma: no cover - a bad spec is a bug here
-        raise TypeError(f"not a record spec: {spec!r}")
+        raise InternalError(f"not a record spec: {spec!r}")
 
 
 # -- the records a restart acts on -------------------------------------------------------------

@@ -3,6 +3,12 @@
 Options are read from the Spark conf (``spark-defaults.conf``, ``--conf``, ``spark.conf.set``),
 validated once into an immutable :class:`Settings`, and documented by
 ``python -m spark_ckpt.options`` which generates ``docs/configuration.md``.
+
+:data:`OPTIONS` is the one declaration of each option's default. :class:`Settings` (and
+:class:`~spark_ckpt.checkpoint.CheckpointConfig`, the coordinator's part of it) name their
+fields and types for type checkers, and take every default from :data:`OPTIONS` through
+:func:`defaults_from_options`, which refuses at import a field that names no option, has
+another type or declares a default of its own.
 """
 
 from __future__ import annotations
@@ -11,11 +17,13 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
-from spark_ckpt.errors import ConfigurationError
+from spark_ckpt.errors import ConfigurationError, InternalError
 
-__all__ = ["OPTIONS", "ConfigOption", "Settings", "render_markdown"]
+__all__ = ["FROM_OPTIONS", "OPTIONS", "ConfigOption", "Settings", "defaults_from_options",
+           "render_markdown"]
 
 T = TypeVar("T")
+C = TypeVar("C", bound=type)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -464,58 +472,107 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
 )
 
 _BY_KEY = {o.key: o for o in OPTIONS}
+_BY_FIELD = {o.field: o for o in OPTIONS}
+_ANNOTATION = {"int": "int", "bool": "bool", "str": "str", "choice": "str"}
+
+#: The default of a field of :class:`Settings` or ``CheckpointConfig``: its option's, read from
+#: :data:`OPTIONS` by :func:`defaults_from_options` (typed ``Any`` so that type checkers accept
+#: it for any field and know the field has a default).
+FROM_OPTIONS: Any = object()
+
+
+def defaults_from_options(prefix: str = "", *, every: bool = False) -> Callable[[C], C]:
+    """A class decorator, placed under ``@dataclasses.dataclass``: each field declared
+    ``name: type = FROM_OPTIONS`` gets the default of the option whose :class:`Settings` field
+    is ``prefix + name``, from :data:`OPTIONS`, before the dataclass is made.
+
+    Args:
+        prefix: what the options' field names start with and the class's fields leave out
+            (``"checkpoint_"``: ``interval_ms`` is ``spark.ckpt.checkpoint.intervalMs``).
+        every: the fields must be every option of :data:`OPTIONS`, in its order.
+
+    Raises:
+        InternalError: at import, when a field names no option, is annotated with another
+            type, declares a default of its own, or (``every``) an option has no field.
+    """
+
+    def apply(cls: C) -> C:
+        declared: dict[str, Any] = dict(cls.__dict__.get("__annotations__", {}))
+        for name, annotation in declared.items():
+            option = _BY_FIELD.get(prefix + name)
+            where = f"{cls.__name__}.{name}"
+            if option is None:
+                raise InternalError(f"{where}: expected an option with field {prefix + name} "
+                                    "in OPTIONS, found none")
+            written = annotation if isinstance(annotation, str) else annotation.__name__
+            if written != _ANNOTATION[option.type_name]:
+                raise InternalError(f"{where}: expected the type {_ANNOTATION[option.type_name]}"
+                                    f" of {option.key}, found {written}")
+            if cls.__dict__.get(name) is not FROM_OPTIONS:
+                raise InternalError(f"{where}: expected = FROM_OPTIONS (the default is "
+                                    f"{option.key}'s), found {cls.__dict__.get(name)!r}")
+            setattr(cls, name, option.default)
+        if every and [prefix + n for n in declared] != [o.field for o in OPTIONS]:
+            raise InternalError(f"{cls.__name__}: expected a field for every option in the "
+                                f"order of OPTIONS, found {list(declared)}")
+        return cls
+
+    return apply
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+@defaults_from_options(every=True)
 class Settings:
-    """Validated, immutable ``spark.ckpt.*`` settings. Build with :meth:`from_conf`."""
+    """Validated, immutable ``spark.ckpt.*`` settings. Build with :meth:`from_conf`, or with
+    keywords (``Settings(progress="never")``). One field per option of :data:`OPTIONS`, in its
+    order, named by :attr:`ConfigOption.field`; every default is the option's."""
 
-    work_dir: str = "spark-ckpt-work"
-    event_log_flush_interval_ms: int = 1000
-    event_log_flush_max_events: int = 500
-    event_log_write_retries: int = 5
-    event_log_retry_backoff_ms: int = 200
-    batch_partitions_per_wave: int = 0
-    batch_cuts: str = "auto"
-    batch_cut_max_percent: int = 10
-    batch_exchange_cuts: bool = True
-    batch_exchange_min_bytes: int = 8 << 20
-    batch_server_cache: bool = False
-    batch_adopt_operations: bool = True
-    batch_adopt_max_wait_ms: int = 30 * 60 * 1000
-    batch_concurrent_waves: int = 2
-    batch_poll_interval_ms: int = 300
-    batch_cleanup_on_success: bool = True
-    batch_on_input_changed: str = "rerun"
-    stream_max_batches_in_flight: int = 2
-    stream_skip_empty_batches: bool = False
-    stream_min_batches_to_retain: int = 100
-    stream_stop_poll_interval_ms: int = 1000
-    stream_receiver_block_interval_ms: int = 200
-    stream_file_source_max_file_age_ms: int = 7 * 24 * 3600 * 1000
-    stream_receiver_max_line_bytes: int = 1 << 20
-    stream_receiver_max_block_bytes: int = 8 << 20
-    checkpoint_enabled: str = "auto"
-    checkpoint_interval_ms: int = 10000
-    checkpoint_min_pause_ms: int = 0
-    checkpoint_max_concurrent: int = 1
-    checkpoint_timeout_ms: int = 600000
-    checkpoint_tolerable_failures: int = 0
-    checkpoint_retained: int = 3
-    checkpoint_history_retained: int = 100
-    checkpoint_mode: str = "exactly_once"
-    checkpoint_dir: str = ""
-    checkpoint_restore_from: int = 0
-    state_backend: str = "memory"
-    state_parallelism: int = 0
-    state_max_parallelism: int = 128
-    state_memory_max_rows: int = 10000000
-    state_materialize_every: int = 10
-    state_small_batch_bytes: int = 1048576
-    state_small_batch_max_state_rows: int = 100000
-    state_local_spill: bool = True
-    state_local_dir: str = ""
-    progress: str = "auto"
+    work_dir: str = FROM_OPTIONS
+    event_log_flush_interval_ms: int = FROM_OPTIONS
+    event_log_flush_max_events: int = FROM_OPTIONS
+    event_log_write_retries: int = FROM_OPTIONS
+    event_log_retry_backoff_ms: int = FROM_OPTIONS
+    batch_partitions_per_wave: int = FROM_OPTIONS
+    batch_cuts: str = FROM_OPTIONS
+    batch_cut_max_percent: int = FROM_OPTIONS
+    batch_exchange_cuts: bool = FROM_OPTIONS
+    batch_exchange_min_bytes: int = FROM_OPTIONS
+    batch_server_cache: bool = FROM_OPTIONS
+    batch_adopt_operations: bool = FROM_OPTIONS
+    batch_adopt_max_wait_ms: int = FROM_OPTIONS
+    batch_concurrent_waves: int = FROM_OPTIONS
+    batch_poll_interval_ms: int = FROM_OPTIONS
+    batch_cleanup_on_success: bool = FROM_OPTIONS
+    batch_on_input_changed: str = FROM_OPTIONS
+    stream_max_batches_in_flight: int = FROM_OPTIONS
+    stream_skip_empty_batches: bool = FROM_OPTIONS
+    stream_min_batches_to_retain: int = FROM_OPTIONS
+    stream_stop_poll_interval_ms: int = FROM_OPTIONS
+    stream_receiver_block_interval_ms: int = FROM_OPTIONS
+    stream_file_source_max_file_age_ms: int = FROM_OPTIONS
+    stream_receiver_max_line_bytes: int = FROM_OPTIONS
+    stream_receiver_max_block_bytes: int = FROM_OPTIONS
+    checkpoint_enabled: str = FROM_OPTIONS
+    checkpoint_interval_ms: int = FROM_OPTIONS
+    checkpoint_min_pause_ms: int = FROM_OPTIONS
+    checkpoint_max_concurrent: int = FROM_OPTIONS
+    checkpoint_timeout_ms: int = FROM_OPTIONS
+    checkpoint_tolerable_failures: int = FROM_OPTIONS
+    checkpoint_retained: int = FROM_OPTIONS
+    checkpoint_history_retained: int = FROM_OPTIONS
+    checkpoint_mode: str = FROM_OPTIONS
+    checkpoint_dir: str = FROM_OPTIONS
+    checkpoint_restore_from: int = FROM_OPTIONS
+    state_backend: str = FROM_OPTIONS
+    state_parallelism: int = FROM_OPTIONS
+    state_max_parallelism: int = FROM_OPTIONS
+    state_memory_max_rows: int = FROM_OPTIONS
+    state_materialize_every: int = FROM_OPTIONS
+    state_small_batch_bytes: int = FROM_OPTIONS
+    state_small_batch_max_state_rows: int = FROM_OPTIONS
+    state_local_spill: bool = FROM_OPTIONS
+    state_local_dir: str = FROM_OPTIONS
+    progress: str = FROM_OPTIONS
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any] | Callable[[str], Any] | None = None,

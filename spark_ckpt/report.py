@@ -21,6 +21,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.storage import Storage, human_size, join
 
 __all__ = ["job_report", "pipeline_report", "write_report"]
@@ -335,7 +336,8 @@ def write_report(path: str, *, checkpoint_dir: str | None = None, job_id: str | 
     """Write the page of a pipeline (``checkpoint_dir``) or a job (``job_id`` under
     ``work_dir``) to ``path``; returns ``path``."""
     if (checkpoint_dir is None) == (job_id is None):
-        raise ValueError("expected a checkpoint directory or a job id, not both or neither")
+        raise JobDefinitionError(
+            "expected a checkpoint directory or a job id, not both or neither")
     page = pipeline_report(checkpoint_dir, checkpoint_storage=checkpoint_storage) \
         if checkpoint_dir is not None else job_report(work_dir or ".", job_id or "")
     with open(path, "w", encoding="utf-8") as out:

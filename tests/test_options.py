@@ -17,6 +17,52 @@ def test_every_option_has_a_settings_field_with_its_default():
         assert fields[option.field] == option.default, option.key
 
 
+def test_settings_fields_types_and_defaults_are_the_options_in_their_order():
+    """OPTIONS declares each default once: Settings' fields are the options (name, type,
+    default, in order), and CheckpointConfig's are the checkpoint options without their
+    prefix, with the same defaults."""
+    import typing
+
+    from spark_ckpt.checkpoint import CheckpointConfig
+
+    types = {"int": int, "bool": bool, "str": str, "choice": str}
+    hints = typing.get_type_hints(Settings)
+    assert [(f.name, hints[f.name], f.default) for f in dataclasses.fields(Settings)] == [
+        (o.field, types[o.type_name], o.default) for o in OPTIONS]
+    by_field = {o.field: o for o in OPTIONS}
+    config = CheckpointConfig()
+    for f in dataclasses.fields(CheckpointConfig):
+        assert f.default == by_field[f"checkpoint_{f.name}"].default, f.name
+    settings = Settings(checkpoint_interval_ms=7, checkpoint_mode="at_least_once")
+    derived = CheckpointConfig.from_settings(settings)
+    assert (derived.interval_ms, derived.mode, derived.retained) == (
+        7, "at_least_once", config.retained)
+
+
+def test_a_second_default_or_an_undeclared_field_is_refused_at_import():
+    from spark_ckpt.errors import InternalError
+    from spark_ckpt.options import FROM_OPTIONS, defaults_from_options
+
+    class OwnDefault:
+        interval_ms: int = 5
+
+    class Unknown:
+        interval_mss: int = FROM_OPTIONS
+
+    class WrongType:
+        interval_ms: str = FROM_OPTIONS
+
+    class Missing:
+        work_dir: str = FROM_OPTIONS
+
+    for cls, why in [(OwnDefault, "expected = FROM_OPTIONS"), (Unknown, "found none"),
+                     (WrongType, "expected the type int")]:
+        with pytest.raises(InternalError, match=why):
+            defaults_from_options("checkpoint_")(cls)
+    with pytest.raises(InternalError, match="a field for every option"):
+        defaults_from_options(every=True)(Missing)
+
+
 def test_values_are_parsed_and_validated_once():
     s = Settings.from_conf({"spark.ckpt.eventLog.flushIntervalMs": "250",
                             "spark.ckpt.batch.cleanupOnSuccess": "false",

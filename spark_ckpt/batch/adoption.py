@@ -21,6 +21,7 @@ import logging
 import re
 from posixpath import join
 
+from spark_ckpt.errors import RecordError
 from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.storage import Storage
 
@@ -97,7 +98,8 @@ def load_units(storage: Storage, job_dir: str, attempts: set[int]) -> list[UnitR
                 user=body["connect_user"], per_task=body["per_task"],
                 positional=body.get("positional", False))
             if not _TAG.fullmatch(record.tag):
-                raise ValueError(f"expected a tag like a1-u0-0123abcd, found {record.tag!r}")
+                raise RecordError(f"field tag: expected a tag like a1-u0-0123abcd, found "
+                                  f"{record.tag!r}")
         except Exception as exc:  # noqa: BLE001 - a record is a speed-up, never a must
             log.warning("Unreadable record of a run unit %s: %s; its partitions run again",
                         info.path, exc)

@@ -35,6 +35,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from spark_ckpt.errors import NotSplittable
 from spark_ckpt.sparkapi import Expr, PlanNode, frame_api, walk
 
 if TYPE_CHECKING:
@@ -43,10 +44,6 @@ if TYPE_CHECKING:
 __all__ = ["AggSplit", "NotSplittable", "split_aggregate"]
 
 _PREFIX = "__sck_"
-
-
-class NotSplittable(Exception):
-    """Why a vertex function's aggregation has no partial form here."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,6 +56,7 @@ from spark_ckpt.checkpoint.storage import CheckpointStorage
 from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import CheckpointError
 from spark_ckpt.faults import fault_point
+from spark_ckpt.options import FROM_OPTIONS, Settings, defaults_from_options
 
 __all__ = ["CheckpointConfig", "CheckpointCoordinator"]
 
@@ -63,15 +64,26 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+@defaults_from_options("checkpoint_")
 class CheckpointConfig:
-    interval_ms: int = 10_000  # 0: no periodic checkpoints (only final ones)
-    min_pause_ms: int = 0
-    max_concurrent: int = 1
-    timeout_ms: int = 600_000
-    tolerable_failures: int = 0
-    retained: int = 3
-    history_retained: int = 100
-    mode: str = "exactly_once"
+    """The ``spark.ckpt.checkpoint.*`` options the coordinator acts on, named as the fields of
+    :class:`~spark_ckpt.options.Settings` without their ``checkpoint_`` prefix; every default
+    is the option's, from :data:`~spark_ckpt.options.OPTIONS`."""
+
+    interval_ms: int = FROM_OPTIONS  # 0: no periodic checkpoints (only final ones)
+    min_pause_ms: int = FROM_OPTIONS
+    max_concurrent: int = FROM_OPTIONS
+    timeout_ms: int = FROM_OPTIONS
+    tolerable_failures: int = FROM_OPTIONS
+    retained: int = FROM_OPTIONS
+    history_retained: int = FROM_OPTIONS
+    mode: str = FROM_OPTIONS
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CheckpointConfig:
+        """The coordinator's part of ``settings``."""
+        return cls(**{f.name: getattr(settings, f"checkpoint_{f.name}")
+                      for f in dataclasses.fields(cls)})
 
 
 class _Stop:

@@ -14,6 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from spark_ckpt.errors import FormatVersionError
+
 __all__ = ["EVENT_FORMAT_VERSION", "EVENT_SCHEMA", "READABLE_FORMAT_VERSIONS", "Event",
            "EventType"]
 
@@ -89,11 +91,11 @@ class Event:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Event:
         """Inverse of :meth:`row`, for rows of any readable format version (an older row's
-        payload is upgraded to the current format); raises ValueError for an unknown type or
-        version."""
+        payload is upgraded to the current format); raises FormatVersionError for an unknown
+        version (as the reader does for a whole file) and ValueError for an unknown type."""
         version = row["format_version"]
         if version not in READABLE_FORMAT_VERSIONS:
-            raise ValueError(
+            raise FormatVersionError(
                 f"event format_version {version} is not supported (this release reads "
                 f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))})"
             )

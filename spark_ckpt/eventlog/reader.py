@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from spark_ckpt.errors import EventLogError
+from spark_ckpt.errors import EventLogError, EventLogUnreadable, FormatVersionError
 from spark_ckpt.eventlog.events import EVENT_SCHEMA, READABLE_FORMAT_VERSIONS, Event
 from spark_ckpt.storage import Storage, join
 
@@ -39,10 +39,6 @@ log = logging.getLogger(__name__)
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _MAX_VERSIONS_BACK = 50
-
-
-class EventLogUnreadable(Exception):
-    """No version of the event log could be loaded."""
 
 
 @dataclasses.dataclass
@@ -118,15 +114,11 @@ def _load_newest(storage: Storage, path: str, problems: list[str], repair: bool)
 
 def _damaged(exc: BaseException) -> bool:
     """A data file error that means the file itself is bad, not the storage."""
-    if isinstance(exc, pa.ArrowInvalid | FileNotFoundError | _FormatVersion):
+    if isinstance(exc, pa.ArrowInvalid | FileNotFoundError | FormatVersionError):
         return True
     # pyarrow reports a corrupt footer as an OSError from its Thrift decoder
     return isinstance(exc, OSError) and any(
         word in str(exc) for word in ("thrift", "Thrift", "Parquet", "magic bytes"))
-
-
-class _FormatVersion(ValueError):
-    pass
 
 
 def read_table(storage: Storage, path: str, *, repair: bool = False,
@@ -144,7 +136,7 @@ def read_table(storage: Storage, path: str, *, repair: bool = False,
             piece = pq.read_table(_local(uri) if storage.local else uri)
             versions = set(piece.column("format_version").unique().to_pylist())
             if versions - set(READABLE_FORMAT_VERSIONS):
-                raise _FormatVersion(
+                raise FormatVersionError(
                     f"event format_version {sorted(versions)} is not supported (this release "
                     f"reads {', '.join(map(str, READABLE_FORMAT_VERSIONS))})")
             pieces.append(piece.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA))

@@ -14,6 +14,7 @@ import dataclasses
 import threading
 import uuid
 
+from spark_ckpt.errors import InternalError
 from spark_ckpt.execution.state import ExecutionState, StateMachine
 
 __all__ = ["Execution", "ExecutionRegistry", "new_attempt_id"]
@@ -48,7 +49,7 @@ class ExecutionRegistry:
         attempt_id = attempt_id or new_attempt_id(job_attempt, vertex_id, partition)
         with self._lock:
             if attempt_id in self._by_id:
-                raise ValueError(f"an attempt with id {attempt_id} is already registered")
+                raise InternalError(f"an attempt with id {attempt_id} is already registered")
             number = self._attempts.get((vertex_id, partition), 0)
             self._attempts[(vertex_id, partition)] = number + 1
             execution = Execution(

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from spark_ckpt.errors import StateTooLargeError
+from spark_ckpt.errors import InternalError, StateTooLargeError
 from spark_ckpt.state.aggregates import merge, to_numpy
 from spark_ckpt.state.keygroups import KG_COLUMN
 from spark_ckpt.state.store import int_values, integer_key, open_rocks
@@ -60,9 +60,9 @@ def _repeated(items: Sequence[Any]) -> Any:
     return next(k for k in items if k in seen or seen.add(k))  # type: ignore[func-returns-value]
 
 
-def _twice(key: str) -> ValueError:
-    return ValueError(f"internal error: expected one partial per key in a state update, found "
-                      f"key {key} twice (no state was changed)")
+def _twice(key: str) -> InternalError:
+    return InternalError(f"internal error: expected one partial per key in a state update, "
+                         f"found key {key} twice (no state was changed)")
 
 
 class MemoryAggState:

@@ -264,15 +264,13 @@ def evolve_table(table: pa.Table, schema: pa.Schema, sources: Mapping[str, str],
     stops the restore. ``expires_of`` (the declared variables, after a changing restore):
     the TTL deadlines (``_expires``, a map by variable name) follow the renames and lose the
     variables no longer declared."""
-    from spark_ckpt.errors import CheckpointError
-
     arrays = []
     names = table.column_names
     for field in schema:
         name = field.name if field.name in names else sources.get(field.name)
         if name not in names:
             if field.name in (required or []):
-                raise CheckpointError(
+                raise StateSchemaError(
                     f"{what}: expected the key column {field.name!r}, found the columns "
                     f"{names}; the key of a stateful operator cannot change under a "
                     "checkpoint (keep the old key or start a new checkpoint directory)"

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.errors import CheckpointError, JobDefinitionError
+from spark_ckpt.errors import CheckpointError, InternalError, JobDefinitionError
 from spark_ckpt.state.schema import EXPIRES_COLUMN as EXPIRES
 from spark_ckpt.state.schema import TIMERS_COLUMN as TIMERS
 from spark_ckpt.storage import Storage, join
@@ -225,8 +225,8 @@ def _writer(plans: dict[int, dict[str, Any]], schema_hex: str, fmt: bytes, batch
             rng = KeyGroupRange.parse(plan["range"])
             kg = table.column("_kg").to_numpy()
             if kg.min() < rng.start or kg.max() >= rng.end:
-                raise RuntimeError(f"operator {operator} task {pid}: rows of key groups "
-                                   f"{kg.min()}..{kg.max()} routed to range {plan['range']}")
+                raise InternalError(f"operator {operator} task {pid}: rows of key groups "
+                                    f"{kg.min()}..{kg.max()} routed to range {plan['range']}")
             table = evolve_table(table, schema, {}, f"operator {operator} range {plan['range']}")
             token = uuid.uuid4().hex
             uri, size = _write(table, plan["dir"], f"b{batch:012d}-snapshot-{token}.parquet",

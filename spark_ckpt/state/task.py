@@ -254,7 +254,9 @@ class _Run:
             kg = kg.filter(pc.invert(table.column(MARKER_COLUMN)))
         low, high = pc.min(kg).as_py(), pc.max(kg).as_py()
         if low is not None and (low < self.range.start or high >= self.range.end):
-            raise RuntimeError(
+            from spark_ckpt.errors import InternalError
+
+            raise InternalError(
                 f"operator {self.params['operator']} task {self.pid}: expected key groups "
                 f"{self.range.start}..{self.range.end - 1}, found {low}..{high}; no state was "
                 "changed"
@@ -472,7 +474,7 @@ def _user_call(params: dict[str, Any], task: _Run, method: str,
         if callable(key):
             key = key()
         trace = "".join(traceback.format_exception(exc)).rstrip()
-        raise RuntimeError(
+        raise UserFunctionError(
             f"{UserFunctionError.MARK}\noperator {params['operator']}, partition {task.pid} "
             f"(key groups {task.range.label}): {method}() raised on key {key!r}: "
             f"{type(exc).__name__}: {exc}\n{trace}\n{UserFunctionError.END}"

@@ -608,13 +608,8 @@ class StreamingContext:
             restore.cleanup_state(retained, self._claimed)  # checks the fence before deleting
             restore.discard_unretained(retained)
         self.coordinator = CheckpointCoordinator(
-            self.name, self.pipeline_id, CheckpointConfig(
-                interval_ms=s.checkpoint_interval_ms, min_pause_ms=s.checkpoint_min_pause_ms,
-                max_concurrent=s.checkpoint_max_concurrent, timeout_ms=s.checkpoint_timeout_ms,
-                tolerable_failures=s.checkpoint_tolerable_failures,
-                retained=s.checkpoint_retained,
-                history_retained=s.checkpoint_history_retained, mode=s.checkpoint_mode),
-            storage, completed=list(reversed(retained)),
+            self.name, self.pipeline_id, CheckpointConfig.from_settings(s), storage,
+            completed=list(reversed(retained)),
             next_id=restore.first_checkpoint_id(self._run or 0, s.checkpoint_max_concurrent,
                                                 past_committed_ids(self.sink_positions)),
             listeners=list(self.transactions.values()),

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from spark_ckpt.errors import CheckpointError, JobDefinitionError
+from spark_ckpt.errors import CheckpointError, InternalError, JobDefinitionError
 from spark_ckpt.state.aggregates import Agg, AggSpec
 from spark_ckpt.state.chain import StateHandle, restore_plan
 from spark_ckpt.state.keygroups import (
@@ -195,7 +195,9 @@ class StatefulStream(Stream):
             layout = ranges(self.parallelism, old_max)
             self.live = {i: StateHandle.empty(r) for i, r in enumerate(layout)}
         elif old_max != self.max_parallelism:
-            raise CheckpointError(
+            from spark_ckpt.errors import StateSchemaError
+
+            raise StateSchemaError(
                 f"operator {self.operator}: the checkpoint has max parallelism {old_max}, the "
                 f"pipeline asks for {self.max_parallelism}; key groups cannot change under a "
                 "checkpoint (keep the old value or start a new checkpoint directory)"
@@ -407,7 +409,8 @@ class _SchemaRun:
 
             schema = stream.output_schema or StructType.fromDDL(stream._declared)
             return empty_frame(self.spark, schema)
-        raise TypeError(f"stream {stream.name} ({type(stream).__name__})")
+        raise InternalError(f"stream {stream.name}: expected a stream kind the schema dry run "
+                            f"knows, found a {type(stream).__name__}")
 
 
 def params_sources(evolution: Any) -> dict[str, str]:
@@ -812,7 +815,9 @@ class ProcessedStream(StatefulStream):
             before = fields(StructType.fromJson(json.loads(restored_keys)))
             now = fields(to_spark(key_schema))
             if before != now:
-                raise CheckpointError(
+                from spark_ckpt.errors import StateSchemaError
+
+                raise StateSchemaError(
                     f"operator {self.operator}: the checkpoint's state is keyed by {before}, "
                     f"the pipeline keys it by {now}; the key of a stateful operator cannot "
                     "change under a checkpoint (keep the old key or start a new checkpoint "

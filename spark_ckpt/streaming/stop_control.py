@@ -34,7 +34,7 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.errors import FormatVersionError
+from spark_ckpt.errors import FormatVersionError, InternalError
 from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.storage import join
 
@@ -91,7 +91,8 @@ def request_stop(storage: Storage, root: str, run: int, now_ms: int) -> StopRequ
     storage.makedirs(join(root, CONTROL))
     body = {"request_id": request.request_id, "run": run, "requested_ms": now_ms}
     if not storage.create_exclusive(path, dump_record("stop-request", 1, body)):
-        raise FileExistsError(path)  # a fresh random id: never in practice
+        raise InternalError(f"expected to create the stop request {path}, found it there "
+                            "already (a fresh random id: never in practice)")
     return request
 
 

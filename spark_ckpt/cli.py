@@ -17,6 +17,14 @@
 Every command takes ``--json``. Exit codes: 0 done (validate: nothing wrong; status: the
 pipeline or job is running, stopped or completed), 1 an error, something missing or corrupt
 (validate), a failed run (status), 2 a usage error.
+
+Every command opens its directory as a start reads it (streaming/pipeline_dir.py for a
+pipeline's checkpoint directory, batch/workdir.py for a work directory and its jobs) and
+refuses, with exit code 1 and a message saying what was expected, what was found and what to
+do, a path where nothing is, a directory that is not what it reads (a work directory where a
+checkpoint directory is expected, or the other way round) and one whose records do not read
+(the file named): :class:`~spark_ckpt.errors.DirectoryError`. Any other error of spark_ckpt's
+tree is printed the same way, without a traceback.
 """
 
 from __future__ import annotations
@@ -31,12 +39,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from spark_ckpt.batch.runner import job_paths
+from spark_ckpt.batch.workdir import open_job, open_work_dir
+from spark_ckpt.errors import SparkCkptError
 from spark_ckpt.eventlog.events import EventType
-from spark_ckpt.eventlog.reader import EventLogUnreadable, read_events
 from spark_ckpt.eventlog.replay import replay
 from spark_ckpt.options import OPTIONS, Settings
-from spark_ckpt.storage import Storage, human_size
+from spark_ckpt.storage import human_size
 
 __all__ = ["main"]
 
@@ -82,22 +90,25 @@ work_dir_option = click.option(
 )
 
 
-@click.group()
+class _Commands(click.Group):
+    """spark_ckpt's errors as messages (exit code 1), not tracebacks."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except SparkCkptError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+@click.group(cls=_Commands)
 def main() -> None:
     """Inspect spark_ckpt jobs and their event logs."""
 
 
 def _load(work_dir: str | None, job_id: str):  # noqa: ANN202
-    storage = Storage(work_dir or _default_work_dir())
-    paths = job_paths(storage, job_id)
-    if not storage.exists(paths["events"]):
-        raise click.ClickException(
-            f"no event log for job {job_id!r} under {storage.uri} (expected {paths['events']})"
-        )
-    try:
-        return read_events(storage, paths["events"])
-    except EventLogUnreadable as exc:
-        raise click.ClickException(str(exc)) from exc
+    """JOB_ID's events, or a refusal (no event log, a work directory that is none, a log that
+    does not load)."""
+    return open_job(work_dir or _default_work_dir(), job_id)
 
 
 @main.command()
@@ -107,18 +118,29 @@ def jobs(work_dir: str | None, as_json: bool) -> None:
     """List the jobs under the work directory."""
     from spark_ckpt.batch.runner import job_summaries
 
+    work_dir = work_dir or _default_work_dir()
+    summaries = job_summaries(open_work_dir(work_dir))
     rows = [{"job_id": r["job_id"], "attempts": r["attempts"], "status": r["status"],
              "last_event": _time(r["last_event_us"]) if r["last_event_us"] else None,
-             "finished": r["finished_partitions"]}
-            for r in job_summaries(Storage(work_dir or _default_work_dir()))]
+             "finished": r["finished_partitions"]} for r in summaries]
+    damaged = [r for r in summaries if r.get("problem")]
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
-        return
-    table = _table("job", "attempts", "status", "last event (UTC)", "finished partitions")
-    for row in rows:
-        table.add_row(*("-" if v is None else str(v) for v in row.values()))
-    _console().print(table)
+    else:
+        table = _table("job", "attempts", "status", "last event (UTC)", "finished partitions")
+        for row in rows:
+            table.add_row(*("-" if v is None else str(v) for v in row.values()))
+        _console().print(table)
+    for r in damaged:  # listed all the same; the exit code says a log does not load
+        try:
+            open_job(work_dir, r["job_id"])
+            problem = r["problem"]
+        except SparkCkptError as exc:  # what, where, what to do
+            problem = str(exc)
+        click.echo(f"Error: job {r['job_id']}: {problem}", err=True)
+    if damaged:
+        sys.exit(1)
 
 
 @main.command()
@@ -239,13 +261,9 @@ def _or_dash(value: object) -> str:
 
 
 def _pipeline_plan(checkpoint_dir: str, storage: str | None, as_json: bool) -> None:
-    from spark_ckpt.errors import CheckpointError
     from spark_ckpt.streaming.operations import pipeline_plan
 
-    try:
-        found = pipeline_plan(checkpoint_dir, checkpoint_storage=storage)
-    except CheckpointError as exc:
-        raise click.ClickException(str(exc)) from exc
+    found = pipeline_plan(checkpoint_dir, checkpoint_storage=storage)
     if as_json:
         click.echo(json.dumps(found, indent=2, default=str))
         return
@@ -303,10 +321,11 @@ def checkpoints() -> None:
 
 
 def _checkpoint_storage(checkpoint_dir: str, storage_dir: str | None):  # noqa: ANN202
+    """The checkpoints of the pipeline on CHECKPOINT_DIR, once it is opened (or refused)."""
     from spark_ckpt.checkpoint.storage import CheckpointStorage
-    from spark_ckpt.streaming.operations import checkpoints_uri
+    from spark_ckpt.streaming.pipeline_dir import open_pipeline_dir
 
-    return CheckpointStorage(checkpoints_uri(checkpoint_dir, storage_dir))
+    return CheckpointStorage(open_pipeline_dir(checkpoint_dir, storage_dir).checkpoints_uri)
 
 
 _size = human_size
@@ -494,10 +513,15 @@ def stop(checkpoint_dir: str, timeout: float, as_json: bool) -> None:
     "abandoned" and is not stopped by it)."""
     import time
 
-    from spark_ckpt.storage import Storage
+    from spark_ckpt.errors import DirectoryError
+    from spark_ckpt.streaming.pipeline_dir import open_pipeline_dir
     from spark_ckpt.streaming.stop_control import latest_run, read_answer, request_stop, withdraw
 
-    store = Storage(checkpoint_dir)
+    try:
+        store = open_pipeline_dir(checkpoint_dir).storage
+    except DirectoryError as exc:
+        raise click.ClickException(str(exc) if exc.kind == "damaged" else
+                                   f"no pipeline has run on {checkpoint_dir}: {exc}") from exc
     run = latest_run(store, store.root)
     if run is None:
         raise click.ClickException(f"no pipeline has run on {checkpoint_dir}: expected a "
@@ -552,7 +576,6 @@ def status(checkpoint_dir: str | None, job_id: str | None, work_dir: str | None,
     code 1 for a failed run or attempt."""
     import time
 
-    from spark_ckpt.errors import CheckpointError
     from spark_ckpt.streaming.operations import pipeline_status
 
     _one_of(checkpoint_dir, job_id, "CHECKPOINT_DIR or --job JOB")
@@ -560,11 +583,8 @@ def status(checkpoint_dir: str | None, job_id: str | None, work_dir: str | None,
         _job_status(job_id, work_dir, as_json)
         return
     assert checkpoint_dir is not None
-    try:
-        found = pipeline_status(checkpoint_dir, checkpoint_storage=storage,
-                                now_ms=int(time.time() * 1000))
-    except CheckpointError as exc:
-        raise click.ClickException(str(exc)) from exc
+    found = pipeline_status(checkpoint_dir, checkpoint_storage=storage,
+                            now_ms=int(time.time() * 1000))
     if as_json:
         click.echo(json.dumps(found, indent=2, default=str))
         sys.exit(1 if found["state"] == "failed" else 0)
@@ -649,13 +669,14 @@ def restore(checkpoint_dir: str, checkpoint_id: int | None, cancel: bool, storag
 
     from spark_ckpt.streaming.operations import (
         cancel_restore_request,
-        checkpoints_uri,
         pipeline_status,
         request_restore,
     )
+    from spark_ckpt.streaming.pipeline_dir import open_pipeline_dir
     from spark_ckpt.validate import validate_checkpoints
 
-    store = Storage(checkpoint_dir)
+    pipeline = open_pipeline_dir(checkpoint_dir, storage)
+    store = pipeline.storage
     if cancel:
         had = cancel_restore_request(store, store.root)
         message = ("no restore request was waiting" if had is None else
@@ -665,8 +686,7 @@ def restore(checkpoint_dir: str, checkpoint_id: int | None, cancel: bool, storag
         return
     if checkpoint_id is None:
         raise click.UsageError("expected CHECKPOINT_ID (or --cancel)")
-    reports = {r.checkpoint_id: r for r in validate_checkpoints(
-        checkpoints_uri(checkpoint_dir, storage))}
+    reports = {r.checkpoint_id: r for r in validate_checkpoints(pipeline.checkpoints_uri)}
     report = reports.get(checkpoint_id)
     if report is None or not report.restorable:
         restorable = [c for c, r in reports.items() if r.restorable]
@@ -706,15 +726,10 @@ def cleanup(checkpoint_dir: str, do_delete: bool, abandoned: bool, storage: str 
     checkpoints. A dry run unless --delete. Never touches a file written since the newest run
     started (a running pipeline's state that no checkpoint references yet), and deletes nothing
     if a run started while it listed."""
-    from spark_ckpt.errors import CheckpointError
     from spark_ckpt.streaming.operations import apply_cleanup, cleanup_candidates
 
-    try:
-        found = cleanup_candidates(checkpoint_dir, checkpoint_storage=storage,
-                                   abandoned=abandoned)
-        deleted = apply_cleanup(checkpoint_dir, found) if do_delete else 0
-    except CheckpointError as exc:
-        raise click.ClickException(str(exc)) from exc
+    found = cleanup_candidates(checkpoint_dir, checkpoint_storage=storage, abandoned=abandoned)
+    deleted = apply_cleanup(checkpoint_dir, found) if do_delete else 0
     if as_json:
         click.echo(json.dumps(found.to_json() | {"deleted": deleted, "dry_run": not do_delete},
                               indent=2))
@@ -749,19 +764,14 @@ def report(checkpoint_dir: str | None, job_id: str | None, work_dir: str | None,
     duration, size and alignment over time, batch throughput and latency, state per operator
     and restarts; with --job, the job's recovery timeline (what each attempt reused and ran,
     and why)."""
-    from spark_ckpt.errors import CheckpointError
     from spark_ckpt.report import write_report
 
     _one_of(checkpoint_dir, job_id, "CHECKPOINT_DIR or --job JOB")
-    if job_id is not None:
-        _load(work_dir, job_id)  # a clear error for an unknown job
     name = job_id or os.path.basename(os.path.normpath(checkpoint_dir or "pipeline"))
     path = output or f"spark-ckpt-report-{name}.html"
-    try:
-        write_report(path, checkpoint_dir=checkpoint_dir, job_id=job_id,
-                     work_dir=work_dir or _default_work_dir(), checkpoint_storage=storage)
-    except CheckpointError as exc:
-        raise click.ClickException(str(exc)) from exc
+    # the page is built before the file is opened: a refused directory writes nothing
+    write_report(path, checkpoint_dir=checkpoint_dir, job_id=job_id,
+                 work_dir=work_dir or _default_work_dir(), checkpoint_storage=storage)
     click.echo(json.dumps({"report": os.path.abspath(path)}) if as_json else
                f"wrote {os.path.abspath(path)}")
 

@@ -37,6 +37,7 @@ __all__ = [
     "CheckpointError",
     "CommitError",
     "ConfigurationError",
+    "DirectoryError",
     "EnvironmentError_",
     "EventLogError",
     "EventLogUnreadable",
@@ -147,6 +148,37 @@ class StateTooLargeError(SparkCkptError, RuntimeError):
 class CheckpointError(SparkCkptError, RuntimeError):
     """A checkpoint could not be taken or restored: storage failures past the tolerable limit,
     no restorable checkpoint, a checkpoint that does not belong to this pipeline."""
+
+
+class DirectoryError(CheckpointError, EventLogError):
+    """A tool (``spark-ckpt``, ``spark_ckpt.shell``, :func:`~spark_ckpt.read_state`) was
+    pointed at a directory that is not what it reads, and refuses it before it reads on or
+    changes anything. ``kind`` says how:
+
+    * ``"missing"``: nothing at that path (or, in a work directory, no event log of the job);
+    * ``"foreign"``: something is there, but not a pipeline's checkpoint directory (its
+      ``metadata.json``) or not a batch job work directory (jobs' ``<job>/events`` logs);
+    * ``"damaged"``: a record in it does not parse or fails the checks a start applies to it.
+
+    The message names the directory or the file, what was expected, what was found and what
+    to do; ``path`` is that directory or file. A :class:`CheckpointError` (a pipeline's
+    directory) and an :class:`EventLogError` (a job's) both, as the tools raised before."""
+
+    KINDS = ("missing", "foreign", "damaged")
+
+    def __init__(self, message: str, *, kind: str, path: str) -> None:
+        if kind not in self.KINDS:  # pragma: no cover - a bug here
+            raise ValueError(f"expected one of {self.KINDS}, found {kind!r}")
+        super().__init__(message)
+        self.kind = kind
+        self.path = path
+
+    def __reduce__(self) -> tuple:  # keyword-only arguments: pickled as made
+        return (_directory_error, (str(self), self.kind, self.path))
+
+
+def _directory_error(message: str, kind: str, path: str) -> DirectoryError:
+    return DirectoryError(message, kind=kind, path=path)
 
 
 class StateSchemaError(CheckpointError):

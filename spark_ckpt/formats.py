@@ -97,6 +97,8 @@ PATH = Check("a path without '..' segments", _safe_path)
 BATCH_ID = integer(0, 10**12 - 1)  # batch ids name files with 12 digits
 BOUNDARY = integer(-1, 10**12 - 1)  # the cut after a batch; -1: before the first one
 MILLIS = integer(0)
+NUMBER = Check("a number >= 0", lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+               and v >= 0)
 
 
 def validate(value: Any, spec: Any, field: str = "") -> None:
@@ -166,8 +168,17 @@ RECORDS: dict[tuple[str, int], Any] = {
                         "pieces": MapOf(OBJECT), "allocated_ms?": MILLIS},
     ("batch-commit", 1): {"batch_id": BATCH_ID, "outputs": MapOf(OBJECT),
                           "finished_ms?": MILLIS, "two_phase?": BOOL},
+    # streaming/context.py writes it at every start; the start reads name, sources, schemas
+    # and pipeline_id, the tools (spark-ckpt, shell) the rest
     ("pipeline-metadata", 1): {"name": STR, "sources": MapOf(OBJECT),
-                               "schemas?": MapOf(STR), "pipeline_id?": STR},
+                               "schemas?": MapOf(STR), "pipeline_id?": STR,
+                               "outputs?": MapOf(ANY),  # a sink's describe(), any JSON
+                               "operators?": MapOf({"kind": STR, "keys": ListOf(STR)}),
+                               "batch_interval_s?": NUMBER, "checkpoints?": STR},
+    # runs/<n>.json: a driver's claim of the directory (streaming/context.py, and
+    # state/rewrite.py's offline runs, which name their purpose)
+    ("pipeline-run", 1): {"pipeline": STR, "started_ms": MILLIS, "purpose?": STR,
+                          "connect_session?": STR, "connect_user?": STR, "connect_tag?": STR},
     ("checkpoint-metadata", 1): {
         "checkpoint_id": integer(0), "pipeline?": STR, "pipeline_id?": STR,
         "barrier_batch": integer(-1, 10**12 - 1), "trigger_ms?": MILLIS,

@@ -16,13 +16,12 @@ from __future__ import annotations
 import datetime as dt
 import html
 import io
-import json
 import statistics
 from collections import defaultdict
 from typing import Any
 
 from spark_ckpt.errors import JobDefinitionError
-from spark_ckpt.storage import Storage, human_size, join
+from spark_ckpt.storage import human_size
 
 __all__ = ["job_report", "pipeline_report", "write_report"]
 
@@ -132,29 +131,18 @@ def pipeline_report(checkpoint_dir: str, *, checkpoint_storage: str | None = Non
     import time
 
     from spark_ckpt.checkpoint.storage import CheckpointStorage
-    from spark_ckpt.streaming.operations import (
-        checkpoints_uri,
-        pipeline_status,
-        progress_records,
-        run_numbers,
-    )
-    from spark_ckpt.streaming.stop_control import read_run_end
+    from spark_ckpt.streaming.operations import pipeline_status, progress_records
+    from spark_ckpt.streaming.pipeline_dir import open_pipeline_dir
 
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    pipeline = open_pipeline_dir(checkpoint_dir, checkpoint_storage)
     status = pipeline_status(checkpoint_dir, checkpoint_storage=checkpoint_storage,
                              now_ms=now_ms)
-    storage = Storage(checkpoint_dir)
-    root = storage.root
-    progress = progress_records(storage, root)
-    checkpoints = CheckpointStorage(checkpoints_uri(checkpoint_dir, checkpoint_storage))
+    progress = progress_records(pipeline.storage, pipeline.root)
+    checkpoints = CheckpointStorage(pipeline.checkpoints_uri)
     stats = sorted(checkpoints.history(), key=lambda s: int(s["checkpoint_id"]))
-    runs = []
-    for run in run_numbers(storage, root):
-        try:
-            record = json.loads(storage.read_bytes(join(root, "runs", f"{run:08d}.json")))
-        except (OSError, ValueError):
-            record = {}
-        runs.append((run, record.get("started_ms"), read_run_end(storage, root, run)))
+    runs = [(run, pipeline.run_record(run).get("started_ms"), pipeline.run_end(run))
+            for run in pipeline.runs()]
 
     # restarts: the first batch each later run completed
     marks = []
@@ -250,13 +238,11 @@ def pipeline_report(checkpoint_dir: str, *, checkpoint_storage: str | None = Non
 # -- a batch job ------------------------------------------------------------------------------
 def job_report(work_dir: str, job_id: str) -> str:
     """The HTML page of batch job ``job_id`` under ``work_dir``: its recovery timeline."""
-    from spark_ckpt.batch.runner import job_paths
+    from spark_ckpt.batch.workdir import open_job
     from spark_ckpt.eventlog.events import EventType
-    from spark_ckpt.eventlog.reader import read_events
     from spark_ckpt.eventlog.replay import replay
 
-    storage = Storage(work_dir)
-    read = read_events(storage, job_paths(storage, job_id)["events"])
+    read = open_job(work_dir, job_id)
     events = read.events
     history = replay(events)
     if not events:

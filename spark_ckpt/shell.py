@@ -13,7 +13,10 @@ state as DataFrames, to filter, join and ``display()`` like any other.
 Everything is read from storage as the CLI reads it (no running driver needed), on a classic
 or a Spark Connect session alike: the rows are built in the driver and handed to Spark as
 Arrow, so no Python worker starts. Nested records (a batch's durations, a checkpoint's tasks)
-are JSON strings: ``F.from_json`` or ``F.get_json_object`` them.
+are JSON strings: ``F.from_json`` or ``F.get_json_object`` them. A directory that is not what
+a helper reads (missing, a pipeline's directory where a work directory is expected or the
+other way round, a record that does not read as a start reads it) raises
+:class:`~spark_ckpt.errors.DirectoryError`, as the CLI refuses it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.storage import Storage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -74,8 +76,9 @@ def _work(work_dir: str | None) -> str:
 def jobs(spark: SparkSession, work_dir: str | None = None) -> DataFrame:
     """One row per job under ``work_dir``: attempts, status, last event, finished partitions."""
     from spark_ckpt.batch.runner import job_summaries
+    from spark_ckpt.batch.workdir import open_work_dir
 
-    rows = job_summaries(Storage(_work(work_dir)))
+    rows = job_summaries(open_work_dir(_work(work_dir)))
     return _frame(spark, rows, {"job_id": "STRING", "attempts": "INT", "status": "STRING",
                                 "last_event_us": "BIGINT", "finished_partitions": "INT",
                                 "events": "INT"}) \
@@ -85,16 +88,9 @@ def jobs(spark: SparkSession, work_dir: str | None = None) -> DataFrame:
 
 
 def _read(job_id: str, work_dir: str | None) -> Any:
-    from spark_ckpt.batch.runner import job_paths
-    from spark_ckpt.errors import EventLogError
-    from spark_ckpt.eventlog.reader import read_events
+    from spark_ckpt.batch.workdir import open_job
 
-    storage = Storage(_work(work_dir))
-    paths = job_paths(storage, job_id)
-    if not storage.exists(paths["events"]):
-        raise EventLogError(f"no event log for job {job_id!r} under {storage.uri} "
-                            f"(expected {paths['events']})")
-    return read_events(storage, paths["events"])
+    return open_job(_work(work_dir), job_id)
 
 
 def events(spark: SparkSession, job_id: str, work_dir: str | None = None) -> DataFrame:
@@ -172,9 +168,10 @@ def progress(spark: SparkSession, checkpoint_dir: str) -> DataFrame:
     """One row per batch the progress log keeps (the newest run of a batch): ids, time,
     input rows, rates, durations and per-operator state figures (JSON)."""
     from spark_ckpt.streaming.operations import progress_records
+    from spark_ckpt.streaming.pipeline_dir import open_pipeline_dir
 
-    storage = Storage(checkpoint_dir)
-    rows = progress_records(storage, storage.root)
+    pipeline = open_pipeline_dir(checkpoint_dir)
+    rows = progress_records(pipeline.storage, pipeline.root)
     return _frame(spark, rows, {
         "batch_id": "BIGINT", "batch_time_ms": "BIGINT", "timestamp": "STRING",
         "recovered": "BOOLEAN", "num_input_rows": "BIGINT", "input_rows_per_second": "DOUBLE",
@@ -188,10 +185,11 @@ def checkpoints(spark: SparkSession, checkpoint_dir: str,
     batch, duration, sizes, the slowest task's sync, async and alignment times, whether it is
     retained (restorable)."""
     from spark_ckpt.checkpoint.storage import CheckpointStorage
-    from spark_ckpt.streaming.operations import checkpoints_uri
+    from spark_ckpt.streaming.pipeline_dir import open_pipeline_dir
     from spark_ckpt.validate import checkpoint_dirs
 
-    store = CheckpointStorage(checkpoints_uri(checkpoint_dir, checkpoint_storage))
+    store = CheckpointStorage(open_pipeline_dir(checkpoint_dir,
+                                                checkpoint_storage).checkpoints_uri)
     dirs = checkpoint_dirs(store.uri)
     history = {int(s["checkpoint_id"]): s for s in store.history()}
     rows = []
@@ -212,19 +210,13 @@ def checkpoints(spark: SparkSession, checkpoint_dir: str,
 def runs(spark: SparkSession, checkpoint_dir: str) -> DataFrame:
     """One row per driver run of the pipeline: started, how it ended (none recorded: running,
     or killed), final checkpoint, message."""
-    from spark_ckpt.storage import join
-    from spark_ckpt.streaming.operations import run_numbers
-    from spark_ckpt.streaming.stop_control import read_run_end
+    from spark_ckpt.streaming.pipeline_dir import open_pipeline_dir
 
-    storage = Storage(checkpoint_dir)
+    pipeline = open_pipeline_dir(checkpoint_dir)
     rows = []
-    for run in run_numbers(storage, storage.root):
-        try:
-            record = json.loads(storage.read_bytes(join(storage.root, "runs",
-                                                        f"{run:08d}.json")))
-        except (OSError, ValueError):
-            record = {}
-        end = read_run_end(storage, storage.root, run) or {}
+    for run in pipeline.runs():
+        record = pipeline.run_record(run)
+        end = pipeline.run_end(run) or {}
         rows.append({"run": run, "started_ms": record.get("started_ms"),
                      "status": end.get("status", "no end recorded"),
                      "ended_ms": end.get("ended_ms"),

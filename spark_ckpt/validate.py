@@ -62,6 +62,8 @@ def checkpoint_dirs(root_uri: str) -> dict[int, str]:
 
 
 def validate_checkpoints(root_uri: str) -> list[CheckpointReport]:
+    """Each checkpoint in the checkpoint storage ``root_uri`` and what is wrong with it (a
+    pipeline's directory is opened first by its callers: streaming/pipeline_dir.py)."""
     from spark_ckpt.checkpoint.storage import CheckpointStorage
     from spark_ckpt.errors import CheckpointError
 
@@ -112,11 +114,16 @@ class JobReport:
 
 
 def validate_job(work_dir: str, job_id: str) -> JobReport:
+    """What a resubmission of ``job_id`` finds. A ``work_dir`` that is missing or is not a
+    work directory is refused (:class:`~spark_ckpt.errors.DirectoryError`); a job with no
+    event log, or one that does not load, is a problem of the report."""
     from spark_ckpt.batch.runner import job_paths
+    from spark_ckpt.batch.workdir import open_work_dir
+    from spark_ckpt.errors import EventLogError
     from spark_ckpt.eventlog.reader import EventLogUnreadable, read_events
     from spark_ckpt.eventlog.replay import replay
 
-    storage = Storage(work_dir)
+    storage = open_work_dir(work_dir)
     paths = job_paths(storage, job_id)
     report = JobReport(job_id)
     if not storage.exists(paths["events"]):
@@ -124,7 +131,7 @@ def validate_job(work_dir: str, job_id: str) -> JobReport:
         return report
     try:
         read = read_events(storage, paths["events"])
-    except EventLogUnreadable as exc:
+    except (EventLogUnreadable, EventLogError) as exc:
         report.problems.append(f"event log unreadable: {exc}")
         return report
     report.problems.extend(f"event log: {p}" for p in read.problems)

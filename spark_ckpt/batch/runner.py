@@ -40,7 +40,7 @@ from spark_ckpt.sinks import Sink, make_sink, micros_timestamps
 from spark_ckpt.batch.sources import FileSource, decode_files, decode_splits, encode_splits
 from spark_ckpt.batch.vertex_runner import VertexRunner, exchanges
 from spark_ckpt.clock import Clock, SystemClock
-from spark_ckpt.errors import JobFencedError
+from spark_ckpt.errors import EventLogError, JobFencedError
 from spark_ckpt.fencing import Fence, client_session, interrupt_earlier_clients
 from spark_ckpt.eventlog.events import Event, EventType
 from spark_ckpt.eventlog.reader import EventLogUnreadable, read_table
@@ -124,7 +124,8 @@ def job_paths(storage: Storage, job_id: str) -> dict[str, str]:
 def job_summaries(storage: Storage) -> list[dict[str, Any]]:
     """One summary per job under a work directory (``storage``), by job id: attempts,
     status, the last event's time (us), finished partitions, events; a job whose log cannot be
-    read says so; a job with no event yet is left out."""
+    read says so (status "log unreadable", ``problem`` why); a job with no event yet is left
+    out."""
     from pyarrow.fs import FileSelector, FileType
 
     from spark_ckpt.eventlog.reader import read_events
@@ -139,9 +140,10 @@ def job_summaries(storage: Storage) -> list[dict[str, Any]]:
             continue
         try:
             read = read_events(storage, job_paths(storage, info.base_name)["events"])
-        except EventLogUnreadable:
+        except (EventLogUnreadable, EventLogError) as exc:
             rows.append({"job_id": info.base_name, "attempts": None, "status": "log unreadable",
-                         "last_event_us": None, "finished_partitions": None, "events": None})
+                         "last_event_us": None, "finished_partitions": None, "events": None,
+                         "problem": str(exc)})
             continue
         if not read.events:
             continue
@@ -150,7 +152,8 @@ def job_summaries(storage: Storage) -> list[dict[str, Any]]:
             h.attempts[h.last_attempt].status if h.attempts else "?")
         rows.append({"job_id": info.base_name, "attempts": len(h.attempts), "status": status,
                      "last_event_us": read.events[-1].time_us,
-                     "finished_partitions": len(h.finished), "events": h.events})
+                     "finished_partitions": len(h.finished), "events": h.events,
+                     "problem": None})
     return rows
 
 

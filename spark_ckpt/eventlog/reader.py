@@ -85,12 +85,14 @@ def _load_newest(storage: Storage, path: str, problems: list[str], repair: bool)
     if not torn:
         raise EventLogError(
             f"event log at {uri} cannot be loaded although none of its newest commits is torn "
-            f"(a storage error, or a log written by a newer Delta protocol): {first_error}. "
+            f"(a storage error, or a log written by a newer Delta protocol): "
+            f"{_brief(first_error)}. "
             "Nothing was changed; fix the storage or upgrade spark_ckpt, then submit again"
         ) from first_error
     if len(torn) == len(versions):
         raise EventLogUnreadable(
-            f"event log at {uri} cannot be loaded: every commit is torn ({first_error})"
+            f"event log at {uri} cannot be loaded: every commit is torn "
+            f"({_brief(first_error)})"
         ) from first_error
     good = min(torn) - 1
     try:
@@ -98,7 +100,7 @@ def _load_newest(storage: Storage, path: str, problems: list[str], repair: bool)
     except Exception as exc:
         raise EventLogError(
             f"event log at {uri}: commits {sorted(torn)} are torn and version {good} before "
-            f"them does not load either: {exc}"
+            f"them does not load either: {_brief(exc)}"
         ) from exc
     for bad in sorted(torn):
         src = join(path, "_delta_log", f"{bad:020d}.json")
@@ -108,8 +110,13 @@ def _load_newest(storage: Storage, path: str, problems: list[str], repair: bool)
             problems.append(f"commit {bad} of the event log was torn; moved to {dst}")
         else:
             problems.append(f"commit {bad} of the event log is torn and was not read")
-    log.warning("Event log %s: loaded version %d after %s", uri, good, first_error)
+    log.warning("Event log %s: loaded version %d after %s", uri, good, _brief(first_error))
     return table
+
+
+def _brief(exc: BaseException) -> str:
+    """delta-rs's message without the backtrace it may carry (RUST_BACKTRACE)."""
+    return str(exc).split("\n   0: ", 1)[0].rstrip()
 
 
 def _damaged(exc: BaseException) -> bool:

@@ -79,6 +79,9 @@ def read_state(spark: SparkSession, checkpoint_dir: str, operator: str,
 
     ``checkpoint_dir`` is the pipeline's checkpoint directory (or, when the pipeline sets
     ``spark.ckpt.checkpoint.dir``, pass that directory's parent with ``checkpoints`` in it).
+    A path where nothing is, a directory that is neither, and a pipeline's directory whose
+    metadata.json does not read as a start reads it raise
+    :class:`~spark_ckpt.errors.DirectoryError`.
     """
     import json
 
@@ -87,9 +90,10 @@ def read_state(spark: SparkSession, checkpoint_dir: str, operator: str,
     from spark_ckpt.checkpoint.storage import CheckpointStorage
     from spark_ckpt.errors import CheckpointError
     from spark_ckpt.state.aggregates import Agg, AggSpec
-    from spark_ckpt.streaming.operations import checkpoints_uri
+    from spark_ckpt.streaming.pipeline_dir import open_pipeline_dir
 
-    storage = CheckpointStorage(checkpoints_uri(checkpoint_dir))
+    storage = CheckpointStorage(open_pipeline_dir(checkpoint_dir,
+                                                  bare_checkpoints=True).checkpoints_uri)
     ids = storage.completed_ids()
     if not ids:
         raise CheckpointError(f"expected completed checkpoints in {storage.uri}, found none")

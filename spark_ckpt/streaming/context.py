@@ -44,7 +44,7 @@ from spark_ckpt.errors import (
     JobFencedError,
     PipelineFailedError,
 )
-from spark_ckpt.formats import dump_record, load_record
+from spark_ckpt.formats import dump_record
 from spark_ckpt.names import check_name
 from spark_ckpt.options import Settings
 from spark_ckpt.storage import Storage, join
@@ -69,6 +69,7 @@ from spark_ckpt.streaming.pipeline_loop import (
 from spark_ckpt.streaming.progress import ProgressLog, StreamingListener
 from spark_ckpt.streaming.receiver import QueueSource, SocketSource
 from spark_ckpt.streaming.operations import read_restore_request, take_restore_request
+from spark_ckpt.streaming.pipeline_dir import METADATA_VERSION, read_pipeline_metadata
 from spark_ckpt.streaming.runs import run_numbers
 from spark_ckpt.streaming.restore import CheckpointRestore
 from spark_ckpt.streaming.scheduler import JobScheduler
@@ -97,8 +98,6 @@ if TYPE_CHECKING:
 __all__ = ["StreamingContext"]
 
 log = logging.getLogger(__name__)
-
-METADATA_VERSION = 1
 
 
 class StreamingContext:
@@ -278,9 +277,8 @@ class StreamingContext:
     def _metadata(self) -> None:
         path = join(self.root, "metadata.json")
         sources = {s.name: s.describe() for s in self._sources}
-        if self.storage.exists(path):
-            record = load_record(self.storage.read_bytes(path), "pipeline-metadata",
-                                 (METADATA_VERSION,), where=self.storage.spark_path(path))
+        record = read_pipeline_metadata(self.storage, self.root)  # as the tools read it
+        if record is not None:
             if record["name"] != self.name:
                 raise JobDefinitionError(
                     f"checkpoint directory {self.storage.uri} belongs to pipeline "

@@ -14,6 +14,10 @@ Spark needed): ``spark-ckpt status``, ``restore``, ``cleanup`` and ``plan --pipe
   directories (with ``abandoned=True``), stop requests of ended runs. A file written after the
   newest run started is never a candidate (a running driver's state that no checkpoint
   references *yet*), and the deletion re-checks that no run started since the listing.
+
+Each opens the directory as every tool does (streaming/pipeline_dir.py): a path where nothing
+is, a directory that is not a pipeline's checkpoint directory and one whose records do not read
+as a start reads them are refused (:class:`~spark_ckpt.errors.DirectoryError`), the file named.
 """
 
 from __future__ import annotations
@@ -24,8 +28,17 @@ import json
 import logging
 from typing import Any
 
+from spark_ckpt.errors import FormatVersionError
 from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.storage import Storage, join
+from spark_ckpt.streaming.pipeline_dir import (
+    EXPECTED,
+    PipelineDir,
+    checkpoints_place,
+    damaged,
+    open_pipeline_dir,
+    read_pipeline_metadata,
+)
 from spark_ckpt.streaming.runs import run_numbers
 
 __all__ = ["Cleanup", "apply_cleanup", "cleanup_candidates", "pipeline_plan", "pipeline_status",
@@ -83,26 +96,22 @@ def cancel_restore_request(storage: Storage, root: str) -> int | None:
 
 def checkpoints_uri(checkpoint_dir: str, override: str | None = None) -> str:
     """Where the pipeline on ``checkpoint_dir`` keeps its checkpoints: ``override``, else what
-    its metadata.json records (spark.ckpt.checkpoint.dir), else ``<dir>/checkpoints``.
-
-    A release before relocatable directories recorded the default place by absolute path, so
-    a copy's record names the original's ``checkpoints/``: a recorded ``.../checkpoints`` of
-    another directory, when this directory has its own, is taken as this one's (reading the
-    original's would have the tools clean up or restore by the wrong checkpoints)."""
+    its metadata.json records (spark.ckpt.checkpoint.dir), else ``<dir>/checkpoints``; also
+    that when the recorded place is gone (a copy of a directory since deleted). A
+    metadata.json that does not read as a start reads it is refused
+    (:class:`~spark_ckpt.errors.DirectoryError`); a directory without one is taken as it is
+    (to refuse it, :func:`~spark_ckpt.streaming.pipeline_dir.open_pipeline_dir`)."""
     if override:
         return override
     storage = Storage(checkpoint_dir)
-    meta = _read_json(storage, join(storage.root, "metadata.json")) or {}
-    own = join(checkpoint_dir, "checkpoints")
-    recorded = str(meta.get("checkpoints") or own)
-    if "://" not in recorded and not recorded.startswith(("/", "file:")):
-        return join(checkpoint_dir, recorded)  # inside the directory (written relative)
-    if recorded.rstrip("/") == own.rstrip("/"):
-        return recorded
-    if recorded.rstrip("/").endswith("/checkpoints") and \
-            storage.exists(join(storage.root, "checkpoints")):
-        return own
-    return recorded
+    try:
+        meta = read_pipeline_metadata(storage, storage.root) or {}
+    except FormatVersionError as exc:
+        raise damaged(EXPECTED, checkpoint_dir,
+                      storage.spark_path(join(storage.root, "metadata.json")), exc,
+                      "restore it from a copy of the directory; a start refuses it too") \
+            from exc
+    return checkpoints_place(checkpoint_dir, storage, meta)
 
 
 # -- status ------------------------------------------------------------------------------------
@@ -165,7 +174,13 @@ def _stop_requests(storage: Storage, root: str) -> list[dict[str, Any]]:
         if name.startswith("stop-") and name.endswith(".request.json"):
             request_id = name[len("stop-"):-len(".request.json")]
             answered = f"stop-{request_id}.answer.json" in names
-            record = _read_json(storage, join(directory, name)) or {}
+            path = join(directory, name)
+            try:  # a request the driver cannot read is ignored by it: listed, for no run
+                record = load_record(storage.read_bytes(path), "stop-request", (1,), where=path)
+            except (OSError, FormatVersionError) as exc:
+                log.warning("stop request %s cannot be read (a driver ignores it): %s", path,
+                            exc)
+                record = {}
             out.append({"request_id": request_id, "run": record.get("run"),
                         "requested_ms": record.get("requested_ms"), "answered": answered})
     return out
@@ -193,22 +208,14 @@ def pipeline_status(checkpoint_dir: str, *, checkpoint_storage: str | None = Non
                     now_ms: int) -> dict[str, Any]:
     """What the checkpoint directory says of its pipeline now (see the module)."""
     from spark_ckpt.checkpoint.storage import CheckpointStorage
-    from spark_ckpt.streaming.stop_control import read_run_end
     from spark_ckpt.validate import checkpoint_dirs
 
-    storage = Storage(checkpoint_dir)
-    root = storage.root
-    meta_path = join(root, "metadata.json")
-    if not storage.exists(meta_path):
-        from spark_ckpt.errors import CheckpointError
-
-        raise CheckpointError(f"expected a pipeline's checkpoint directory at {checkpoint_dir} "
-                              "(with metadata.json), found none")
-    meta = _read_json(storage, meta_path) or {}
-    runs = run_numbers(storage, root)
+    pipeline = open_pipeline_dir(checkpoint_dir, checkpoint_storage)
+    storage, root, meta = pipeline.storage, pipeline.root, pipeline.metadata
+    runs = pipeline.runs()
     run = runs[-1] if runs else None
-    run_record = _read_json(storage, join(root, "runs", f"{run:08d}.json")) if run else None
-    ended = read_run_end(storage, root, run) if run else None
+    run_record = pipeline.run_record(run) if run else None
+    ended = pipeline.run_end(run) if run else None
     progress = last_progress(storage, root)
     last_ms = _progress_ms(progress) if progress else None
     interval_ms = int(float(meta.get("batch_interval_s") or 0) * 1000)
@@ -225,7 +232,7 @@ def pipeline_status(checkpoint_dir: str, *, checkpoint_storage: str | None = Non
             state = "running"
         else:
             state = "running or killed (no end recorded, no batch recently)"
-    checkpoints = CheckpointStorage(checkpoints_uri(checkpoint_dir, checkpoint_storage))
+    checkpoints = CheckpointStorage(pipeline.checkpoints_uri)
     dirs = checkpoint_dirs(checkpoints.uri)
     completed = [c for c, s in dirs.items() if s == "completed"]
     stats = {int(s["checkpoint_id"]): s for s in checkpoints.history()}
@@ -252,11 +259,17 @@ def pipeline_status(checkpoint_dir: str, *, checkpoint_storage: str | None = Non
                         "abandoned": sum(1 for s in dirs.values() if s == "abandoned"),
                         "incomplete": sum(1 for s in dirs.values() if s == "incomplete")},
         "stop_requests_waiting": [r for r in _stop_requests(storage, root) if not r["answered"]],
-        "restore_requested": read_restore_request(storage, root),
+        "restore_requested": _restore_requested(pipeline),
         "sources": sorted(meta.get("sources", {})),
         "outputs": sorted(meta.get("outputs", {})),
         "operators": meta.get("operators", {}),
     }
+
+
+def _restore_requested(pipeline: PipelineDir) -> int | None:
+    with pipeline.reading(_restore_path(pipeline.root), "withdraw it with `spark-ckpt restore "
+                          f"{pipeline.checkpoint_dir} --cancel`; a start refuses it too"):
+        return read_restore_request(pipeline.storage, pipeline.root)
 
 
 def pipeline_plan(checkpoint_dir: str, *, checkpoint_storage: str | None = None,
@@ -266,14 +279,9 @@ def pipeline_plan(checkpoint_dir: str, *, checkpoint_storage: str | None = None,
     from spark_ckpt.checkpoint.storage import CheckpointStorage
     from spark_ckpt.validate import checkpoint_dirs
 
-    storage = Storage(checkpoint_dir)
-    meta = _read_json(storage, join(storage.root, "metadata.json"))
-    if meta is None:
-        from spark_ckpt.errors import CheckpointError
-
-        raise CheckpointError(f"expected a pipeline's checkpoint directory at {checkpoint_dir} "
-                              "(with metadata.json), found none")
-    checkpoints = CheckpointStorage(checkpoints_uri(checkpoint_dir, checkpoint_storage))
+    pipeline = open_pipeline_dir(checkpoint_dir, checkpoint_storage)
+    meta = pipeline.metadata
+    checkpoints = CheckpointStorage(pipeline.checkpoints_uri)
     completed = [c for c, s in checkpoint_dirs(checkpoints.uri).items() if s == "completed"]
     latest = checkpoints.read_metadata(completed[-1]) if completed else {}
     operators = {}
@@ -338,12 +346,11 @@ def cleanup_candidates(checkpoint_dir: str, *, checkpoint_storage: str | None = 
     """Files of ``checkpoint_dir`` nothing will read again (see the module); changes nothing."""
     from spark_ckpt.checkpoint.storage import CheckpointStorage
     from spark_ckpt.errors import CheckpointError
-    from spark_ckpt.streaming.stop_control import read_run_end
     from spark_ckpt.validate import checkpoint_dirs
 
-    storage = Storage(checkpoint_dir)
-    root = storage.root
-    runs = run_numbers(storage, root)
+    pipeline = open_pipeline_dir(checkpoint_dir, checkpoint_storage)
+    storage, root = pipeline.storage, pipeline.root
+    runs = pipeline.runs()
     newest = runs[-1] if runs else None
     # a file written after the newest run claimed the directory may be its live state: never
     # a candidate. By the storage's own clock (the run marker's modification time), not a
@@ -355,7 +362,7 @@ def cleanup_candidates(checkpoint_dir: str, *, checkpoint_storage: str | None = 
             f"the storage of {checkpoint_dir} gives no modification time for run {newest}'s "
             "marker: cleanup cannot tell a running pipeline's new files from leftovers, so it "
             "lists nothing")
-    checkpoints = CheckpointStorage(checkpoints_uri(checkpoint_dir, checkpoint_storage))
+    checkpoints = CheckpointStorage(pipeline.checkpoints_uri)
     dirs = checkpoint_dirs(checkpoints.uri)
     referenced: set[str] = set()
     for cid, status in dirs.items():
@@ -401,7 +408,7 @@ def cleanup_candidates(checkpoint_dir: str, *, checkpoint_storage: str | None = 
                               "state file no completed checkpoint references"))
             else:
                 kept += 1
-    ended = {r for r in runs if read_run_end(storage, root, r) is not None}
+    ended = {r for r in runs if pipeline.run_end(r) is not None}
     for request in _stop_requests(storage, root):
         run = request.get("run")
         # an earlier or ended run's: a client polling for the running run's answer keeps it

@@ -25,6 +25,7 @@ fits it (in brackets), so ``except ValueError`` and ``except RuntimeError`` keep
     ├── PipelineFailedError [RuntimeError]
     ├── StateTooLargeError [RuntimeError]
     ├── CheckpointError [RuntimeError]
+    │   ├── DirectoryError (an EventLogError too)
     │   ├── StateSchemaError
     │   └── SinkAheadError
     ├── UserFunctionError [RuntimeError]
@@ -168,7 +169,7 @@ class DirectoryError(CheckpointError, EventLogError):
 
     def __init__(self, message: str, *, kind: str, path: str) -> None:
         if kind not in self.KINDS:  # pragma: no cover - a bug here
-            raise ValueError(f"expected one of {self.KINDS}, found {kind!r}")
+            raise InternalError(f"expected one of {self.KINDS}, found {kind!r}")
         super().__init__(message)
         self.kind = kind
         self.path = path

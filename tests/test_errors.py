@@ -136,7 +136,7 @@ def test_the_docstring_draws_every_class_of_the_tree_under_its_parent():
     drawn: dict[str, tuple[str | None, str | None]] = {}
     stack: list[tuple[int, str]] = []
     for line in drawing.splitlines():
-        match = re.fullmatch(r"([ │├└─]*)(\w+)(?: \[(\w+)\])?", line.rstrip())
+        match = re.fullmatch(r"([ │├└─]*)(\w+)(?: \[(\w+)\])?(?: \(.*\))?", line.rstrip())
         if not match or not line.strip():
             continue
         depth = len(match.group(1))

@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 
 from spark_ckpt import CheckpointError, SinkAheadError, StreamingContext
 from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.formats import dump_record
 from spark_ckpt.options import Settings
 from spark_ckpt.state import count
 
@@ -259,9 +260,14 @@ def test_tools_on_a_copy_read_its_own_checkpoints_while_the_original_exists(tmp_
     for d in ("orig", "copy"):
         (tmp_path / d / "checkpoints").mkdir(parents=True)
     meta = tmp_path / "copy" / "metadata.json"
-    meta.write_text(json.dumps({"checkpoints": str(tmp_path / "orig" / "checkpoints")}))
+
+    def record(checkpoints: str) -> None:
+        meta.write_bytes(dump_record("pipeline-metadata", 1, {
+            "name": "p", "sources": {}, "checkpoints": checkpoints}))
+
+    record(str(tmp_path / "orig" / "checkpoints"))
     assert checkpoints_uri(str(tmp_path / "copy")) == str(tmp_path / "copy" / "checkpoints")
-    meta.write_text(json.dumps({"checkpoints": "checkpoints"}))
+    record("checkpoints")
     assert checkpoints_uri(str(tmp_path / "copy")) == str(tmp_path / "copy" / "checkpoints")
-    meta.write_text(json.dumps({"checkpoints": str(tmp_path / "kept-elsewhere")}))  # its dir
+    record(str(tmp_path / "kept-elsewhere"))  # spark.ckpt.checkpoint.dir: its own place
     assert checkpoints_uri(str(tmp_path / "copy")) == str(tmp_path / "kept-elsewhere")

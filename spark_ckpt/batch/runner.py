@@ -323,7 +323,7 @@ class JobRunner:
             write_retries=self.settings.event_log_write_retries,
             retry_backoff_ms=self.settings.event_log_retry_backoff_ms,
             is_fenced=self._is_fenced, on_flush=self._on_flush,
-            clock=lambda: self.clock.now_ms() / 1000,
+            clock=self.clock,
         )
         self.writer.start()
         progress = JobProgress(job_id, self.settings.progress)

@@ -40,6 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spark_ckpt.batch.workdir import open_job, open_work_dir
+from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import SparkCkptError
 from spark_ckpt.eventlog.events import EventType
 from spark_ckpt.eventlog.replay import replay
@@ -47,6 +48,8 @@ from spark_ckpt.options import OPTIONS, Settings
 from spark_ckpt.storage import human_size
 
 __all__ = ["main"]
+
+CLOCK: Clock = SystemClock()  # what the commands read the time from, and wait on
 
 _WORK_DIR_KEY = next(o.key for o in OPTIONS if o.field == "work_dir")
 
@@ -511,8 +514,6 @@ def stop(checkpoint_dir: str, timeout: float, as_json: bool) -> None:
     sinks and exits; this prints the checkpoint id. Exit code 0 when it stopped so; 1 when it
     failed, did not answer in time, or was gone (a later driver answers the request
     "abandoned" and is not stopped by it)."""
-    import time
-
     from spark_ckpt.errors import DirectoryError
     from spark_ckpt.streaming.pipeline_dir import open_pipeline_dir
     from spark_ckpt.streaming.stop_control import latest_run, read_answer, request_stop, withdraw
@@ -526,14 +527,14 @@ def stop(checkpoint_dir: str, timeout: float, as_json: bool) -> None:
     if run is None:
         raise click.ClickException(f"no pipeline has run on {checkpoint_dir}: expected a "
                                    "checkpoint directory with runs/, found none")
-    request = request_stop(store, store.root, run, int(time.time() * 1000))
+    request = request_stop(store, store.root, run, CLOCK.now_ms())
     if not as_json:
         click.echo(f"Asked run {run} of the pipeline on {checkpoint_dir} to stop with a final "
                    f"checkpoint (request {request.request_id}); waiting up to {timeout:g} s")
-    deadline = time.monotonic() + timeout
+    deadline = CLOCK.monotonic_s() + timeout
     answer = read_answer(store, store.root, request.request_id)
-    while answer is None and time.monotonic() < deadline:
-        time.sleep(0.2)
+    while answer is None and CLOCK.monotonic_s() < deadline:
+        CLOCK.sleep(0.2)
         answer = read_answer(store, store.root, request.request_id)
     if answer is None:
         withdraw(store, store.root, request.request_id)
@@ -574,8 +575,6 @@ def status(checkpoint_dir: str | None, job_id: str | None, work_dir: str | None,
     records no end: then the age of its last batch tells), its last batch, latest checkpoint
     and waiting requests; or, with --job, a batch job's attempt and progress per vertex. Exit
     code 1 for a failed run or attempt."""
-    import time
-
     from spark_ckpt.streaming.operations import pipeline_status
 
     _one_of(checkpoint_dir, job_id, "CHECKPOINT_DIR or --job JOB")
@@ -584,7 +583,7 @@ def status(checkpoint_dir: str | None, job_id: str | None, work_dir: str | None,
         return
     assert checkpoint_dir is not None
     found = pipeline_status(checkpoint_dir, checkpoint_storage=storage,
-                            now_ms=int(time.time() * 1000))
+                            now_ms=CLOCK.now_ms())
     if as_json:
         click.echo(json.dumps(found, indent=2, default=str))
         sys.exit(1 if found["state"] == "failed" else 0)
@@ -665,8 +664,6 @@ def restore(checkpoint_dir: str, checkpoint_id: int | None, cancel: bool, storag
     newer checkpoints, which stay on disk for inspection. The checkpoint is validated first
     (metadata, every state file and its size); a running pipeline is not affected until it
     restarts (stop it with `spark-ckpt stop`)."""
-    import time
-
     from spark_ckpt.streaming.operations import (
         cancel_restore_request,
         pipeline_status,
@@ -696,8 +693,8 @@ def restore(checkpoint_dir: str, checkpoint_id: int | None, cancel: bool, storag
         raise click.ClickException(
             f"checkpoint {checkpoint_id} {why}; restorable checkpoints: {restorable or 'none'}")
     found = pipeline_status(checkpoint_dir, checkpoint_storage=storage,
-                            now_ms=int(time.time() * 1000))
-    request_restore(store, store.root, checkpoint_id, int(time.time() * 1000))
+                            now_ms=CLOCK.now_ms())
+    request_restore(store, store.root, checkpoint_id, CLOCK.now_ms())
     newer = [c for c, r in reports.items() if c > checkpoint_id and r.status == "completed"]
     result = {"checkpoint_id": checkpoint_id, "abandons": newer, "pipeline_state": found["state"]}
     if as_json:

@@ -26,6 +26,9 @@ Every :class:`~spark_ckpt.storage.Storage` asks :func:`active` on each operation
 its pyarrow file system with :func:`wrap` so direct ``fs`` calls meet the same rules. Unset,
 a check costs one environment lookup. Not for production: it exists so that tests can show
 what a real storage failure does to a real driver.
+
+Time: ``time.sleep`` directly, not a :class:`~spark_ckpt.clock.Clock`: a ``delay`` is set up
+by the environment, in any process (executors too), and stands for slow storage in real time.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ default an hour, so a test can race a second driver against this one; with
 not on a time window) and ``fail`` (raise
 ``OSError``, as failing storage would). Unset, a fault point costs one dict
 lookup. The points are listed in :data:`POINTS` and in docs/recovery.md.
+
+Time: ``time.sleep`` and ``time.monotonic`` directly, not a :class:`~spark_ckpt.clock.Clock`:
+a pause is set up by the environment, in any process, and races real processes in real time.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ conditional writes or a DynamoDB lock provider (as delta-rs documents). Plain
 attempts; they no longer decide who may commit.
 
 Log cleanup is off on the fence table, so the check of the next version stays valid for as
-long as the table lives (one small commit per driver start).
+long as the table lives (one small commit per driver start). A claim's ``claimed_ms`` is read
+from the injected :class:`~spark_ckpt.clock.Clock`.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import time
 import uuid
 from typing import Any
 
 import pyarrow as pa
 
+from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import JobFencedError
 from spark_ckpt.formats import load_record
 from spark_ckpt.sparkapi import spark_api
@@ -48,8 +49,10 @@ class Fence:
     reads).
     """
 
-    def __init__(self, storage: Storage, directory: str, what: str) -> None:
+    def __init__(self, storage: Storage, directory: str, what: str, *,
+                 clock: Clock | None = None) -> None:
         self._storage = storage
+        self._clock = clock or SystemClock()
         self._path = join(directory, "fence")
         self._uri = storage.spark_path(self._path)
         self._what = what
@@ -69,7 +72,7 @@ class Fence:
         claim_id = uuid.uuid4().hex
         row = pa.table({"claim_id": [claim_id], "owner": [owner],
                         "host": [socket.gethostname()],
-                        "claimed_ms": [int(time.time() * 1000)]}, schema=_SCHEMA)
+                        "claimed_ms": [self._clock.now_ms()]}, schema=_SCHEMA)
         write_deltalake(self._uri, row, mode="append",
                         commit_properties=CommitProperties(custom_metadata={
                             _CLAIM_KEY: claim_id}))

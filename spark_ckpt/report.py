@@ -20,6 +20,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.storage import human_size
 
@@ -126,15 +127,14 @@ def _ms(stamp: Any) -> float | None:
 
 
 def pipeline_report(checkpoint_dir: str, *, checkpoint_storage: str | None = None,
-                    now_ms: int | None = None) -> str:
-    """The HTML page of the pipeline whose checkpoint directory is ``checkpoint_dir``."""
-    import time
-
+                    now_ms: int | None = None, clock: Clock | None = None) -> str:
+    """The HTML page of the pipeline whose checkpoint directory is ``checkpoint_dir``, as of
+    ``now_ms`` (by default the time of ``clock``, the system clock by default)."""
     from spark_ckpt.checkpoint.storage import CheckpointStorage
     from spark_ckpt.streaming.operations import pipeline_status, progress_records
     from spark_ckpt.streaming.pipeline_dir import open_pipeline_dir
 
-    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    now_ms = now_ms if now_ms is not None else (clock or SystemClock()).now_ms()
     pipeline = open_pipeline_dir(checkpoint_dir, checkpoint_storage)
     status = pipeline_status(checkpoint_dir, checkpoint_storage=checkpoint_storage,
                              now_ms=now_ms)

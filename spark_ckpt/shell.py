@@ -22,8 +22,9 @@ other way round, a record that does not read as a start reads it) raises
 from __future__ import annotations
 
 import json
-import time
 from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.clock import Clock, SystemClock
 
 
 if TYPE_CHECKING:
@@ -139,11 +140,13 @@ def attempts(spark: SparkSession, job_id: str, work_dir: str | None = None) -> D
 
 
 # -- streaming pipelines ------------------------------------------------------------------------
-def pipeline(spark: SparkSession, checkpoint_dir: str) -> DataFrame:
-    """One row: what ``spark-ckpt status`` says of the pipeline on ``checkpoint_dir``."""
+def pipeline(spark: SparkSession, checkpoint_dir: str, *, clock: Clock | None = None,
+             ) -> DataFrame:
+    """One row: what ``spark-ckpt status`` says of the pipeline on ``checkpoint_dir`` (now by
+    ``clock``, the system clock by default)."""
     from spark_ckpt.streaming.operations import pipeline_status
 
-    found = pipeline_status(checkpoint_dir, now_ms=int(time.time() * 1000))
+    found = pipeline_status(checkpoint_dir, now_ms=(clock or SystemClock()).now_ms())
     batch = found["last_batch"] or {}
     latest = found["latest_checkpoint"] or {}
     row = {"pipeline": found["pipeline"], "pipeline_id": found["pipeline_id"],

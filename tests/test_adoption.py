@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from spark_ckpt.batch.adoption import UnitRecord, load_units, units_dir, write_unit
+from spark_ckpt.clock import ManualClock
 from spark_ckpt.storage import Storage
 
 
@@ -88,7 +89,7 @@ class _RpcError(Exception):
         return self._details
 
 
-def _await_with(monkeypatch, streams, statuses=()):
+def _await_with(monkeypatch, streams, statuses=(), clock=None):
     """ConnectSpark.await_operation over a fake second client: each ReattachExecute call
     takes the next of ``streams`` (a list of responses, or an exception to raise); each
     GetStatus call the next of ``statuses`` (an OperationState, or None: not listed)."""
@@ -134,8 +135,8 @@ def _await_with(monkeypatch, streams, statuses=()):
 
     api = ConnectSpark(spark=None)
     monkeypatch.setattr(api, "_client_of", lambda session, user: Client())
-    monkeypatch.setattr("time.sleep", lambda s: None)
-    return api.await_operation("old-session", "etl", "op-1", 60.0), calls
+    clock = clock or ManualClock(sleep_advances=True)  # a retry's sleep costs no real time
+    return api.await_operation("old-session", "etl", "op-1", 60.0, clock=clock), calls
 
 
 def test_waiting_for_a_killed_clients_operation_tells_each_end_apart(monkeypatch):
@@ -174,7 +175,12 @@ def test_waiting_for_a_killed_clients_operation_tells_each_end_apart(monkeypatch
 def test_a_wait_that_outlasts_its_time_says_still_running(monkeypatch):
     import grpc
 
-    clock = iter([0.0, 0.0, 100.0, 100.0])
-    monkeypatch.setattr("time.monotonic", lambda: next(clock))
-    got, calls = _await_with(monkeypatch, [(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")])
+    class Jumps(ManualClock):  # the reattach outlasts the whole wait
+        readings = iter([0.0, 0.0, 100.0, 100.0])
+
+        def monotonic_s(self):
+            return next(self.readings)
+
+    got, calls = _await_with(monkeypatch, [(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")],
+                             clock=Jumps())
     assert got == "running" and calls["reattach"] == 1

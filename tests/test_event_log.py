@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from spark_ckpt.clock import ManualClock
 from spark_ckpt.errors import EventLogError, JobFencedError
 from spark_ckpt.eventlog.events import Event, EventType
 from spark_ckpt.eventlog.reader import EventLogUnreadable, read_events
@@ -20,6 +21,18 @@ def writer(tmp_path, **kw):
     w = EventLogWriter(storage, storage.path("events"), **options)
     w.start()
     return storage, w
+
+
+class SleepsClock(ManualClock):
+    """A manual clock whose sleeps call ``on_sleep`` (and advance the clock) instead of waiting."""
+
+    def __init__(self, on_sleep):
+        super().__init__(sleep_advances=True)
+        self.on_sleep = on_sleep
+
+    def sleep(self, seconds):
+        self.on_sleep(seconds)
+        super().sleep(seconds)
 
 
 def finished(p):
@@ -72,7 +85,8 @@ def test_fenced_writer_refuses_to_write(tmp_path):
 def test_failed_appends_are_retried_with_backoff_and_keep_every_event(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARK_CKPT_FAULT", "eventlog.write:2-3:fail")
     waits: list[float] = []
-    storage, w = writer(tmp_path, write_retries=5, retry_backoff_ms=200, sleep=waits.append)
+    storage, w = writer(tmp_path, write_retries=5, retry_backoff_ms=200,
+                        clock=SleepsClock(waits.append))
     w.append(finished(0))
     w.flush()  # pass 1: written
     for p in (1, 2):
@@ -89,7 +103,8 @@ def test_an_append_failing_past_its_retries_fails_clearly_and_keeps_the_events(
         tmp_path, monkeypatch):
     monkeypatch.setenv("SPARK_CKPT_FAULT", "eventlog.write:1-4:fail")
     waits: list[float] = []
-    storage, w = writer(tmp_path, write_retries=2, retry_backoff_ms=8000, sleep=waits.append)
+    storage, w = writer(tmp_path, write_retries=2, retry_backoff_ms=8000,
+                        clock=SleepsClock(waits.append))
     w.append(finished(0))
     with pytest.raises(EventLogError, match=r"could not append 1 events .* after 3 tries "
                        r"\(spark.ckpt.eventLog.writeRetries=2\).*injected storage failure"):
@@ -107,10 +122,22 @@ def test_retries_stop_once_the_driver_is_fenced(tmp_path, monkeypatch):
     def wait_and_get_fenced(seconds):
         fenced["now"] = True  # a newer attempt claimed the job while this one waited
 
-    storage, w = writer(tmp_path, is_fenced=lambda: fenced["now"], sleep=wait_and_get_fenced)
+    storage, w = writer(tmp_path, is_fenced=lambda: fenced["now"],
+                        clock=SleepsClock(wait_and_get_fenced))
     w.append(finished(0))
     with pytest.raises(JobFencedError):
         w.flush()
+
+
+def test_events_are_stamped_by_the_injected_clock(tmp_path):
+    clock = ManualClock(start_ms=1_700_000_000_123)
+    storage, w = writer(tmp_path, clock=clock)
+    w.append(finished(0))
+    clock.advance(5)
+    w.append(finished(1))
+    w.close()
+    events = read_events(storage, storage.path("events")).events
+    assert [e.time_us for e in events] == [1_700_000_000_123_000, 1_700_000_000_128_000]
 
 
 def test_truncated_last_commit_is_tolerated_and_set_aside(tmp_path):

@@ -21,7 +21,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -251,7 +250,7 @@ class JobRunner:
 
     # -- the attempt -----------------------------------------------------------------------
     def run(self, *, fresh: bool = False) -> JobResult:
-        started = time.perf_counter()
+        started = self.clock.monotonic_s()
         self.graph.validate()
         # Claimed before a fresh start archives anything: attempt numbers keep growing across
         # fresh starts, so a driver still running an older attempt finds itself fenced.
@@ -314,7 +313,7 @@ class JobRunner:
                      job_id, max(a.attempt for a in history.attempts.values()
                                  if a.status == "succeeded"), self.attempt)
             return JobResult(job_id, self.attempt, "already-complete", {},
-                             dict(history.sink_committed), time.perf_counter() - started,
+                             dict(history.sink_committed), self.clock.monotonic_s() - started,
                              problems=self.problems)
         self.writer = EventLogWriter(
             self.storage, self.paths["events"], job_id=job_id, job_attempt=self.attempt,
@@ -323,7 +322,7 @@ class JobRunner:
             write_retries=self.settings.event_log_write_retries,
             retry_backoff_ms=self.settings.event_log_retry_backoff_ms,
             is_fenced=self._is_fenced, on_flush=self._on_flush,
-            clock=lambda: self.clock.now_ms() / 1000,
+            clock=self.clock,
         )
         self.writer.start()
         progress = JobProgress(job_id, self.settings.progress)
@@ -366,7 +365,8 @@ class JobRunner:
     def _load_history(self) -> JobHistory:
         try:
             table, _version, problems = read_table(self.storage, self.paths["events"],
-                                                   repair=True)  # this driver appends next
+                                                   repair=True,  # this driver appends next
+                                                   clock=self.clock)
         except EventLogUnreadable as exc:
             self.problems.append(str(exc))
             log.error("Job %s: %s; keeping it aside and starting fresh", self.run_id, exc)
@@ -439,8 +439,8 @@ class JobRunner:
                  self.attempt, plan.reused, total_to_run,
                  ", ".join(f"{v}: {len(p)}" for v, p in plan.to_run.items()) or "nothing")
 
-        planning_s = time.perf_counter() - started
-        sinks = {s.name: make_sink(s, job_id) for v in self.graph.live_vertices()
+        planning_s = self.clock.monotonic_s() - started
+        sinks = {s.name: make_sink(s, job_id, clock=self.clock) for v in self.graph.live_vertices()
                  for s in v.sinks}
         runner = VertexRunner(self, splits, self.source_schemas, sinks, progress)
         for vertex in self.graph.live_vertices():
@@ -451,14 +451,14 @@ class JobRunner:
             parts = plan.to_run.get(vertex.id, [])
             if not parts:
                 continue
-            t0 = time.perf_counter()
+            t0 = self.clock.monotonic_s()
             self._check_fenced()  # a newer attempt may have finished and removed results
             try:
                 adopted = runner.run(vertex, parts)
             except Exception:
                 self._check_fenced()  # the failure of a fenced driver is its fencing
                 raise
-            self.seconds[vertex.id] = time.perf_counter() - t0
+            self.seconds[vertex.id] = self.clock.monotonic_s() - t0
             self.ran[vertex.id] = len(parts) - adopted
             self.adopted[vertex.id] = adopted
             self.writer.flush()
@@ -482,7 +482,7 @@ class JobRunner:
         }))
         self.writer.close()
         fault_point("attempt.finished")
-        duration = time.perf_counter() - started
+        duration = self.clock.monotonic_s() - started
         log.info("Job %s attempt %d succeeded in %.1f s: ran %d partitions, reused %d",
                  job_id, self.attempt, duration, ran, plan.reused)
         if self.settings.batch_cleanup_on_success:
@@ -631,7 +631,7 @@ class JobRunner:
     def _plan_cuts(self, history: JobHistory, splits: dict[str, list[Any]]) -> CutPlan:
         """Decide every vertex's durability (batch.cuts), reusing the decisions recorded for
         unchanged vertices; samples run as Spark jobs of their own group."""
-        t0 = time.perf_counter()
+        t0 = self.clock.monotonic_s()
         recorded = {}
         for vid, entry in history.vertices.items():
             vertex = self.graph.vertices.get(vid)
@@ -654,7 +654,7 @@ class JobRunner:
                              partitions_per_wave=self.settings.batch_partitions_per_wave)
         self.graph.validate()
         log.info("Job %s attempt %d: planned durable cuts in %.1f s\n%s", self.run_id,
-                 self.attempt, time.perf_counter() - t0, plan.text(list(self.graph.ids())))
+                 self.attempt, self.clock.monotonic_s() - t0, plan.text(list(self.graph.ids())))
         return plan
 
     def explain(self) -> CutPlan:
@@ -748,9 +748,9 @@ class JobRunner:
                                      vertex_id=vertex.id))
                     self.writer.flush()  # durable before the table changes
                     fault_point("sink.commit.started")
-                    t0 = time.perf_counter()
+                    t0 = self.clock.monotonic_s()
                     details = sink.commit(files, version)
-                    details["duration_ms"] = int((time.perf_counter() - t0) * 1000)
+                    details["duration_ms"] = int((self.clock.monotonic_s() - t0) * 1000)
                     fault_point("sink.committed")
                     log.info("Job %s attempt %d: committed sink %s v%d (%d files)",
                              self.run_id, self.attempt, spec.name, version, len(files))

@@ -34,7 +34,6 @@ import hashlib
 import logging
 import re
 import threading
-import time
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -449,7 +448,7 @@ class VertexRunner:
     def run(self, vertex: JobVertex, parts: list[int]) -> int:
         """Run ``parts`` of ``vertex``; how many of them a killed client's write operations
         finished instead (:meth:`adopt`)."""
-        started = time.perf_counter()
+        started = self.job.clock.monotonic_s()
         if not self.hash_mode(vertex):
             for edge in vertex.inputs:
                 upstream = self.graph.vertices[edge.upstream]
@@ -490,7 +489,7 @@ class VertexRunner:
             )
         log.info("Job %s attempt %d: vertex %s finished %d partitions in %.1f s",
                  self.job.run_id, self.job.attempt, vertex.id, len(parts),
-                 time.perf_counter() - started)
+                 self.job.clock.monotonic_s() - started)
         return adopted
 
     def _run_units(self, vertex: JobVertex, units: list[list[int]]) -> None:
@@ -611,7 +610,8 @@ class VertexRunner:
             self.job.release_earlier(other)
         api = spark_api(self.spark)
         before = sum((vertex.id, p) in self.job.finished for p in parts)
-        deadline = time.monotonic() + self.job.settings.batch_adopt_max_wait_ms / 1000.0
+        clock = self.job.clock
+        deadline = clock.monotonic_s() + self.job.settings.batch_adopt_max_wait_ms / 1000.0
         try:
             for record in records:
                 if record.attempt in other:
@@ -622,7 +622,8 @@ class VertexRunner:
                          record.attempt, ", ".join(record.operations))
                 try:
                     states = [api.await_operation(record.session, record.user or None, op,
-                                                  max(0.0, deadline - time.monotonic()))
+                                                  max(0.0, deadline - clock.monotonic_s()),
+                                                  clock=clock)
                               for op in record.operations]
                     log.info("Job %s attempt %d: the writes of %s attempt %d unit %d: %s",
                              self.job.run_id, self.job.attempt, vertex.id, record.attempt,

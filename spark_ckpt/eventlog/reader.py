@@ -23,12 +23,12 @@ import dataclasses
 import json
 import logging
 import re
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
+from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import EventLogError, EventLogUnreadable, FormatVersionError
 from spark_ckpt.eventlog.events import EVENT_SCHEMA, READABLE_FORMAT_VERSIONS, Event
 from spark_ckpt.storage import Storage, join
@@ -70,7 +70,8 @@ def _torn(storage: Storage, path: str, version: int) -> bool:
     return False
 
 
-def _load_newest(storage: Storage, path: str, problems: list[str], repair: bool) -> DeltaTable:
+def _load_newest(storage: Storage, path: str, problems: list[str], repair: bool,
+                 clock: Clock) -> DeltaTable:
     uri = storage.spark_path(path)
     try:
         return DeltaTable(uri)
@@ -105,7 +106,7 @@ def _load_newest(storage: Storage, path: str, problems: list[str], repair: bool)
     for bad in sorted(torn):
         src = join(path, "_delta_log", f"{bad:020d}.json")
         if repair:
-            dst = f"{src}.unreadable-{int(time.time())}"
+            dst = f"{src}.unreadable-{clock.now_ms() // 1000}"
             storage.move(src, dst)
             problems.append(f"commit {bad} of the event log was torn; moved to {dst}")
         else:
@@ -128,15 +129,16 @@ def _damaged(exc: BaseException) -> bool:
         word in str(exc) for word in ("thrift", "Thrift", "Parquet", "magic bytes"))
 
 
-def read_table(storage: Storage, path: str, *, repair: bool = False,
+def read_table(storage: Storage, path: str, *, repair: bool = False, clock: Clock | None = None,
                ) -> tuple[pa.Table, int | None, list[str]]:
     """Every readable event row as one Arrow table (unsorted), the version, and problems.
 
-    ``repair``: set torn tail commits aside (only the driver that appends next does that)."""
+    ``repair``: set torn tail commits aside (only the driver that appends next does that),
+    under a name stamped by ``clock`` (the system clock by default)."""
     if not storage.exists(join(path, "_delta_log")):
         return EVENT_SCHEMA.empty_table(), None, []
     problems: list[str] = []
-    table = _load_newest(storage, path, problems, repair)
+    table = _load_newest(storage, path, problems, repair, clock or SystemClock())
     pieces: list[pa.Table] = []
     for uri in table.file_uris():
         try:

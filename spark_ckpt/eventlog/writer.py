@@ -14,6 +14,9 @@ Fencing: before every flush the writer checks that no newer driver attempt of th
 claimed its attempt marker; if one has, the flush fails with JobFencedError and nothing more is
 written by this driver.
 
+Time: events are stamped, and retries wait, on an injected :class:`~spark_ckpt.clock.Clock`
+(the system clock by default); the background flush waits on its wake-up event.
+
 Thread ownership: ``append`` may be called from any thread; ``_buffer`` and ``_seq`` are guarded
 by ``_lock``; Delta commits happen under ``_flush_lock`` only (one at a time, in order).
 """
@@ -22,11 +25,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from deltalake import DeltaTable, write_deltalake
 
+from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import EventLogError, JobFencedError
 from spark_ckpt.eventlog.events import EVENT_SCHEMA, Event, events_to_table
 from spark_ckpt.faults import fault_point
@@ -55,8 +58,7 @@ class EventLogWriter:
         retry_backoff_ms: int = 200,
         is_fenced: Callable[[], bool] = lambda: False,
         on_flush: Callable[[list[Event]], None] | None = None,
-        clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
+        clock: Clock | None = None,
     ) -> None:
         self._storage = storage
         self._path = table_path
@@ -67,10 +69,9 @@ class EventLogWriter:
         self._max = flush_max_events
         self._is_fenced = is_fenced
         self._on_flush = on_flush
-        self._clock = clock
+        self._clock = clock or SystemClock()
         self._retries = write_retries
         self._backoff = retry_backoff_ms / 1000.0
-        self._sleep = sleep
         self.retried = 0  # failed appends that a retry then made good
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -107,7 +108,8 @@ class EventLogWriter:
         self._raise_if_failed()
         with self._lock:
             self._seq += 1
-            stamped = _stamp(event, self.job_id, self.job_attempt, self._seq, self._clock())
+            stamped = _stamp(event, self.job_id, self.job_attempt, self._seq,
+                             self._clock.now_ms())
             self._buffer.append(stamped)
             full = len(self._buffer) >= self._max
         if full:
@@ -148,7 +150,7 @@ class EventLogWriter:
                 batch, self._buffer = self._buffer, []
             if not batch:
                 return
-            started = time.perf_counter()
+            started = self._clock.monotonic_s()
             backoff = self._backoff
             attempt = 0
             while True:
@@ -177,17 +179,17 @@ class EventLogWriter:
                                 "failed (try %d of %d), retrying in %.1f s: %s", self.job_id,
                                 self.job_attempt, len(batch), attempt, self._retries + 1,
                                 backoff, exc)
-                    self._sleep(backoff)
+                    self._clock.sleep(backoff)
                     backoff = min(backoff * 2, _MAX_BACKOFF_S)
             self.retried += 1 if attempt else 0
             self.commits += 1
             log.debug("Job %s attempt %d: flushed %d events in %.0f ms", self.job_id,
-                      self.job_attempt, len(batch), (time.perf_counter() - started) * 1000)
+                      self.job_attempt, len(batch), (self._clock.monotonic_s() - started) * 1000)
         if self._on_flush is not None:
             self._on_flush(batch)
 
 
-def _stamp(event: Event, job_id: str, attempt: int, seq: int, now: float) -> Event:
+def _stamp(event: Event, job_id: str, attempt: int, seq: int, now_ms: int) -> Event:
     from dataclasses import replace
 
-    return replace(event, job_id=job_id, job_attempt=attempt, seq=seq, time_us=int(now * 1e6))
+    return replace(event, job_id=job_id, job_attempt=attempt, seq=seq, time_us=now_ms * 1000)

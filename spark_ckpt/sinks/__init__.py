@@ -22,6 +22,7 @@ asks the sink whether *that* version landed.
 
 from __future__ import annotations
 
+from spark_ckpt.clock import Clock
 from spark_ckpt.execution.graph import SinkSpec
 from spark_ckpt.sinks.base import Sink
 from spark_ckpt.sinks.delta import DeltaSink
@@ -38,8 +39,9 @@ __all__ = ["DeltaSink", "ParquetSink", "Sink", "arrow_schema_for", "check_files"
            "micros_timestamps", "partition_values", "written_files"]
 
 
-def make_sink(spec: SinkSpec, job_id: str) -> Sink:
-    """The sink ``spec`` names: a Delta table or a Parquet directory."""
+def make_sink(spec: SinkSpec, job_id: str, *, clock: Clock | None = None) -> Sink:
+    """The sink ``spec`` names: a Delta table or a Parquet directory (``clock``: the Delta
+    commit's timestamps)."""
     if spec.kind == "delta":
-        return DeltaSink(spec, job_id)
+        return DeltaSink(spec, job_id, clock=clock)
     return ParquetSink(spec, job_id)

@@ -1,16 +1,17 @@
 """A Delta table (delta-rs): staged files stay inside the table directory, invisible until one
 Delta transaction adds them with the app transaction ``(spark_ckpt/<job>/<sink>, version)``;
 delta-rs does not skip a repeated version by itself, so :meth:`DeltaSink.is_committed` checks
-``transaction_version`` first."""
+``transaction_version`` first. The commit's timestamps come from an injected
+:class:`~spark_ckpt.clock.Clock` (the pipeline's, in a streaming pipeline)."""
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.execution.graph import SinkSpec
 from spark_ckpt.execution.result_partition import OutputFile
@@ -28,8 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class DeltaSink(Sink):
-    def __init__(self, spec: SinkSpec, job_id: str) -> None:
+    def __init__(self, spec: SinkSpec, job_id: str, *, clock: Clock | None = None) -> None:
         super().__init__(spec, job_id)
+        self.clock = clock or SystemClock()
         self.store = Storage(spec.path)
         self.uri = self.store.spark_path(self.store.root)
         self.staging = join(self.store.root, "_spark_ckpt_staging", job_id)
@@ -95,7 +97,7 @@ class DeltaSink(Sink):
             return {"skipped": True}
         check_files(self.spec.name, files)
         root = self.uri.rstrip("/") + "/"
-        now = int(time.time() * 1000)
+        now = self.clock.now_ms()
         stats = self._stats(files)
         actions = [
             AddAction(

@@ -16,6 +16,8 @@ from spark_ckpt.sparkapi.types import Expr, PlanNode
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from spark_ckpt.clock import Clock
+
 __all__ = ["ClassicSpark"]
 
 _GROUP_KEYS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
@@ -176,5 +178,5 @@ class ClassicSpark:
         yield  # a classic driver's jobs end with its JVM: nothing to find again
 
     def await_operation(self, session_id: str, user: str | None, operation_id: str,
-                        timeout_s: float) -> str:
+                        timeout_s: float, *, clock: Clock | None = None) -> str:
         return "gone"

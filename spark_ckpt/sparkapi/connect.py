@@ -14,10 +14,10 @@ import copy
 import logging
 import re
 import threading
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import EnvironmentError_
 from spark_ckpt.sparkapi.types import PlanNode
 
@@ -227,22 +227,24 @@ class ConnectSpark:
             _PENDING.ids = []
 
     def await_operation(self, session_id: str, user: str | None, operation_id: str,
-                        timeout_s: float) -> str:
+                        timeout_s: float, *, clock: Clock | None = None) -> str:
         """Reattach to the operation (``ReattachExecute``, as a client whose stream broke
         does) and read its responses to the end: the stream ends with ``result_complete``, or
         the operation's error, or an unknown-handle error. Attached, a long operation is not
         abandoned by the server's detached timeout. Where the server cannot resend from the
         start (the killed client had released responses), the operation's status is polled
-        (``GetStatus``) instead. After ``timeout_s``: ``"running"``."""
+        (``GetStatus``) instead. After ``timeout_s`` of ``clock`` (the system clock by
+        default): ``"running"``."""
         import grpc
         from pyspark.sql.connect.proto import base_pb2 as pb2
 
-        deadline = time.monotonic() + timeout_s
+        clock = clock or SystemClock()
+        deadline = clock.monotonic_s() + timeout_s
         unavailable = 0
         client = self._client_of(session_id, user)
         try:
             while True:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - clock.monotonic_s()
                 if remaining <= 0:
                     return "running"
                 request = pb2.ReattachExecuteRequest(session_id=session_id,
@@ -262,14 +264,14 @@ class ConnectSpark:
                         continue  # the deadline above says whether to go on
                     if code == grpc.StatusCode.UNAVAILABLE and unavailable < 5:
                         unavailable += 1  # the server restarting, or the network
-                        time.sleep(min(1.0 * unavailable, max(0.0, remaining)))
+                        clock.sleep(min(1.0 * unavailable, max(0.0, remaining)))
                         continue
                     if any(marker in text for marker in _GONE):
                         log.info("Spark Connect: no operation %s in session %s: %s",
                                  operation_id, session_id, text[:300])
                         return "gone"
                     if "INVALID_CURSOR" in text:
-                        return _poll_status(client, operation_id, deadline)
+                        return _poll_status(client, operation_id, deadline, clock)
                     log.info("Spark Connect: operation %s of session %s ended with %s",
                              operation_id, session_id, text[:500])
                     return "failed"
@@ -278,9 +280,10 @@ class ConnectSpark:
             client.close()
 
 
-def _poll_status(client: SparkConnectClient, operation_id: str, deadline: float,
+def _poll_status(client: SparkConnectClient, operation_id: str, deadline: float, clock: Clock,
                  interval_s: float = 0.5) -> str:
-    """An operation's end by its status (``GetStatus``), until ``deadline`` (monotonic).
+    """An operation's end by its status (``GetStatus``), until ``deadline`` (``clock``'s
+    monotonic time).
     ``TERMINATING`` is ``"ended"``: the operation ran to its end (its result, or its error,
     waits for a client that will never release it, until the server abandons it), and the
     status does not say which; the caller tells by what it wrote. What a server too old to
@@ -303,6 +306,6 @@ def _poll_status(client: SparkConnectClient, operation_id: str, deadline: float,
             return "ended"
         if state != states.OPERATION_STATE_RUNNING:
             return "gone"
-        if time.monotonic() >= deadline:
+        if clock.monotonic_s() >= deadline:
             return "running"
-        time.sleep(interval_s)
+        clock.sleep(interval_s)

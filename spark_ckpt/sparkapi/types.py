@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from spark_ckpt.clock import Clock
+
 __all__ = ["Expr", "PlanNode", "SparkApi", "walk"]
 
 
@@ -119,9 +121,10 @@ class SparkApi(Protocol):
         (whose jobs end with its driver)."""
 
     def await_operation(self, session_id: str, user: str | None, operation_id: str,
-                        timeout_s: float) -> str:
-        """Wait up to ``timeout_s`` for operation ``operation_id`` of another client's session
-        (a killed client's: the server runs it on) to end: ``"succeeded"``, ``"failed"`` (it
+                        timeout_s: float, *, clock: Clock | None = None) -> str:
+        """Wait up to ``timeout_s`` (of ``clock``, the system clock by default) for operation
+        ``operation_id`` of another client's session (a killed client's: the server runs it
+        on) to end: ``"succeeded"``, ``"failed"`` (it
         ended with an error or was interrupted), ``"gone"`` (the server has no such
         operation: never started, or ended and forgotten, or its session closed),
         ``"ended"`` (it ended, and the server cannot say how: tell by what it wrote) or

@@ -12,6 +12,9 @@ changelog and snapshot files, the metadata row):
 4. fires the timers due (event time up to the watermark, processing time and TTL clean-ups up to
    the batch's time) the same way, and writes those changes;
 5. fixes the version and writes the batch's output and changelog (task.py).
+
+Time: ``time.perf_counter`` directly, not a :class:`~spark_ckpt.clock.Clock`: the task runs in
+a Python worker, where no clock is injected, and only measures its own work for its metrics.
 """
 
 from __future__ import annotations

@@ -27,11 +27,11 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import CheckpointError, InternalError, JobDefinitionError
 from spark_ckpt.state.schema import EXPIRES_COLUMN as EXPIRES
 from spark_ckpt.state.schema import TIMERS_COLUMN as TIMERS
@@ -128,7 +128,8 @@ def _entry(meta: dict[str, Any], operator: str, cid: int) -> dict[str, Any]:
     return ops[operator]
 
 
-def _claim(storage: Storage, root: str, pipeline: str, what: str, now_ms: int) -> int:
+def _claim(storage: Storage, root: str, pipeline: str, what: str, now_ms: int,
+           clock: Clock) -> int:
     """A run marker and a fence claim, as a driver's start makes: the next run number."""
     from spark_ckpt.fencing import Fence
     from spark_ckpt.formats import dump_record
@@ -140,7 +141,8 @@ def _claim(storage: Storage, root: str, pipeline: str, what: str, now_ms: int) -
         body = {"pipeline": pipeline, "started_ms": now_ms, "purpose": what}
         if storage.create_exclusive(join(root, "runs", f"{number:08d}.json"),
                                     dump_record("pipeline-run", 1, body)):
-            Fence(storage, root, f"pipeline {pipeline}").claim(f"run {number} ({what})")
+            Fence(storage, root, f"pipeline {pipeline}", clock=clock).claim(
+                f"run {number} ({what})")
             return number
 
 
@@ -242,15 +244,18 @@ def _writer(plans: dict[int, dict[str, Any]], schema_hex: str, fmt: bytes, batch
 def rewrite_state(spark: SparkSession, checkpoint_dir: str, operator: str,
                   transform: Callable[[DataFrame], DataFrame], *,
                   checkpoint_id: int | None = None, parallelism: int | None = None,
-                  now_ms: int | None = None) -> int:
+                  now_ms: int | None = None, clock: Clock | None = None) -> int:
     """Transform ``operator``'s state at ``checkpoint_id`` (the latest by default) into a new
     completed checkpoint; return its id (see the module). ``transform`` gets and returns the
-    :func:`raw_state` layout; a key it drops is gone, a row it changes is the key's state."""
+    :func:`raw_state` layout; a key it drops is gone, a row it changes is the key's state.
+    ``clock`` (the system clock by default) stamps the records; ``now_ms`` is its time when
+    not given."""
     from spark_ckpt.checkpoint.storage import CheckpointStorage
     from spark_ckpt.streaming.operations import checkpoints_uri, pipeline_status
     from spark_ckpt.streaming.stop_control import StopControl
 
-    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    clock = clock or SystemClock()
+    now_ms = now_ms if now_ms is not None else clock.now_ms()
     status = pipeline_status(checkpoint_dir, now_ms=now_ms)
     if status["state"] == "running":
         raise CheckpointError(
@@ -273,7 +278,7 @@ def rewrite_state(spark: SparkSession, checkpoint_dir: str, operator: str,
     df = transform(raw_state(spark, checkpoint_dir, operator, cid))
     check_state_frame(df, keys=keys, file_schema=schema, operator=operator)
     run = _claim(storage, storage.root, str(meta.get("pipeline") or status["pipeline"]),
-                 f"state rewrite of {operator} at checkpoint {cid}", now_ms)
+                 f"state rewrite of {operator} at checkpoint {cid}", now_ms, clock)
     try:
         p = int(parallelism or entry.get("parallelism") or len(entry["handles"]))
         handles = write_state_files(
@@ -295,7 +300,7 @@ def rewrite_state(spark: SparkSession, checkpoint_dir: str, operator: str,
         body.pop("kind", None)
         body.pop("format_version", None)
         body["checkpoint_id"] = new_id
-        body["completed_ms"] = int(time.time() * 1000)
+        body["completed_ms"] = clock.now_ms()
         body["rewritten_from"] = cid
         body["operators"][operator] = {**copy.deepcopy(entry), "handles": handles,
                                        "parallelism": p}
@@ -311,11 +316,11 @@ def rewrite_state(spark: SparkSession, checkpoint_dir: str, operator: str,
     except BaseException as exc:
         StopControl(storage, storage.root, str(meta.get("pipeline")), run).record_end(
             "failed", f"state rewrite failed: {type(exc).__name__}: {exc}", None, None,
-            int(time.time() * 1000))
+            clock.now_ms())
         raise
     StopControl(storage, storage.root, str(meta.get("pipeline")), run).record_end(
         "stopped", f"state of {operator} rewritten from checkpoint {cid} into {new_id}",
-        new_id, int(body["barrier_batch"]), int(time.time() * 1000))
+        new_id, int(body["barrier_batch"]), clock.now_ms())
     log.info("Pipeline %s: state of %s at checkpoint %d rewritten into checkpoint %d (%d keys)",
              meta.get("pipeline"), operator, cid, new_id, rows)
     return new_id
@@ -396,7 +401,7 @@ def bootstrap_state(ctx: Any, frames: dict[str, DataFrame]) -> int:
         check_state_frame(df, keys=keys, file_schema=schema, operator=name)
         planned.append((name, op, df, keys, schema, fmt, parallelism, max_parallelism,
                         describe))
-    run = _claim(ctx.storage, ctx.root, ctx.name, "state bootstrap", now_ms)
+    run = _claim(ctx.storage, ctx.root, ctx.name, "state bootstrap", now_ms, ctx.clock)
     operators: dict[str, Any] = {}
     for name, op, df, keys, schema, fmt, parallelism, max_parallelism, describe in planned:
         handles = write_state_files(

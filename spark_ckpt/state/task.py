@@ -13,6 +13,9 @@ unreferenced files.
 
 Everything here is shipped to executors by Spark's closure serializer and imports only
 pyarrow, numpy, pandas and this package's state modules.
+
+Time: ``time.perf_counter`` directly, not a :class:`~spark_ckpt.clock.Clock`: the task runs in
+a Python worker, where no clock is injected, and only measures its own work for its metrics.
 """
 
 from __future__ import annotations

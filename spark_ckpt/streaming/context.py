@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -136,14 +135,14 @@ class StreamingContext:
         self._schemas: dict[str, str] = {}
         self._run: int | None = None
         self._claimed: Any = None  # when this run claimed the directory (storage clock)
-        self._fence = Fence(self.storage, self.root, f"pipeline {name}")
+        self.clock = clock or SystemClock()
+        self._fence = Fence(self.storage, self.root, f"pipeline {name}", clock=self.clock)
         self._lifecycle = Lifecycle(name)
         self._allocation_store: AllocationStore | None = None
         self.tracker: ReceiverTracker | None = None
         self.scheduler: JobScheduler | None = None
         self.generator: JobGenerator | None = None
         self.loop: PipelineLoop | None = None
-        self.clock = clock or SystemClock()
         # lineage: "<name>-<pipeline id>" keys every sink transaction; a checkpoint directory
         # made before pipeline ids existed keeps its old ids ("<name>")
         self.pipeline_id = ""
@@ -649,14 +648,14 @@ class StreamingContext:
         every two-phase sink's acknowledgement, or why it declined."""
         out: dict[str, TaskAck | Exception] = {}
         for name, txns in self.transactions.items():
-            t0 = time.perf_counter()
+            t0 = self.clock.monotonic_s()
             try:
                 state = txns.pre_commit(checkpoint_id, batch_id)
             except Exception as exc:  # noqa: BLE001 - a declined checkpoint, not a crash
                 out[f"sink:{name}"] = exc
                 continue
             out[f"sink:{name}"] = TaskAck(f"sink:{name}", state, {
-                "sync_ms": int((time.perf_counter() - t0) * 1000)})
+                "sync_ms": int((self.clock.monotonic_s() - t0) * 1000)})
         return out
 
     def _live_state_files(self) -> set[str]:

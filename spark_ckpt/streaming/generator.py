@@ -18,7 +18,6 @@ it is given: the tracker, the batch queue, the driver-state log, a fencing check
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -53,14 +52,14 @@ class JobGenerator:
 
     def generate(self, batch_time_ms: int) -> QueuedBatch | None:
         """Steps 1-5 for the next batch; None when it would be empty and may be skipped."""
-        t0 = time.perf_counter()
+        t0 = self._clock.monotonic_s()
         self._fence()
         allocation = self._tracker.allocate(self.next_batch, batch_time_ms,
                                             skip_if_empty=self._skip_empty)  # step 1
         if allocation is None:
             return None
         queued = QueuedBatch(allocation, holds_slot=True,
-                             allocation_ms=int((time.perf_counter() - t0) * 1000))
+                             allocation_ms=int((self._clock.monotonic_s() - t0) * 1000))
         fault_point("stream.batch.allocated")
         self._batches.put(queued)  # steps 2-4
         self._driver_state.put(allocation.batch_id, {  # step 5

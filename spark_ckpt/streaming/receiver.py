@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.errors import JobDefinitionError, RecordError, SourceError
@@ -317,7 +316,7 @@ class SocketSource(ReceiverSource):
         lines: list[str] = []
         held = 0
         warned = 0
-        last = time.monotonic()
+        last = self.clock.monotonic_s()
         try:
             while not self._stop.is_set():
                 try:
@@ -339,10 +338,10 @@ class SocketSource(ReceiverSource):
                                     "that many bytes (%d line(s) so far); raise the option to "
                                     "receive such lines whole", self.name, splitter.limit,
                                     warned)
-                if held >= max_block or time.monotonic() - last >= interval:
+                if held >= max_block or self.clock.monotonic_s() - last >= interval:
                     self._flush(lines)
                     held = 0
-                    last = time.monotonic()
+                    last = self.clock.monotonic_s()
             self._flush(lines)
         finally:
             self.cut_lines += splitter.cut_lines

@@ -231,7 +231,7 @@ class JobScheduler:
                   allocation_ms: int = 0) -> dict[str, Any]:
         ctx = self.ctx
         b = allocation.batch_id
-        started = time.perf_counter()
+        started = self._clock.monotonic_s()
         wall_start = self._clock.now_ms() / 1000
         since_last = (started - self._last_start) if self._last_start is not None else None
         self._last_start = started
@@ -249,12 +249,12 @@ class JobScheduler:
         try:
             scope.enter_context(api.job_group(group, f"spark_ckpt pipeline {ctx.name} batch {b}",
                                               owner=ctx.owner_tag or None))
-            t0 = time.perf_counter()
+            t0 = self._clock.monotonic_s()
             reachable = {s.id for s in ctx.graph.reachable()}
             for op in ctx.graph.stateful:  # state moves once per batch, whatever outputs skip
                 if op.id in reachable:
                     run.get_or_compute(op)
-            durations["state"] = _ms(time.perf_counter() - t0)
+            durations["state"] = _ms(self._clock.monotonic_s() - t0)
             planning = 0.0
             for output in ctx.graph.outputs:
                 name = output.output_name
@@ -277,14 +277,14 @@ class JobScheduler:
                     outputs[name] = {"staged_files": len(piece["files"]) if piece else 0,
                                      "chained": True}
                     continue
-                t0 = time.perf_counter()
+                t0 = self._clock.monotonic_s()
                 df = run.get_or_compute(output)
                 if df is None:
                     outputs[name] = {"skipped": "no batch (window slide)"}
                     continue
                 target = txns.sink if txns is not None else output.sink
                 target.prepare(df)  # type: ignore[union-attr]
-                t1 = time.perf_counter()
+                t1 = self._clock.monotonic_s()
                 planning += t1 - t0
                 api.describe(f"spark_ckpt pipeline {ctx.name} batch {b} output {name}")
                 if txns is not None:
@@ -293,10 +293,10 @@ class JobScheduler:
                     outputs[name] = {"staged_files": len(piece["files"]) if piece else 0}
                 else:
                     staged[name] = output.sink.stage(df, b)  # type: ignore[union-attr]
-                durations[f"output.{name}"] = _ms(time.perf_counter() - t1)
+                durations[f"output.{name}"] = _ms(self._clock.monotonic_s() - t1)
             durations["planning"] = _ms(planning)
             fault_point("stream.batch.staged")
-            t0 = time.perf_counter()
+            t0 = self._clock.monotonic_s()
             for output in ctx.graph.outputs:
                 name = output.output_name
                 if name in staged:
@@ -316,7 +316,7 @@ class JobScheduler:
                 ctx.commits.put(b, record)
             else:
                 ctx.commits.add(b, record)
-            durations["commit"] = _ms(time.perf_counter() - t0)
+            durations["commit"] = _ms(self._clock.monotonic_s() - t0)
             fault_point("stream.batch.committed")
         finally:
             self.running_group = None
@@ -324,7 +324,7 @@ class JobScheduler:
             run.cleanup()
         self.last_batch = b
         self._publish_boundary(b)
-        total = time.perf_counter() - started
+        total = self._clock.monotonic_s() - started
         durations["total"] = _ms(total)
         durations["allocation"] = allocation_ms
         rows = run.stats.input_rows

@@ -159,7 +159,7 @@ class DeltaBatchSink(_FileSink):
     def _sink(self) -> DeltaSink:
         if self._delta is None:
             spec = SinkSpec(self.name, "delta", self.path, "append", self.partition_by)
-            self._delta = DeltaSink(spec, self.ctx.lineage)
+            self._delta = DeltaSink(spec, self.ctx.lineage, clock=getattr(self.ctx, "clock", None))
         return self._delta
 
     def prepare(self, df: DataFrame) -> None:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import JobDefinitionError, RecordError, SourceError
 from spark_ckpt.formats import ANY, PATH, STR, ListOf, MapOf, Opt, Row, integer, validate
 from spark_ckpt.storage import Storage, join
@@ -48,12 +48,14 @@ log = logging.getLogger(__name__)
 
 CORRUPT_COLUMN = "_corrupt_record"
 JSON_MAX_STRING_LEN = 20_000_000  # Spark's default maxStringLen (Jackson's limit)
+_SYSTEM_CLOCK = SystemClock()  # a source's clock until it is bound to a pipeline that has one
 _KEEP = 1 << 62  # the mtime of a seen file recorded before mtimes were: never forgotten
 
 
 class SourceScope(Protocol):
     """What a source reads of the pipeline it is bound to: its options, the checkpoint
-    directory it keeps its records under, and the schema recorded for it."""
+    directory it keeps its records under, and the schema recorded for it (and, when it has one,
+    its ``clock``: see :attr:`Source.clock`)."""
 
     settings: Settings
     storage: Storage
@@ -74,6 +76,13 @@ class Source:
 
     def bind(self, pipeline: SourceScope) -> None:
         self.pipeline = pipeline
+
+    @property
+    def clock(self) -> Clock:
+        """The clock of the pipeline this source is bound to: its ``clock`` when it has one,
+        else (and before it is bound) the system clock."""
+        clock = getattr(self.pipeline, "clock", None)
+        return clock if isinstance(clock, Clock) else _SYSTEM_CLOCK
 
     def schema(self) -> StructType:
         raise NotImplementedError
@@ -981,7 +990,11 @@ class GeneratorSource(Source):
         self.partitions = partitions
         self.seed = seed
         self.offset = 0
-        self._last = time.monotonic()
+        self._last = self.clock.monotonic_s()
+
+    def bind(self, pipeline: SourceScope) -> None:
+        super().bind(pipeline)
+        self._last = self.clock.monotonic_s()  # the rate runs on the pipeline's clock
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "keys": self.keys, "seed": self.seed}
@@ -1001,7 +1014,7 @@ class GeneratorSource(Source):
             self.offset = max(self.offset, piece["end"])
 
     def plan(self) -> dict[str, Any]:
-        now = time.monotonic()
+        now = self.clock.monotonic_s()
         if self.rows_per_batch is not None:
             count = self.rows_per_batch
         else:
@@ -1015,7 +1028,7 @@ class GeneratorSource(Source):
 
     def advance(self, piece: dict[str, Any]) -> None:
         self.offset = piece["end"]
-        self._last = time.monotonic()
+        self._last = self.clock.monotonic_s()
 
     def position(self) -> dict[str, Any]:
         return {"offset": self.offset}

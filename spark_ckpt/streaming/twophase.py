@@ -278,7 +278,8 @@ class DeltaTwoPhaseSink(_FileTwoPhaseSink):
                 raise JobDefinitionError(f"sink {self.name}: expected a started pipeline (it "
                                          "names the sink's transactions), found none")
             spec = SinkSpec(self.name, "delta", self.path, "append", self.partition_by)
-            self._delta = DeltaSink(spec, f"{self.lineage}-2pc")  # apart from per-batch ids
+            self._delta = DeltaSink(spec, f"{self.lineage}-2pc",  # apart from per-batch ids
+                                    clock=getattr(self.ctx, "clock", None))
         return self._delta
 
     def prepare(self, df: DataFrame) -> None:

@@ -203,6 +203,7 @@ class _FileTwoPhaseSink(TwoPhaseCommitSink):
         self.path = path
         self.partition_by = tuple(partition_by)
         self.store = Storage(path)
+        self.ctx = ctx
         self._writer = _FileSink(name, path, partition_by, ctx)
 
     def describe(self) -> dict[str, Any]:

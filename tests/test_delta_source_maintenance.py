@@ -433,13 +433,20 @@ def test_a_vacuumed_file_not_yet_read_stops_naming_its_version(spark, tmp_path):
     assert (piece["to_version"], piece["files"]) == (version(table), [])
 
 
-def test_a_cleaned_up_log_stops_naming_the_version_and_what_to_do(tmp_path):
+def cleaned_up_table(tmp_path: Path) -> str:
+    """Four appends of 100 rows, a log checkpoint, then versions 0 and 1's commits removed, as
+    the log cleanup after that checkpoint does."""
     table = str(tmp_path / "src")
     for start in range(0, 400, 100):
         append(table, range(start, start + 100))
     DeltaTable(table).create_checkpoint()
-    for v in (0, 1):  # what the log cleanup after that checkpoint removes
+    for v in (0, 1):
         os.remove(log_json(table, v))
+    return table
+
+
+def test_a_cleaned_up_log_stops_naming_the_version_and_what_to_do(tmp_path):
+    table = cleaned_up_table(tmp_path)
     source = DeltaStreamSource("src", table, starting_version=0)
     with pytest.raises(SourceError, match=r"expected the commit of version 0 at .*"
                        r"00000000000000000000.json, found it gone \(the oldest commit still in "
@@ -588,12 +595,7 @@ def test_an_explicit_starting_version_reads_the_changes_from_it(tmp_path):
 
 
 def test_a_new_pipeline_reads_a_table_whose_first_commits_were_cleaned_up(tmp_path):
-    table = str(tmp_path / "src")
-    for start in range(0, 400, 100):
-        append(table, range(start, start + 100))
-    DeltaTable(table).create_checkpoint()
-    for v in (0, 1):  # what the log cleanup after that checkpoint removes
-        os.remove(log_json(table, v))
+    table = cleaned_up_table(tmp_path)
     source = DeltaStreamSource("src", table)
     (piece,) = drain(source)
     assert (piece["from_version"], piece["to_version"], piece["rows"]) == (-1, 3, 400)

@@ -32,7 +32,7 @@ too. Figures are appended to the JSON file as each shape finishes.
 
 from __future__ import annotations
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 import argparse
 import json
 import os

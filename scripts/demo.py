@@ -24,7 +24,7 @@ Streaming:
 
 from __future__ import annotations
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 import argparse
 import os
 import shutil

@@ -93,7 +93,7 @@ def start(ckpt: Path, out: Path, log: Path) -> subprocess.Popen:
 
 
 def check_exactly_once(out: Path) -> dict[str, object]:
-    from spark_ckpt.delta_reader import read_delta
+    from spark_ckpt.storage.delta_reader import read_delta
 
     events = read_delta(str(out / "events")).to_pandas()
     ids = events["id"].sort_values().tolist()

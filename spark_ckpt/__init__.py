@@ -30,9 +30,10 @@ from spark_ckpt.errors import (
     TaskExecutionError,
     UserFunctionError,
 )
+from spark_ckpt.ops.state_processor import raw_state, read_state, rewrite_state
 from spark_ckpt.options import Settings
 from spark_ckpt.session import get_or_create_session
-from spark_ckpt.state import KeyedBatch, KeyedProcessor, Result, VectorizedProcessor, read_state
+from spark_ckpt.state import KeyedBatch, KeyedProcessor, Result, VectorizedProcessor
 from spark_ckpt.streaming import (
     Stream,
     StreamingContext,
@@ -77,5 +78,7 @@ __all__ = [
     "VertexRef",
     "VertexSummary",
     "get_or_create_session",
+    "raw_state",
     "read_state",
+    "rewrite_state",
 ]

@@ -157,9 +157,9 @@ def validate(value: Any, spec: Any, field: str = "") -> None:
 # The file paths spark_ckpt itself writes into them, and nothing else (partition-value maps,
 # a user's own source pieces and sink transactions hold any data): a file source's files
 # [path, size, mtime], a Delta source's [path, size, rows, partition values], a receiver's
-# blocks [seq, path, size] (streaming/sources.py, receiver.py); a file two-phase sink's
+# blocks [seq, path, size] (sources/source.py, receiver.py); a file two-phase sink's
 # pieces {dir, files: [{path, ...}]} (Delta) or moves [[from, to]] and dirs (Parquet)
-# (streaming/twophase.py).
+# (sinks/two_phase.py).
 _SOURCE_PIECE = At({"files": Each(At({0: PATH})), "blocks": Each(At({1: PATH}))})
 _SINK_TXN = At({"pieces": Each(At({"dir": PATH, "files": Each(At({"path": PATH}))})),
                 "moves": Each(At({0: PATH, 1: PATH})), "dirs": Each(PATH)})
@@ -176,7 +176,7 @@ RECORDS: dict[tuple[str, int], Any] = {
                                "operators?": MapOf({"kind": STR, "keys": ListOf(STR)}),
                                "batch_interval_s?": NUMBER, "checkpoints?": STR},
     # runs/<n>.json: a driver's claim of the directory (streaming/context.py, and
-    # state/rewrite.py's offline runs, which name their purpose)
+    # ops/state_processor.py's offline runs, which name their purpose)
     ("pipeline-run", 1): {"pipeline": STR, "started_ms": MILLIS, "purpose?": STR,
                           "connect_session?": STR, "connect_user?": STR, "connect_tag?": STR},
     ("checkpoint-metadata", 1): {
@@ -190,7 +190,7 @@ RECORDS: dict[tuple[str, int], Any] = {
             "rows?": integer(0), "range": STR, "token?": Opt(STR)})}),
         "sinks?": MapOf({"pending": ListOf(Row(integer(0), _SINK_TXN))}),
     },
-    # streaming/stop_control.py: spark-ckpt stop's request and the driver's answer
+    # streaming/runtime/stop_control.py: spark-ckpt stop's request and the driver's answer
     ("stop-request", 1): {"request_id": STR, "run": integer(1), "requested_ms": MILLIS},
     ("stop-answer", 1): {"request_id": STR, "run": integer(1), "status": STR,
                          "checkpoint_id": Opt(integer(0)), "barrier_batch": Opt(BATCH_ID),
@@ -198,7 +198,7 @@ RECORDS: dict[tuple[str, int], Any] = {
     ("pipeline-run-end", 1): {"run": integer(1), "status": STR, "message": STR,
                               "final_checkpoint": Opt(integer(0)),
                               "final_barrier": Opt(BATCH_ID), "ended_ms": MILLIS},
-    # streaming/operations.py: spark-ckpt restore's request, taken by the next start
+    # ops/pipeline_ops.py: spark-ckpt restore's request, taken by the next start
     ("restore-request", 1): {"checkpoint_id": integer(0), "requested_ms": MILLIS},
     # batch/adoption.py: a run unit a Spark Connect driver submitted (paths derived, not kept)
     ("batch-unit", 1): {"attempt": integer(1), "vertex": STR, "number": integer(0),

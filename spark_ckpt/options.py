@@ -603,7 +603,7 @@ class Settings:
             every = _listing(runtime)
             _warn_unknown([k for k in every or {}
                            if isinstance(k, str) and k.startswith("spark.ckpt.")])
-            from spark_ckpt.sparkapi import is_connect
+            from spark_ckpt.session import is_connect
 
             if every is not None and is_connect(runtime):
                 getter = every.get  # one round trip to the server, not one per option

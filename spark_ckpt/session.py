@@ -24,7 +24,7 @@ from spark_ckpt.javacheck import check_java
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["get_or_create_session", "read_defaults", "session_conf"]
+__all__ = ["get_or_create_session", "is_connect", "read_defaults", "session_conf"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,12 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
 SESSION_PREFIXES = ("spark.ckpt.", "spark.sql.")
 STATIC_SQL = frozenset({"spark.sql.warehouse.dir", "spark.sql.catalogImplementation",
                         "spark.sql.extensions", "spark.sql.catalog.spark_catalog"})
+
+
+def is_connect(obj: object) -> bool:
+    """True for a Spark Connect session, DataFrame or runtime conf (their classes live in
+    ``pyspark.sql.connect``)."""
+    return type(obj).__module__.startswith("pyspark.sql.connect")
 
 
 def read_defaults(path: str | os.PathLike[str]) -> dict[str, str]:

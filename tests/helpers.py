@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 import atexit
 import os
 import signal

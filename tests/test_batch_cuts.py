@@ -20,8 +20,8 @@ import batch_shapes as shapes
 from helpers import ROOT, child_env, defaults_text
 from spark_ckpt import BatchJob, Settings
 from spark_ckpt.batch.aggsplit import NotSplittable, check_split, split_aggregate
-from spark_ckpt.cli import main as cli
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.ops.cli import main as cli
+from spark_ckpt.storage.delta_reader import read_delta
 
 # exchanges however small the tests' inputs (spark.ckpt.batch.exchangeMinBytes=0): the
 # orders report's join runs through its durable exchanges, as a large job's does

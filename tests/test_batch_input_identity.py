@@ -26,9 +26,9 @@ from pyspark.sql import functions as F
 import test_recovery_faults as recovery
 from helpers import ROOT, assert_outputs_equal, finished_in_log, read_daily
 from spark_ckpt import BatchJob, InputChangedError, Settings, faults
-from spark_ckpt.batch.file_identity import FileIdentity, identify
-from spark_ckpt.batch.sources import FileSource, decode_files, decode_splits, encode_splits
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.sources.file_identity import FileIdentity, identify
+from spark_ckpt.sources.job_inputs import FileSource, decode_files, decode_splits, encode_splits
+from spark_ckpt.storage.delta_reader import read_delta
 from spark_ckpt.eventlog.events import EVENT_SCHEMA, Event, EventType
 from spark_ckpt.eventlog.reader import read_events
 from spark_ckpt.storage import Storage
@@ -122,7 +122,7 @@ def _fresh(source):
 def test_an_untouched_input_compares_equal_to_what_another_process_recorded(tmp_path):
     directory = write_flights(tmp_path / "flights")
     record = ("import json, sys\n"
-              "from spark_ckpt.batch.sources import FileSource, encode_splits\n"
+              "from spark_ckpt.sources.job_inputs import FileSource, encode_splits\n"
               "source = FileSource(sys.argv[1], 'csv')\n"
               "files = source.identify()\n"
               "print(json.dumps(encode_splits(source.discover(2, files), files)))\n")

@@ -6,7 +6,7 @@ writes in Spark's terms would leave (append, overwrite, dynamic partition overwr
 
 from __future__ import annotations
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import functions as F

@@ -444,7 +444,7 @@ def test_a_forced_checkpoint_is_not_expired_by_a_slow_pre_commit(tmp_path, monke
 
 
 def test_sink_transactions_pre_commit_only_the_batches_up_to_the_barrier():
-    from spark_ckpt.streaming.twophase import SinkTransactions, TwoPhaseCommitSink
+    from spark_ckpt.sinks.two_phase import SinkTransactions, TwoPhaseCommitSink
 
     class Recording(TwoPhaseCommitSink):
         def __init__(self) -> None:

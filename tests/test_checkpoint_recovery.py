@@ -15,7 +15,7 @@ test per kill point.
 
 from __future__ import annotations
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 import json
 import os
 import random

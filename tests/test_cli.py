@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 import orders_report as report
 from spark_ckpt import Settings
-from spark_ckpt.cli import main
+from spark_ckpt.ops.cli import main
 
 
 @pytest.fixture(scope="module")

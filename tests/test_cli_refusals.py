@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from spark_ckpt import BatchJob, DirectoryError, Settings, StreamingContext
-from spark_ckpt.cli import main
+from spark_ckpt.ops.cli import main
 from spark_ckpt.state.aggregates import count
 
 JOB = "tiny"
@@ -198,7 +198,7 @@ def test_a_pipeline_directory_that_lost_its_metadata_is_damaged_not_foreign(dirs
 def test_the_library_raises_what_the_command_line_prints(spark, dirs):
     from spark_ckpt import read_state
     from spark_ckpt import shell as ck
-    from spark_ckpt.streaming.operations import pipeline_status
+    from spark_ckpt.ops.pipeline_ops import pipeline_status
 
     for directory, kind in ((dirs["missing"], "missing"), (dirs["work"], "foreign"),
                             (dirs["ckpt-damaged"], "damaged")):

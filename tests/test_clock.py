@@ -13,7 +13,7 @@ import pytest
 
 import spark_ckpt
 from spark_ckpt.clock import ManualClock, SystemClock
-from spark_ckpt.streaming.sources import GeneratorSource
+from spark_ckpt.sources.generator import GeneratorSource
 
 PACKAGE = Path(spark_ckpt.__file__).parent
 
@@ -26,7 +26,7 @@ ALLOWED = {
     "state/task.py",  # a Python worker's task: no clock is injected there
     "state/process_task.py",  # the same
     "faults.py",  # fault points: set up by the environment, race real processes
-    "faultfs.py",  # faulty storage: the same
+    "storage/faulty.py",  # faulty storage: the same
 }
 
 

@@ -35,7 +35,7 @@ import pytest
 from deltalake import DeltaTable
 from helpers import ROOT, child_env, wait_for
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from spark_ckpt import StreamingContext
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 from spark_ckpt.options import Settings
 
 BASE_S = 1_767_225_600

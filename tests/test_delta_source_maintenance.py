@@ -25,10 +25,10 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
 from spark_ckpt import PipelineFailedError, Settings, SourceError, StreamingContext
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 from spark_ckpt.storage import Storage
-from spark_ckpt.streaming.delta_log import CommitKind, earliest_commit, parse_commit, read_commit
-from spark_ckpt.streaming.sources import DeltaStreamSource
+from spark_ckpt.sources.delta_log import CommitKind, earliest_commit, parse_commit, read_commit
+from spark_ckpt.sources.delta_stream import DeltaStreamSource
 
 OPTIONS = {
     "default": {},

@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from helpers import LONG_FAULTS, ROOT, child_env
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 
 
 def test_read_delta_gives_delta_rs_answer_with_partition_values(tmp_path):
@@ -31,7 +31,8 @@ def test_a_process_that_read_delta_tables_exits_cleanly(tmp_path):
     for n in range(8):
         write_deltalake(path, pa.table({"id": list(range(n * 100, n * 100 + 100))}),
                         mode="append")
-    code = f"from spark_ckpt.delta_reader import read_delta; read_delta({path!r}).to_pandas()"
+    code = (f"from spark_ckpt.storage.delta_reader import read_delta; "
+            f"read_delta({path!r}).to_pandas()")
     for _ in range(6):  # the abort this guards against struck one exit in three
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               timeout=120)

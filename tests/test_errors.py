@@ -22,12 +22,14 @@ PACKAGE = Path(spark_ckpt.__file__).parent
 ALLOWED = {
     ("*", "NotImplementedError"): "an abstract method: the subclass overrides it",
     ("spark_ckpt.state.processor", "KeyError"): "KeyRows[column]: the mapping protocol",
-    ("spark_ckpt.streaming.receiver", "ConnectionResetError"):
+    ("spark_ckpt.sources.receivers", "ConnectionResetError"):
         "the server closed the socket: an OSError the receiver's reconnect loop catches",
-    ("spark_ckpt.cli", "ClickException"): "click's protocol for a message and exit code 1",
-    ("spark_ckpt.cli", "UsageError"): "click's protocol for a usage error (exit code 2)",
+    ("spark_ckpt.state", "AttributeError"): "a module's __getattr__ (PEP 562) for a name it lacks",
+    ("spark_ckpt.ops.cli", "ClickException"): "click's protocol for a message and exit code 1",
+    ("spark_ckpt.ops.cli", "UsageError"): "click's protocol for a usage error (exit code 2)",
     ("spark_ckpt.faults", "OSError"): "an injected storage failure: the storage's own error",
-    ("spark_ckpt.faultfs", "OSError"): "an injected storage failure: the storage's own error",
+    ("spark_ckpt.storage.faulty", "OSError"):
+        "an injected storage failure: the storage's own error",
     ("spark_ckpt.storage", "OSError"): "an injected full disk (faultfs.enospc): ENOSPC",
 }
 

@@ -1,6 +1,6 @@
 """The Delta event log: buffered writes, fencing, and tolerant reads of damaged logs."""
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 import time
 
 import pytest
@@ -192,7 +192,7 @@ def test_a_log_that_cannot_load_at_all_raises_unreadable(tmp_path):
 def test_the_cli_reads_a_torn_log_without_moving_a_file(tmp_path):
     from click.testing import CliRunner
 
-    from spark_ckpt.cli import main
+    from spark_ckpt.ops.cli import main
 
     storage = Storage(str(tmp_path / "work" / "j"))
     w = EventLogWriter(storage, storage.path("events"), job_id="j", job_attempt=1,

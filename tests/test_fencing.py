@@ -9,12 +9,12 @@ import sys
 
 from helpers import wait_for
 
-from spark_ckpt.fencing import Fence
+from spark_ckpt.storage.fencing import Fence
 from spark_ckpt.storage import Storage
 
 CLAIMANT = """
 import json, sys
-from spark_ckpt.fencing import Fence
+from spark_ckpt.storage.fencing import Fence
 from spark_ckpt.storage import Storage
 storage = Storage(sys.argv[1])
 fence = Fence(storage, storage.root, "job race")

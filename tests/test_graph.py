@@ -1,7 +1,7 @@
 import pytest
 
 from spark_ckpt.errors import JobDefinitionError
-from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex, SinkSpec
+from spark_ckpt.execution.job_graph import Edge, JobGraph, JobVertex, SinkSpec
 
 
 class _Replayable:
@@ -140,7 +140,7 @@ def test_fingerprint_changes_with_parallelism_and_version():
 
 
 def test_function_identity_ignores_module_but_sees_the_body():
-    from spark_ckpt.execution.graph import _function_identity
+    from spark_ckpt.execution.job_graph import _function_identity
 
     def f(df):
         return df.where("x > 1")
@@ -158,7 +158,7 @@ def test_function_identity_ignores_module_but_sees_the_body():
 FINGERPRINT_SCRIPT = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from spark_ckpt.execution.graph import JobVertex
+from spark_ckpt.execution.job_graph import JobVertex
 REGION = "eu"
 fn = lambda df: df if REGION in {"eu", "us", "apac", "latam", "mena"} else df.limit(0)
 def g(df):

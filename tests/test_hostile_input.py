@@ -84,11 +84,11 @@ import pyarrow.parquet as pq  # noqa: E402
 from helpers import wait_for  # noqa: E402
 
 from spark_ckpt import InputChangedError, PipelineFailedError, SourceError  # noqa: E402
-from spark_ckpt.batch.sources import FileSource  # noqa: E402
-from spark_ckpt.delta_reader import read_delta  # noqa: E402
+from spark_ckpt.sources.job_inputs import FileSource  # noqa: E402
+from spark_ckpt.storage.delta_reader import read_delta  # noqa: E402
 from spark_ckpt.errors import RecordError  # noqa: E402
 from spark_ckpt.formats import load_record  # noqa: E402
-from spark_ckpt.streaming.receiver import SocketSource  # noqa: E402
+from spark_ckpt.sources.receivers import SocketSource  # noqa: E402
 
 QUIET = Settings(progress="never", event_log_flush_interval_ms=200,
                  batch_exchange_min_bytes=0)
@@ -466,7 +466,7 @@ def test_a_huge_socket_line_is_whole_under_its_limit_else_cut_with_a_warning_rig
             done.wait(60)  # the connection stays open until the test has checked
 
     threading.Thread(target=serve, daemon=True).start()
-    caplog.set_level("WARNING", logger="spark_ckpt.streaming.receiver")
+    caplog.set_level("WARNING", logger="spark_ckpt.sources.receivers")
     source.start()
     try:
         def received():
@@ -811,7 +811,7 @@ def test_only_the_file_paths_spark_ckpt_writes_are_path_checked(tmp_path):
     positions the built-in sources and sinks write are still refused with '..'."""
     from deltalake import write_deltalake
 
-    from spark_ckpt.streaming.sources import DeltaStreamSource
+    from spark_ckpt.sources.delta_stream import DeltaStreamSource
 
     table = tmp_path / "delta"
     write_deltalake(str(table), pa.table({"id": pa.array([1, 2], pa.int64()),

@@ -3,7 +3,7 @@ same computation in plain Spark, across restores, rescaling and failing checkpoi
 
 from __future__ import annotations
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 import json
 import os
 import shutil
@@ -100,7 +100,7 @@ def test_keyed_aggregates_equal_plain_spark_in_every_view(spark, tmp_path, small
     # the command line shows the same history and the latest checkpoint
     from click.testing import CliRunner
 
-    from spark_ckpt.cli import main
+    from spark_ckpt.ops.cli import main
 
     listed = CliRunner().invoke(main, ["checkpoints", "list", str(tmp_path / "ckpt"), "--json"])
     assert listed.exit_code == 0, listed.output
@@ -236,7 +236,7 @@ def test_restore_by_id_replays_from_that_checkpoint(spark, tmp_path):
     # the command line marks the abandoned checkpoints, shows one, and validates the rest
     from click.testing import CliRunner
 
-    from spark_ckpt.cli import main
+    from spark_ckpt.ops.cli import main
 
     ckpt = str(tmp_path / "ckpt")
     listed = CliRunner().invoke(main, ["checkpoints", "list", ckpt, "--json"])
@@ -441,7 +441,7 @@ def test_a_checkpoint_goes_at_the_last_finished_batch_without_waiting_for_the_ru
     visible only batch 0's rows. Released, the run ends equal to plain Spark."""
     import threading
 
-    from spark_ckpt.streaming.progress import StreamingListener
+    from spark_ckpt.streaming.runtime.progress import StreamingListener
 
     gate = tmp_path / "gate"
 

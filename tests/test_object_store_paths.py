@@ -16,8 +16,8 @@ import pytest
 
 from spark_ckpt import storage as storage_mod
 from spark_ckpt.storage import Storage, join
-from spark_ckpt.streaming.sinks import staged_files
-from spark_ckpt.streaming.twophase import ParquetTwoPhaseSink
+from spark_ckpt.sinks.per_batch import staged_files
+from spark_ckpt.sinks.two_phase import ParquetTwoPhaseSink
 
 ROOTS = {
     "s3": "s3://bucket/out/table",

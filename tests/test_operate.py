@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from pyspark.sql import functions as F
 
 from spark_ckpt import Settings, StateSchemaError, StreamingContext, read_state
-from spark_ckpt.cli import main
+from spark_ckpt.ops.cli import main
 from spark_ckpt.state.aggregates import count, max_
-from spark_ckpt.validate import checkpoint_dirs
+from spark_ckpt.ops.validate import checkpoint_dirs
 
 KEYS = 7
 

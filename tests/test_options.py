@@ -129,7 +129,7 @@ spark = (SparkSession.builder.remote("local[2]").config("spark.ui.enabled", "fal
          .config("spark.sql.shuffle.partitions", "2").getOrCreate())
 from spark_ckpt import BatchJob, StreamingContext, get_or_create_session, read_state
 from spark_ckpt.state.aggregates import count, sum_
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 assert get_or_create_session() is spark
 work = sys.argv[1]
 job = BatchJob("j", spark=spark, work_dir=work + "/work")

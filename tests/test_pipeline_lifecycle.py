@@ -14,12 +14,12 @@ from spark_ckpt import JobDefinitionError, PipelineFailedError, Settings, Stream
 from spark_ckpt.clock import ManualClock
 from spark_ckpt.errors import IllegalStateTransition
 from spark_ckpt.storage import Storage
-from spark_ckpt.streaming.allocations import AllocationStore
-from spark_ckpt.streaming.batch import BatchAllocation
-from spark_ckpt.streaming.batch_queue import FINISH, BatchQueue, QueuedBatch
-from spark_ckpt.streaming.lifecycle import Lifecycle, PipelineState
-from spark_ckpt.streaming.metalog import MetadataLog
-from spark_ckpt.streaming.pipeline_loop import (
+from spark_ckpt.streaming.runtime.allocations import AllocationStore
+from spark_ckpt.streaming.template.batch_run import BatchAllocation
+from spark_ckpt.streaming.runtime.batch_queue import FINISH, BatchQueue, QueuedBatch
+from spark_ckpt.streaming.runtime.lifecycle import Lifecycle, PipelineState
+from spark_ckpt.streaming.runtime.metalog import MetadataLog
+from spark_ckpt.streaming.runtime.pipeline_loop import (
     BatchCompleted,
     BatchFailed,
     CheckpointFailed,
@@ -29,7 +29,7 @@ from spark_ckpt.streaming.pipeline_loop import (
     StartFailed,
     StopRequested,
 )
-from spark_ckpt.streaming.progress import ProgressLog
+from spark_ckpt.streaming.runtime.progress import ProgressLog
 
 
 def make_ctx(spark, tmp_path, name="life", interval=0.2, clock=None, **settings):
@@ -195,7 +195,7 @@ def test_a_cancelling_stop_is_no_failure_and_available_now_finishes():
 
 def test_a_stop_request_from_outside_is_taken_on_the_clock_and_answered_after_the_stop(
         tmp_path):
-    from spark_ckpt.streaming.stop_control import StopControl, read_answer, request_stop
+    from spark_ckpt.streaming.runtime.stop_control import StopControl, read_answer, request_stop
 
     store = Storage(str(tmp_path))
     stale = request_stop(store, store.root, 1, 0)  # for run 1, whose driver is gone
@@ -256,7 +256,7 @@ def test_a_stop_request_from_outside_is_taken_on_the_clock_and_answered_after_th
 
 
 def test_stop_requests_that_cannot_be_read_are_skipped_with_a_warning(tmp_path, caplog):
-    from spark_ckpt.streaming.stop_control import StopControl, request_stop, withdraw
+    from spark_ckpt.streaming.runtime.stop_control import StopControl, request_stop, withdraw
 
     store = Storage(str(tmp_path))
     (tmp_path / "control").mkdir()
@@ -436,7 +436,7 @@ def test_housekeeping_failures_after_a_commit_are_warnings(spark, tmp_path, monk
 
 def test_a_stop_while_start_is_restoring_stops_the_pipeline_once_it_is_up(spark, tmp_path,
                                                                            monkeypatch):
-    from spark_ckpt.streaming.receiver import QueueSource
+    from spark_ckpt.sources.receivers import QueueSource
 
     restoring, release = threading.Event(), threading.Event()
     original = QueueSource.restore

@@ -14,7 +14,7 @@ from helpers import wait_for
 
 from spark_ckpt import Settings
 from spark_ckpt.storage import Storage
-from spark_ckpt.streaming.receiver import QueueSource, SocketSource
+from spark_ckpt.sources.receivers import QueueSource, SocketSource
 
 
 def bound(source, tmp_path, **settings):

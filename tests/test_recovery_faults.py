@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 import signal
 
 import pytest
@@ -191,7 +191,7 @@ def test_deleted_result_file_reruns_its_partition_and_everything_that_read_it(
     victim[0].unlink()
     from click.testing import CliRunner
 
-    from spark_ckpt.cli import main
+    from spark_ckpt.ops.cli import main
 
     checked = CliRunner().invoke(main, ["validate", "--job", "orders", "--work-dir",
                                         str(tmp_path / "work"), "--json"])

@@ -23,8 +23,8 @@ from pyspark.sql import functions as F
 
 from spark_ckpt import Settings, StreamingContext, read_state
 from spark_ckpt.checkpoint.locations import is_relative, moved_roots, relative_to, resolve
-from spark_ckpt.checkpoint.storage import CheckpointStorage
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.checkpoint.checkpoint_storage import CheckpointStorage
+from spark_ckpt.storage.delta_reader import read_delta
 from spark_ckpt.state import count, last, sum_
 
 ROWS_PER_BATCH = 400
@@ -190,7 +190,7 @@ def restart(spark, tmp_path, ckpt: Path, out: Path, case: str, caplog) -> None:
 def cli(*args: str) -> tuple[int, str]:
     from click.testing import CliRunner
 
-    from spark_ckpt.cli import main
+    from spark_ckpt.ops.cli import main
 
     result = CliRunner().invoke(main, list(args))
     return result.exit_code, result.output

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from spark_ckpt import Settings, StreamingContext
-from spark_ckpt.cli import main
+from spark_ckpt.ops.cli import main
 from spark_ckpt.state.aggregates import count, sum_
 
 CHROMIUM = next((c for c in ("chromium", "chromium-browser", "google-chrome")

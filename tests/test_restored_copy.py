@@ -20,7 +20,7 @@ import pytest
 from deltalake import DeltaTable
 
 from spark_ckpt import CheckpointError, SinkAheadError, StreamingContext
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 from spark_ckpt.formats import dump_record
 from spark_ckpt.options import Settings
 from spark_ckpt.state import count
@@ -244,7 +244,7 @@ def test_a_fresh_directory_on_an_existing_table_is_not_refused(spark, tmp_path):
 
 
 def test_a_two_phase_sink_that_cannot_tell_its_batch_is_refused_past_the_store():
-    from spark_ckpt.streaming.sink_positions import SinkPosition, refuse_if_ahead
+    from spark_ckpt.sinks.positions import SinkPosition, refuse_if_ahead
 
     blind = {"out": SinkPosition("out", "delta sink at /t", None, 40)}
     with pytest.raises(SinkAheadError, match="committed checkpoint 40, and its log no longer"):
@@ -255,7 +255,7 @@ def test_a_two_phase_sink_that_cannot_tell_its_batch_is_refused_past_the_store()
 def test_tools_on_a_copy_read_its_own_checkpoints_while_the_original_exists(tmp_path):
     """A record from before relocatable directories names the original's checkpoints/ by
     absolute path: the copy's tools must not clean up or restore by the original's."""
-    from spark_ckpt.streaming.operations import checkpoints_uri
+    from spark_ckpt.streaming.runtime.pipeline_dir import checkpoints_uri
 
     for d in ("orig", "copy"):
         (tmp_path / d / "checkpoints").mkdir(parents=True)

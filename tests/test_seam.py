@@ -219,7 +219,7 @@ def test_the_seam_answers_on_this_kind_of_session(spark, tmp_path):
 ORPHAN_CHILD = r"""
 import sys, threading
 from pyspark.sql import SparkSession, functions as F
-from spark_ckpt.fencing import client_session
+from spark_ckpt.storage.fencing import client_session
 from spark_ckpt.formats import dump_record
 from spark_ckpt.sparkapi import spark_api
 spark = SparkSession.builder.getOrCreate()  # SPARK_REMOTE: a Connect client
@@ -263,7 +263,7 @@ def test_operations_a_killed_client_left_running_are_interrupted_by_the_next(spa
 
     from helpers import child_env, kill_group, wait_for
 
-    from spark_ckpt.fencing import client_session, interrupt_earlier_clients
+    from spark_ckpt.storage.fencing import client_session, interrupt_earlier_clients
     from spark_ckpt.sparkapi import is_connect
     from spark_ckpt.storage import Storage
 

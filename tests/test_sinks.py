@@ -1,6 +1,6 @@
 """Sinks against real Delta tables and directories: idempotent, refusing to commit bad files."""
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -9,7 +9,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from spark_ckpt.sinks import DeltaSink, ParquetSink
 from spark_ckpt.errors import CommitError, JobDefinitionError
-from spark_ckpt.execution.graph import SinkSpec
+from spark_ckpt.execution.job_graph import SinkSpec
 from spark_ckpt.execution.result_partition import OutputFile
 
 SCHEMA = StructType([StructField("x", LongType())])

@@ -4,7 +4,7 @@ import pytest
 
 from spark_ckpt.errors import IllegalStateTransition
 from spark_ckpt.execution.attempts import ExecutionRegistry
-from spark_ckpt.execution.state import TRANSITIONS, ExecutionState as S, StateMachine
+from spark_ckpt.execution.attempt_states import TRANSITIONS, ExecutionState as S, StateMachine
 
 
 def test_happy_path_reaches_finished():

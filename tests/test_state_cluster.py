@@ -5,7 +5,7 @@ storage. The result equals plain Spark's."""
 
 from __future__ import annotations
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 import json
 import subprocess
 import sys

@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from spark_ckpt import CheckpointError, JobDefinitionError, Settings, StreamingContext
-from spark_ckpt.state import Result, VectorizedProcessor, raw_state, read_state, rewrite_state
+from spark_ckpt import Result, VectorizedProcessor, raw_state, read_state, rewrite_state
 from spark_ckpt.state.aggregates import count, sum_
 
 KEYS = 13

@@ -29,7 +29,7 @@ import pytest
 from helpers import ROOT, child_env, kill_group, wait_for
 from test_stream_drivers import events, rows_by_batch, stateful_command
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,7 @@ class Driver:
 
 
 def stop_client(tmp_path: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "spark_ckpt.cli", "stop",
+    return subprocess.Popen([sys.executable, "-m", "spark_ckpt.ops.cli", "stop",
                              str(tmp_path / "ckpt"), "--json", "--timeout", str(SLOW)],
                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=ROOT)
@@ -177,7 +177,7 @@ def test_stop_with_a_final_checkpoint_under_a_kill_at_each_point(tmp_path):
 
 
 def test_stop_without_a_pipeline_is_refused_clearly(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "spark_ckpt.cli", "stop", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "spark_ckpt.ops.cli", "stop", str(tmp_path)],
                           env=child_env(), capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1
     assert "no pipeline has run on" in proc.stderr and "found none" in proc.stderr

@@ -1,4 +1,5 @@
-"""Recovery on faulty storage (spark_ckpt.faultfs): writes, creates, renames, reads and listings
+"""Recovery on faulty storage (spark_ckpt.storage.faulty): writes, creates, renames, reads and
+listings
 that fail, fill the disk, stall or tear, at chosen points of real pipelines and batch jobs on a
 real SparkSession. Each case checks the same two things: the run stops with a clear storage
 error (or rides it out, where that is the promise), and a restart on healthy storage gives
@@ -23,8 +24,8 @@ from deltalake import DeltaTable
 from helpers import ROOT, assert_outputs_equal, child_env, delta_writes
 
 from spark_ckpt import CheckpointError, PipelineFailedError, Settings
-from spark_ckpt import faultfs
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage import faulty as faultfs
+from spark_ckpt.storage.delta_reader import read_delta
 from spark_ckpt.storage import Storage
 
 FILES = 4
@@ -114,7 +115,7 @@ def test_the_fault_file_system_does_what_its_rules_say(tmp_path, monkeypatch):
 
 def test_only_the_owner_sets_a_torn_record_aside_and_only_while_it_is_torn(tmp_path):
     from spark_ckpt.errors import JobFencedError, RecordError
-    from spark_ckpt.streaming.metalog import MetadataLog
+    from spark_ckpt.streaming.runtime.metalog import MetadataLog
 
     log = MetadataLog(Storage(str(tmp_path)), str(tmp_path / "allocations"), "allocation")
     torn = tmp_path / "allocations" / "000000000003.json"
@@ -146,7 +147,7 @@ def test_a_receiver_block_that_cannot_be_written_is_not_acknowledged_nor_half_ke
     import pyarrow.parquet as pq
     from test_receivers import bound
 
-    from spark_ckpt.streaming.receiver import QueueSource
+    from spark_ckpt.sources.receivers import QueueSource
 
     monkeypatch.setenv(faultfs.ENV, rules(
         {"op": "write", "path": "*/receivedData/q/*", "nth": "2", "action": action}))

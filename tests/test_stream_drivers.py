@@ -35,7 +35,7 @@ import pytest
 from helpers import LONG_FAULTS, LONG_ONLY, ROOT, child_env, defaults_text, kill_group, wait_for
 from stream_orders import ORDER_EVENT_SCHEMA, enrich
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 
 pytestmark = pytest.mark.slow
 

@@ -70,7 +70,7 @@ def test_files_older_than_the_age_window_are_ignored_and_forgotten(spark, tmp_pa
     _drop_json(landing, "late.json", [999], base + 500)
     _drop_json(landing, "new.json", [1000], base + 1200)
     got.clear()
-    with caplog.at_level(logging.WARNING, logger="spark_ckpt.streaming.sources"):
+    with caplog.at_level(logging.WARNING, logger="spark_ckpt.sources.source"):
         progress = build().process_available(timeout=180)
     assert got == [1000] and [p["num_input_rows"] for p in progress] == [1]
     assert "ignoring" in caplog.text and "late.json" in caplog.text

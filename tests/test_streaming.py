@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spark_ckpt.delta_reader import read_delta
+from spark_ckpt.storage.delta_reader import read_delta
 import json
 import os
 import shutil
@@ -247,7 +247,7 @@ def test_generator_offsets_replay_identically(spark, tmp_path):
     allocations = [json.loads((tmp_path / "ckpt" / "allocations" / f"{b:012d}.json").read_text())
                    ["pieces"]["g"] for b in range(3)]
     assert [(a["start"], a["end"]) for a in allocations] == [(0, 7), (7, 14), (14, 20)]
-    from spark_ckpt.streaming.batch import BatchRun
+    from spark_ckpt.streaming.template.batch_run import BatchRun
 
     again = BatchRun(ctx, ctx.allocation(1))
     replayed = sorted(map(tuple, again.get_or_compute(ctx.graph.inputs[0]).collect()))

@@ -1,7 +1,9 @@
-"""The package's structure: no import circle anywhere in spark_ckpt, counting every import a
-module makes (at the top, inside functions, and for type checking only), so each layer can be
-read, tested and replaced on its own: streaming's template below its scheduler below the
-StreamingContext façade; the batch job API over its runner over the vertex runner."""
+"""The package's structure, counting every import a module makes (at the top, inside functions,
+and for type checking only): no import circle between modules, none between packages, every
+package importing only what ALLOWED (the table docs/architecture.md draws) lets it, and no module
+name used twice with two meanings. So the tree reads along the data flow: sources -> template and
+operators -> runtime -> tasks and state -> sinks, coordinators beside them, the batch capability
+beside streaming, the tools on top."""
 
 from __future__ import annotations
 
@@ -86,6 +88,102 @@ def test_no_import_circle_in_the_package():
     found = circles(graph)
     assert found == [], "import circles (each a group of modules importing each other):\n" + \
         "\n".join(" <-> ".join(c) for c in found)
+
+
+# The packages, each with the packages it may import. "spark_ckpt" is the foundation: the
+# top-level modules (errors, options, clock, formats, names, session, ...). The public façades
+# (spark_ckpt/__init__.py, spark_ckpt/shell.py) may import anything and nothing imports them.
+FOUNDATION = "spark_ckpt"
+FACADES = {"spark_ckpt", "spark_ckpt.shell"}
+ALLOWED: dict[str, set[str]] = {
+    "spark_ckpt": set(),
+    "spark_ckpt.sparkapi": {"spark_ckpt"},
+    "spark_ckpt.storage": {"spark_ckpt", "spark_ckpt.sparkapi"},
+    "spark_ckpt.execution": {"spark_ckpt", "spark_ckpt.storage"},
+    "spark_ckpt.eventlog": {"spark_ckpt", "spark_ckpt.storage", "spark_ckpt.execution"},
+    "spark_ckpt.checkpoint": {"spark_ckpt", "spark_ckpt.storage"},
+    "spark_ckpt.state": {"spark_ckpt", "spark_ckpt.sparkapi", "spark_ckpt.storage"},
+    "spark_ckpt.sources": {"spark_ckpt", "spark_ckpt.sparkapi", "spark_ckpt.storage"},
+    "spark_ckpt.sinks": {"spark_ckpt", "spark_ckpt.sparkapi", "spark_ckpt.storage",
+                         "spark_ckpt.execution", "spark_ckpt.checkpoint"},
+    "spark_ckpt.streaming.template": {"spark_ckpt", "spark_ckpt.sparkapi", "spark_ckpt.storage",
+                                      "spark_ckpt.sources", "spark_ckpt.sinks",
+                                      "spark_ckpt.state", "spark_ckpt.checkpoint"},
+    "spark_ckpt.streaming.runtime": {"spark_ckpt", "spark_ckpt.sparkapi", "spark_ckpt.storage",
+                                     "spark_ckpt.sources", "spark_ckpt.sinks",
+                                     "spark_ckpt.state", "spark_ckpt.checkpoint",
+                                     "spark_ckpt.streaming.template"},
+    "spark_ckpt.streaming": {"spark_ckpt", "spark_ckpt.sparkapi", "spark_ckpt.storage",
+                             "spark_ckpt.sources", "spark_ckpt.sinks", "spark_ckpt.state",
+                             "spark_ckpt.checkpoint", "spark_ckpt.streaming.template",
+                             "spark_ckpt.streaming.runtime"},
+    "spark_ckpt.batch": {"spark_ckpt", "spark_ckpt.sparkapi", "spark_ckpt.storage",
+                         "spark_ckpt.execution", "spark_ckpt.eventlog", "spark_ckpt.sources",
+                         "spark_ckpt.sinks"},
+    "spark_ckpt.ops": {"spark_ckpt", "spark_ckpt.sparkapi", "spark_ckpt.storage",
+                       "spark_ckpt.execution", "spark_ckpt.eventlog", "spark_ckpt.checkpoint",
+                       "spark_ckpt.state", "spark_ckpt.sources", "spark_ckpt.sinks",
+                       "spark_ckpt.streaming.template", "spark_ckpt.streaming.runtime",
+                       "spark_ckpt.streaming", "spark_ckpt.batch"},
+}
+# Module names that appear in two packages with one meaning.
+SAME_MEANING = {"shell.py": "the notebook façade (spark_ckpt.shell) and its functions (ops)"}
+
+
+def package_of(module: str, root: Path) -> str:
+    """The package a module belongs to (a package's ``__init__`` belongs to the package)."""
+    parts = module.split(".")
+    if Path(root.parent, *parts).is_dir():
+        return module
+    return ".".join(parts[:-1])
+
+
+def package_edges(root: Path) -> dict[str, dict[str, set[str]]]:
+    """package -> package it imports -> the module imports that make the edge."""
+    edges: dict[str, dict[str, set[str]]] = {}
+    for module, deps in package_graph(root).items():
+        if module in FACADES:
+            continue
+        for dep in deps:
+            a, b = package_of(module, root), package_of(dep, root)
+            if a != b:
+                edges.setdefault(a, {}).setdefault(b, set()).add(f"{module} -> {dep}")
+    return edges
+
+
+def test_every_package_is_in_the_table_and_the_table_has_no_circle():
+    packages = {package_of(m, PACKAGE) for m in package_graph(PACKAGE)}
+    assert packages == set(ALLOWED), "packages not in ALLOWED (add them, and to " \
+        f"docs/architecture.md): {sorted(packages - set(ALLOWED))}; " \
+        f"in ALLOWED but gone: {sorted(set(ALLOWED) - packages)}"
+    assert circles({a: set(b) for a, b in ALLOWED.items()}) == []
+
+
+def test_packages_import_only_what_the_table_allows():
+    wrong = {f"{a} -> {b}": sorted(why) for a, deps in package_edges(PACKAGE).items()
+             for b, why in deps.items() if b not in ALLOWED[a]}
+    assert wrong == {}, "imports the table does not allow:\n" + "\n".join(
+        f"{edge}: {', '.join(why)}" for edge, why in sorted(wrong.items()))
+    assert not any(FACADES & deps for m, deps in package_graph(PACKAGE).items()
+                   if m not in FACADES), "nothing inside the package imports its façades"
+
+
+def test_no_package_circle():
+    edges = package_edges(PACKAGE)
+    found = circles({a: set(b) for a, b in edges.items()})
+    assert found == [], f"package circles: {found}"
+
+
+def test_no_module_name_has_two_meanings():
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    twice = {name: paths for name, paths in seen.items()
+             if len(paths) > 1 and name not in SAME_MEANING}
+    assert twice == {}, f"module names used twice: {twice}"
+    packages = {p.name for p in PACKAGE.rglob("*") if p.is_dir() and (p / "__init__.py").exists()}
+    assert not {n.removesuffix(".py") for n in seen} & packages, "a module named as a package"
 
 
 def test_the_facades_sit_on_top():

@@ -29,12 +29,12 @@ filtered to the partitions and shuffled by the key. Same rows, slower.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import threading
 import uuid
 import weakref
-import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 

@@ -33,14 +33,14 @@ pays no sample. Estimated bytes are the sample's ratio times the input's size on
 
 from __future__ import annotations
 
-import math
 import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.batch.aggsplit import AggSplit, NotSplittable, check_split, split_aggregate
-from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex
+from spark_ckpt.execution.job_graph import Edge, JobGraph, JobVertex
 from spark_ckpt.sparkapi import empty_frame
 from spark_ckpt.storage import human_size
 
@@ -547,7 +547,7 @@ def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str, plan: 
         return None
     split = split_and_sample[0]
     assert consumer.fn is not None
-    from spark_ckpt.execution.graph import _function_identity
+    from spark_ckpt.execution.job_graph import _function_identity
 
     pid = f"{consumer_id}{PARTIAL_SUFFIX}"
     while pid in graph.vertices:

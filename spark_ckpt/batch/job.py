@@ -19,23 +19,22 @@ is missing.
 
 from __future__ import annotations
 
-from spark_ckpt.names import check_name
-
 import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from spark_ckpt.batch.runner import JobResult, JobRunner
-from spark_ckpt.batch.sources import DataFrameSource, FileFormat, FileSource
 from spark_ckpt.errors import JobDefinitionError
+from spark_ckpt.execution.job_graph import Edge, JobGraph, JobVertex, SinkSpec
+from spark_ckpt.names import check_name
 from spark_ckpt.options import Settings
-from spark_ckpt.execution.graph import Edge, JobGraph, JobVertex, SinkSpec
+from spark_ckpt.sources.job_inputs import DataFrameSource, FileFormat, FileSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from spark_ckpt.clock import Clock
     from spark_ckpt.batch.cuts import CutPlan
+    from spark_ckpt.clock import Clock
 
 __all__ = ["BatchJob", "Input", "VertexRef"]
 

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 
 from spark_ckpt.eventlog.replay import FinishedPartition, JobHistory
-from spark_ckpt.execution.graph import JobGraph
+from spark_ckpt.execution.job_graph import JobGraph
 from spark_ckpt.storage import stat_any
 
 __all__ = ["RecoveryPlan", "plan_recovery"]

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.batch.adoption import UnitRecord, load_units, units_dir
+from spark_ckpt.batch.buckets import BucketedTables, job_table_prefix
 from spark_ckpt.batch.cuts import (
     CutPlan,
     plan_cuts,
@@ -32,34 +33,33 @@ from spark_ckpt.batch.cuts import (
     split_mode_chain,
     split_source,
 )
-from spark_ckpt.batch.progress import JobProgress
-from spark_ckpt.batch.buckets import BucketedTables, job_table_prefix
+from spark_ckpt.batch.job_progress import JobProgress
 from spark_ckpt.batch.recovery import plan_recovery
-from spark_ckpt.sinks import Sink, make_sink, micros_timestamps
-from spark_ckpt.batch.sources import FileSource, decode_files, decode_splits, encode_splits
 from spark_ckpt.batch.vertex_runner import VertexRunner, exchanges
 from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import EventLogError, JobFencedError
-from spark_ckpt.fencing import Fence, client_session, interrupt_earlier_clients
 from spark_ckpt.eventlog.events import Event, EventType
 from spark_ckpt.eventlog.reader import EventLogUnreadable, read_table
 from spark_ckpt.eventlog.replay import FinishedPartition, JobHistory, replay_table
 from spark_ckpt.eventlog.writer import EventLogWriter
+from spark_ckpt.execution.attempt_states import ExecutionState
 from spark_ckpt.execution.attempts import ExecutionRegistry
 from spark_ckpt.execution.result_partition import PartitionResult
-from spark_ckpt.execution.state import ExecutionState
 from spark_ckpt.faults import fault_point
 from spark_ckpt.formats import dump_record
 from spark_ckpt.session import session_conf
+from spark_ckpt.sinks import Sink, make_sink, micros_timestamps
+from spark_ckpt.sources.job_inputs import FileSource, decode_files, decode_splits, encode_splits
 from spark_ckpt.sparkapi import spark_api
 from spark_ckpt.storage import Storage, join
+from spark_ckpt.storage.fencing import Fence, client_session, interrupt_earlier_clients
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from spark_ckpt.batch.file_identity import FileIdentity
-    from spark_ckpt.execution.graph import JobGraph, JobVertex
+    from spark_ckpt.execution.job_graph import JobGraph, JobVertex
     from spark_ckpt.options import Settings
+    from spark_ckpt.sources.file_identity import FileIdentity
 
 __all__ = ["JobResult", "JobRunner", "VertexSummary", "job_paths"]
 

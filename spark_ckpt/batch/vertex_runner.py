@@ -29,8 +29,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import hashlib
+import json
 import logging
 import re
 import threading
@@ -38,15 +38,15 @@ import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_ckpt.batch.adoption import UnitRecord, write_unit
-from spark_ckpt.sinks import Sink, partition_values, written_files
 from spark_ckpt.batch.buckets import BucketedTables, job_table_prefix, layout_suffix
 from spark_ckpt.batch.cuts import wave_size, waves_of
-from spark_ckpt.batch.sources import FileSource
 from spark_ckpt.errors import JobDefinitionError, JobFencedError, TaskExecutionError
-from spark_ckpt.execution.graph import Edge, JobVertex
+from spark_ckpt.execution.attempt_states import ExecutionState
+from spark_ckpt.execution.job_graph import Edge, JobVertex
 from spark_ckpt.execution.result_partition import OutputFile, PartitionResult, result_dir
-from spark_ckpt.execution.state import ExecutionState
 from spark_ckpt.faults import fault_point
+from spark_ckpt.sinks import Sink, partition_values, written_files
+from spark_ckpt.sources.job_inputs import FileSource
 from spark_ckpt.sparkapi import empty_frame, frame_api, is_connect, spark_api
 from spark_ckpt.storage import Storage, join
 
@@ -54,13 +54,13 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from spark_ckpt.batch.job_progress import JobProgress
     from spark_ckpt.clock import Clock
-    from spark_ckpt.batch.file_identity import FileIdentity
-    from spark_ckpt.batch.progress import JobProgress
     from spark_ckpt.eventlog.replay import FinishedPartition
     from spark_ckpt.execution.attempts import ExecutionRegistry
-    from spark_ckpt.execution.graph import JobGraph
+    from spark_ckpt.execution.job_graph import JobGraph
     from spark_ckpt.options import Settings
+    from spark_ckpt.sources.file_identity import FileIdentity
 
 __all__ = ["VertexRunner", "exchanges", "plan_shuffles"]
 

@@ -41,7 +41,7 @@ def _is_job_dir(storage: Storage, path: str) -> bool:
 
 
 def _is_pipeline_dir(storage: Storage, path: str) -> bool:
-    """A pipeline's checkpoint directory (streaming/pipeline_dir.py): its metadata.json or
+    """A pipeline's checkpoint directory (streaming/runtime/pipeline_dir.py): its metadata.json or
     its runs' claims."""
     return storage.exists(join(path, "metadata.json")) or \
         storage.exists(join(path, "runs"))

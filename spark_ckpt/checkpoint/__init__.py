@@ -1,5 +1,6 @@
 """Checkpointing: the coordinator, pending and completed checkpoints, storage, listeners."""
 
+from spark_ckpt.checkpoint.checkpoint_storage import CheckpointStorage
 from spark_ckpt.checkpoint.completed import (
     CompletedCheckpoint,
     CompletedCheckpointStore,
@@ -14,7 +15,6 @@ from spark_ckpt.checkpoint.pending import (
     PendingCheckpoint,
     TaskAck,
 )
-from spark_ckpt.checkpoint.storage import CheckpointStorage
 
 __all__ = [
     "AckResult",

@@ -39,6 +39,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from spark_ckpt.checkpoint.checkpoint_storage import CheckpointStorage
 from spark_ckpt.checkpoint.completed import (
     CompletedCheckpoint,
     CompletedCheckpointStore,
@@ -52,7 +53,6 @@ from spark_ckpt.checkpoint.pending import (
     PendingCheckpoint,
     TaskAck,
 )
-from spark_ckpt.checkpoint.storage import CheckpointStorage
 from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import CheckpointError
 from spark_ckpt.faults import fault_point

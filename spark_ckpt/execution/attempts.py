@@ -15,7 +15,7 @@ import threading
 import uuid
 
 from spark_ckpt.errors import InternalError
-from spark_ckpt.execution.state import ExecutionState, StateMachine
+from spark_ckpt.execution.attempt_states import ExecutionState, StateMachine
 
 __all__ = ["Execution", "ExecutionRegistry", "new_attempt_id"]
 

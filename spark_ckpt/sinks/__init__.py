@@ -23,8 +23,7 @@ asks the sink whether *that* version landed.
 from __future__ import annotations
 
 from spark_ckpt.clock import Clock
-from spark_ckpt.execution.graph import SinkSpec
-from spark_ckpt.sinks.base import Sink
+from spark_ckpt.execution.job_graph import SinkSpec
 from spark_ckpt.sinks.delta import DeltaSink
 from spark_ckpt.sinks.files import (
     arrow_schema_for,
@@ -34,6 +33,7 @@ from spark_ckpt.sinks.files import (
     written_files,
 )
 from spark_ckpt.sinks.parquet import ParquetSink
+from spark_ckpt.sinks.sink import Sink
 
 __all__ = ["DeltaSink", "ParquetSink", "Sink", "arrow_schema_for", "check_files", "make_sink",
            "micros_timestamps", "partition_values", "written_files"]

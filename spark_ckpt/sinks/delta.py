@@ -13,10 +13,10 @@ import pyarrow as pa
 
 from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import JobDefinitionError
-from spark_ckpt.execution.graph import SinkSpec
+from spark_ckpt.execution.job_graph import SinkSpec
 from spark_ckpt.execution.result_partition import OutputFile
-from spark_ckpt.sinks.base import Sink
 from spark_ckpt.sinks.files import arrow_schema_for, check_files
+from spark_ckpt.sinks.sink import Sink
 from spark_ckpt.sinks.stats import file_stats
 from spark_ckpt.storage import Storage, join
 

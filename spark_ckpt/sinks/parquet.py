@@ -10,12 +10,12 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.errors import CommitError, FormatVersionError, JobDefinitionError, RecordError
-from spark_ckpt.execution.graph import SinkSpec
+from spark_ckpt.execution.job_graph import SinkSpec
 from spark_ckpt.execution.result_partition import OutputFile
 from spark_ckpt.faults import fault_point
 from spark_ckpt.formats import dump_record, load_record
-from spark_ckpt.sinks.base import Sink
 from spark_ckpt.sinks.files import check_files
+from spark_ckpt.sinks.sink import Sink
 from spark_ckpt.storage import Storage, join
 
 if TYPE_CHECKING:

@@ -16,8 +16,11 @@ an aggregation whose plan cannot be read is kept whole. docs/connect.md lists ea
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from spark_ckpt.session import is_connect
 from spark_ckpt.sparkapi.types import Expr, PlanNode, SparkApi, walk
 
 if TYPE_CHECKING:
@@ -25,12 +28,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = ["Expr", "PlanNode", "SparkApi", "empty_frame", "frame_api", "is_connect", "spark_api",
-           "walk"]
-
-
-def is_connect(obj: Any) -> bool:
-    """True for a Spark Connect session or DataFrame."""
-    return type(obj).__module__.startswith("pyspark.sql.connect")
+           "union_by_name", "walk"]
 
 
 def spark_api(spark: SparkSession) -> SparkApi:
@@ -57,3 +55,8 @@ def empty_frame(spark: SparkSession, schema: StructType) -> DataFrame:
 
     return spark.range(0).select(
         *[F.lit(None).cast(field.dataType).alias(field.name) for field in schema.fields])
+
+
+def union_by_name(frames: Sequence[DataFrame]) -> DataFrame:
+    """The rows of every frame, columns matched by name."""
+    return functools.reduce(lambda a, b: a.unionByName(b), frames)

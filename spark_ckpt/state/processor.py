@@ -310,8 +310,9 @@ def _same_type(declared: str, var: Any) -> bool:
         return bool(var.is_json)
     if var.is_json:
         return False
-    from spark_ckpt.arrowtypes import to_spark
     import pyarrow as pa
+
+    from spark_ckpt.arrowtypes import to_spark
 
     spark_type = to_spark(pa.schema([pa.field("v", var.type)])).fields[0].dataType
     return _norm(declared) == _norm(spark_type.simpleString())

@@ -57,8 +57,10 @@ _CACHE: dict[tuple[str, ...], Any] = {}
 def _fs(uri: str) -> tuple[Any, str]:
     import pyarrow.fs as pafs
 
-    from spark_ckpt.faultfs import wrap  # faulty storage in tests; the file system itself else
     from spark_ckpt.storage import resolve
+    from spark_ckpt.storage.faulty import (
+        wrap,  # faulty storage in tests; the file system itself else
+    )
 
     if "://" not in uri and not uri.startswith("file:"):
         return wrap(pafs.LocalFileSystem()), uri

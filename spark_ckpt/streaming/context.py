@@ -46,49 +46,47 @@ from spark_ckpt.errors import (
 from spark_ckpt.formats import dump_record
 from spark_ckpt.names import check_name
 from spark_ckpt.options import Settings
+from spark_ckpt.sinks.dead_letters import DeadLetters
+from spark_ckpt.sinks.positions import (
+    SinkPosition,
+    past_committed_ids,
+    read_positions,
+    refuse_if_ahead,
+)
+from spark_ckpt.sinks.two_phase import SinkTransactions
+from spark_ckpt.sources.delta_stream import DeltaStreamSource
+from spark_ckpt.sources.file_stream import FileStreamSource
+from spark_ckpt.sources.generator import GeneratorSource
+from spark_ckpt.sources.receivers import QueueSource, SocketSource
+from spark_ckpt.sources.source import Source
 from spark_ckpt.storage import Storage, join
-from spark_ckpt.fencing import Fence, client_session, interrupt_earlier_clients
-from spark_ckpt.streaming.allocations import AllocationStore
-from spark_ckpt.streaming.batch import BatchAllocation
-from spark_ckpt.streaming.batch_queue import BatchQueue, QueuedBatch
-from spark_ckpt.streaming.generator import JobGenerator
-from spark_ckpt.streaming.housekeeping import PipelineHousekeeping
-from spark_ckpt.streaming.graph import StreamGraph
-from spark_ckpt.streaming.history import RecentHistory
-from spark_ckpt.streaming.lifecycle import Lifecycle, PipelineState
-from spark_ckpt.streaming.metalog import MetadataLog
-from spark_ckpt.streaming.stop_control import StopControl
-from spark_ckpt.streaming.pipeline_loop import (
+from spark_ckpt.storage.fencing import Fence, client_session, interrupt_earlier_clients
+from spark_ckpt.streaming.runtime.allocations import AllocationStore
+from spark_ckpt.streaming.runtime.batch_queue import BatchQueue, QueuedBatch
+from spark_ckpt.streaming.runtime.history import RecentHistory
+from spark_ckpt.streaming.runtime.housekeeping import PipelineHousekeeping
+from spark_ckpt.streaming.runtime.job_generator import JobGenerator
+from spark_ckpt.streaming.runtime.lifecycle import Lifecycle, PipelineState
+from spark_ckpt.streaming.runtime.metalog import MetadataLog
+from spark_ckpt.streaming.runtime.pipeline_dir import METADATA_VERSION, read_pipeline_metadata
+from spark_ckpt.streaming.runtime.pipeline_loop import (
     CheckpointFailed,
     CheckpointStats,
     PipelineLoop,
     StartFailed,
     StopRequested,
 )
-from spark_ckpt.streaming.progress import ProgressLog, StreamingListener
-from spark_ckpt.streaming.receiver import QueueSource, SocketSource
-from spark_ckpt.streaming.operations import read_restore_request, take_restore_request
-from spark_ckpt.streaming.pipeline_dir import METADATA_VERSION, read_pipeline_metadata
-from spark_ckpt.streaming.runs import run_numbers
-from spark_ckpt.streaming.restore import CheckpointRestore
-from spark_ckpt.streaming.scheduler import JobScheduler
-from spark_ckpt.streaming.sink_positions import (
-    SinkPosition,
-    past_committed_ids,
-    read_positions,
-    refuse_if_ahead,
-)
-from spark_ckpt.streaming.sinks import DeadLetters
-from spark_ckpt.streaming.sources import (
-    DeltaStreamSource,
-    FileStreamSource,
-    GeneratorSource,
-    Source,
-)
-from spark_ckpt.streaming.keyed import KeyedStream
-from spark_ckpt.streaming.stream import InputStream, Stream
-from spark_ckpt.streaming.tracker import ReceiverTracker
-from spark_ckpt.streaming.twophase import SinkTransactions
+from spark_ckpt.streaming.runtime.progress import ProgressLog, StreamingListener
+from spark_ckpt.streaming.runtime.receiver_tracker import ReceiverTracker
+from spark_ckpt.streaming.runtime.restore import CheckpointRestore
+from spark_ckpt.streaming.runtime.restore_requests import read_restore_request, take_restore_request
+from spark_ckpt.streaming.runtime.runs import run_numbers
+from spark_ckpt.streaming.runtime.scheduler import JobScheduler
+from spark_ckpt.streaming.runtime.stop_control import StopControl
+from spark_ckpt.streaming.template.batch_run import BatchAllocation
+from spark_ckpt.streaming.template.keyed import KeyedStream
+from spark_ckpt.streaming.template.stream import InputStream, Stream
+from spark_ckpt.streaming.template.stream_graph import StreamGraph
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -717,9 +715,9 @@ class StreamingContext:
 
     def bootstrap_state(self, frames: dict[str, DataFrame]) -> int:
         """Before the first ``start()``: write each named operator's state from a DataFrame
-        (its key columns and state columns, see spark_ckpt/state/rewrite.py) as the
+        (its key columns and state columns, see spark_ckpt/ops/state_processor.py) as the
         pipeline's first checkpoint, which ``start()`` then restores; returns its id."""
-        from spark_ckpt.state.rewrite import bootstrap_state
+        from spark_ckpt.streaming.runtime.bootstrap import bootstrap_state
 
         return bootstrap_state(self, frames)
 

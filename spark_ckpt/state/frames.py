@@ -1,0 +1,74 @@
+"""Reading keyed state as a DataFrame (Structured Streaming's state data source).
+
+A state handle is a chain of Parquet files; the state of a key is its row in the newest file
+of its range's chain that holds it. ``read_handles`` does that in Spark: every file of every
+chain is read once, rows outside the chain's key-group range are dropped (after a rescale a
+file can hold other ranges' groups), and the newest row per key wins. Reading a pipeline's
+directory by operator name (``spark_ckpt.read_state``) is the state processor's, in
+:mod:`spark_ckpt.ops.state_processor`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from spark_ckpt.state.chain import StateHandle
+from spark_ckpt.state.keygroups import KG_COLUMN
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = ["read_handles", "read_processor_state"]
+
+
+def read_handles(spark: SparkSession, handles: Sequence[StateHandle], schema: StructType,
+                 keys: list[str]) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    order = []
+    for handle in handles:
+        rng = handle.key_group_range
+        for f in handle.files:
+            order.append((f.path.rsplit("/", 1)[-1], len(order), rng.start, rng.end))
+    if not order:
+        return spark.createDataFrame([], schema)
+    files = sorted({f.path for h in handles for f in h.files})
+    index = spark.createDataFrame(order, "_name STRING, _seq INT, _lo INT, _hi INT")
+    rows = spark.read.schema(schema).parquet(*files).withColumn(
+        "_name", F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1))
+    rows = rows.join(F.broadcast(index), "_name").where(
+        (F.col(KG_COLUMN) >= F.col("_lo")) & (F.col(KG_COLUMN) < F.col("_hi")))
+    newest = rows.groupBy(*keys).agg(F.max_by(F.struct(*schema.names), F.col("_seq"))
+                                     .alias("_row"))
+    return newest.select("_row.*")
+
+
+def read_processor_state(spark: SparkSession, handles: Sequence[StateHandle],
+                         describe: dict, keys: list[str]) -> DataFrame:
+    """A processor's state: the key columns and one column per declared variable; keys
+    with timers but no variable are left out."""
+    import json
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    state = StructType.fromJson(json.loads(describe["state_schema"]))
+    key_schema = StructType.fromJson(json.loads(describe["key_schema"]))
+    schema = StructType([StructField(KG_COLUMN, IntegerType()), *key_schema.fields,
+                         *state.fields])
+    df = read_handles(spark, handles, schema, keys)
+    if not state.fields:
+        return df.select(*keys).limit(0)
+    present = None
+    for f in state.fields:
+        col = F.col(f"`{f.name}`")
+        name = type(f.dataType).__name__
+        test = col.isNotNull() & (F.size(col) > 0) if name in ("ArrayType", "MapType") \
+            else col.isNotNull()
+        present = test if present is None else present | test
+    return df.where(present).select(*[F.col(f"`{k}`") for k in keys],
+                                    *[F.col(f"`{f.name}`") for f in state.fields])
+
+

@@ -1,0 +1,122 @@
+"""One batch being run: its allocation, the DataFrames its streams computed, its cleanups."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["BatchAllocation", "BatchInputs", "BatchRun", "BatchStats", "ComputedStream"]
+
+
+class ComputedStream(Protocol):
+    """What a batch run computes: a stream of the template (streaming.stream)."""
+
+    id: int
+    name: str
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        """This batch's DataFrame, from the parents' DataFrames of the same batch."""
+
+
+class DeadLetterTable(Protocol):
+    def write(self, batch_id: int, source: str, rows: DataFrame) -> None:
+        """Keep a source's malformed records of one batch."""
+
+
+class BatchInputs(Protocol):
+    """What a batch run reads from the pipeline: the session, the recorded allocations (a
+    window reads earlier batches'), and where malformed records go."""
+
+    spark: SparkSession
+    dead_letters: DeadLetterTable
+
+    def allocation(self, batch_id: int) -> BatchAllocation:
+        """The recorded allocation of ``batch_id``."""
+
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchAllocation:
+    """What batch ``batch_id`` reads from every source, recorded before it runs."""
+
+    batch_id: int
+    batch_time_ms: int
+    pieces: dict[str, dict[str, Any]]
+    allocated_ms: int = 0
+
+    def body(self) -> dict[str, Any]:
+        return {"batch_time_ms": self.batch_time_ms, "pieces": self.pieces,
+                "allocated_ms": self.allocated_ms}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> BatchAllocation:
+        return cls(int(record["batch_id"]), int(record["batch_time_ms"]),
+                   dict(record["pieces"]), int(record.get("allocated_ms", 0)))
+
+
+@dataclasses.dataclass
+class BatchStats:
+    """What one batch observed, shared by the run and the runs of earlier batches it asks for."""
+
+    batch_id: int = -1
+    input_rows: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    dead_letters: dict[str, int] = dataclasses.field(default_factory=dict)
+    computed: list[str] = dataclasses.field(default_factory=list)
+    state: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    cleanups: list[Callable[[], Any]] = dataclasses.field(default_factory=list)
+
+
+class BatchRun:
+    """The per-batch instance of the template: ``get_or_compute`` memoizes each stream once.
+
+    Windows ask for earlier batches through :meth:`at`, which reads their recorded allocation
+    and shares this run's memo, so a stream is computed at most once per (stream, batch).
+    """
+
+    def __init__(self, ctx: BatchInputs, allocation: BatchAllocation,
+                 memo: dict[tuple[int, int], Any] | None = None,
+                 stats: BatchStats | None = None) -> None:
+        self.ctx = ctx
+        self.spark = ctx.spark
+        self.allocation = allocation
+        self.batch_id = allocation.batch_id
+        self.memo: dict[tuple[int, int], Any] = {} if memo is None else memo
+        # outputs whose staged files a stateful task upstream wrote itself (operator chaining)
+        self.chained: dict[str, dict[str, Any] | None] = {}
+        self.stats = stats or BatchStats(batch_id=allocation.batch_id)
+
+    def at(self, batch_id: int) -> BatchRun:
+        if batch_id == self.batch_id:
+            return self
+        return BatchRun(self.ctx, self.ctx.allocation(batch_id), self.memo, self.stats)
+
+    def get_or_compute(self, stream: ComputedStream) -> DataFrame | None:
+        key = (stream.id, self.batch_id)
+        if key not in self.memo:
+            self.memo[key] = stream.compute(self)
+            self.stats.computed.append(f"{stream.name}@{self.batch_id}")
+        return self.memo[key]
+
+    def on_cleanup(self, fn: Callable[[], Any]) -> None:
+        self.stats.cleanups.append(fn)
+
+    def dead_letter(self, source: str, rows: DataFrame, count: int) -> None:
+        if self.batch_id == self.stats.batch_id:
+            self.stats.dead_letters[source] = self.stats.dead_letters.get(source, 0) + count
+        self.ctx.dead_letters.write(self.batch_id, source, rows)
+
+    def cleanup(self) -> None:
+        for fn in self.stats.cleanups:
+            try:
+                fn()
+            except Exception as exc:  # never hide the batch's own outcome
+                log.warning("Batch %d: cleanup failed: %s", self.batch_id, exc)
+        self.stats.cleanups.clear()
+        self.memo.clear()

@@ -1,0 +1,264 @@
+"""The template: streams that record their parents, computed per batch from the outputs.
+
+A :class:`Stream` is a recipe, not data: ``compute(run)`` builds this batch's DataFrame from
+its parents' DataFrames of the same batch (``run.get_or_compute(parent)``). Dependencies point
+backwards, as in Spark's DStreamGraph, because evaluation is lazy and starts at the outputs.
+A parent's result of ``None`` (a window between slides) propagates: nothing downstream runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from spark_ckpt.errors import JobDefinitionError
+from spark_ckpt.sinks.per_batch import (
+    BatchSink,
+    DeltaBatchSink,
+    ForeachBatchSink,
+    ParquetBatchSink,
+    PipelineScope,
+)
+from spark_ckpt.sinks.two_phase import (
+    DeltaTwoPhaseSink,
+    ParquetTwoPhaseSink,
+    TwoPhaseCommitSink,
+)
+from spark_ckpt.sparkapi import union_by_name
+from spark_ckpt.streaming.template.stream_graph import StreamGraph
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+    from spark_ckpt.sources.source import Source
+    from spark_ckpt.streaming.template.batch_run import BatchRun
+
+
+class Template(PipelineScope, Protocol):
+    """The pipeline a stream belongs to, as its streams see it (the StreamingContext): its
+    graph, and the keyed streams it makes (a higher layer: streaming.keyed)."""
+
+    graph: StreamGraph
+
+    def keyed(self, parent: Stream, keys: Sequence[str], *, parallelism: int | None,
+              max_parallelism: int | None) -> Any:
+        """A KeyedStream of ``parent`` by ``keys``."""
+
+__all__ = ["InputStream", "Output", "Stream", "union_by_name"]
+
+_ids = itertools.count()
+
+
+class Stream:
+    """A stream of per-batch DataFrames. Build with a context's sources and these methods."""
+
+    is_input = False
+
+    def __init__(self, ctx: Template, parents: Sequence[Stream], name: str) -> None:
+        for parent in parents:
+            if not isinstance(parent, Stream):
+                raise JobDefinitionError(
+                    f"stream {name}: expected parent streams, found {type(parent).__name__}"
+                )
+            if parent.ctx is not ctx:
+                raise JobDefinitionError(
+                    f"stream {name}: its parent {parent.name} belongs to another "
+                    f"StreamingContext ({parent.ctx.name}, not {ctx.name}); streams of "
+                    "different contexts cannot be combined"
+                )
+        self.ctx = ctx
+        self.parents: tuple[Stream, ...] = tuple(parents)
+        self.id = next(_ids)
+        self.name = name
+        ctx.graph.add_stream(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        raise NotImplementedError
+
+    # -- transformations -----------------------------------------------------------------
+    def transform(self, fn: Callable[..., DataFrame], *others: Stream,
+                  name: str | None = None) -> Stream:
+        """Apply ``fn(df, *other_dfs) -> DataFrame`` to this batch's DataFrame(s)."""
+        return Transformed(self.ctx, (self, *others), fn, name or _fn_name(fn))
+
+    def filter(self, condition: Column | str) -> Stream:
+        return self.transform(lambda df: df.where(condition), name=f"{self.name}.filter")
+
+    where = filter
+
+    def select(self, *columns: Column | str) -> Stream:
+        return self.transform(lambda df: df.select(*columns), name=f"{self.name}.select")
+
+    def with_column(self, name: str, column: Column) -> Stream:
+        return self.transform(lambda df: df.withColumn(name, column),
+                              name=f"{self.name}.with_column({name})")
+
+    def union(self, *others: Stream) -> Stream:
+        """Rows of this stream and ``others`` in each batch (columns matched by name)."""
+
+        return Transformed(self.ctx, (self, *others), lambda *dfs: union_by_name(dfs),
+                           f"{self.name}.union")
+
+    def join(self, other: Stream, on: str | Sequence[str] | Column, how: str = "inner") -> Stream:
+        """Join each batch of this stream with the same batch of ``other``."""
+        return Transformed(self.ctx, (self, other), lambda a, b: a.join(b, on, how),
+                           f"{self.name}.join({other.name})")
+
+    def join_static(self, table: DataFrame | Callable[[], DataFrame],
+                    on: str | Sequence[str] | Column, how: str = "inner",
+                    broadcast: bool = False) -> Stream:
+        """Join each batch with a static table (a DataFrame, or a function returning one,
+        called every batch so a table that changes is read afresh)."""
+        from pyspark.sql import functions as F
+
+        def join_it(df: DataFrame) -> DataFrame:
+            right = table() if callable(table) else table
+            return df.join(F.broadcast(right) if broadcast else right, on, how)
+
+        return Transformed(self.ctx, (self,), join_it, f"{self.name}.join_static")
+
+    def key_by(self, *keys: str, parallelism: int | None = None,
+               max_parallelism: int | None = None) -> Any:
+        """Partition by ``keys`` for keyed state (``.agg(...)`` or ``.process(...)``).
+
+        ``parallelism``: tasks of the stateful operator (default
+        ``spark.ckpt.state.parallelism``); may change between runs. ``max_parallelism``: key
+        groups (default ``spark.ckpt.state.maxParallelism``); fixed for a checkpoint's life."""
+        return self.ctx.keyed(self, keys, parallelism=parallelism,
+                              max_parallelism=max_parallelism)
+
+    def window(self, length: int, slide: int = 1) -> Stream:
+        """The union of this stream's last ``length`` batches, every ``slide`` batches."""
+        return Windowed(self.ctx, self, length, slide)
+
+    # -- outputs -------------------------------------------------------------------------
+    def foreach_batch(self, fn: Callable[[DataFrame, int], Any],
+                      name: str | None = None) -> Output:
+        """Call ``fn(df, batch_id)`` every batch. At-least-once: a batch interrupted by a crash
+        calls it again with the same id and data, so make ``fn`` idempotent on ``batch_id``."""
+        return Output(self.ctx, self, ForeachBatchSink(name or _fn_name(fn), fn))
+
+    def write_parquet(self, path: str, name: str | None = None,
+                      partition_by: Sequence[str] = ()) -> Output:
+        """Append to a Parquet directory, exactly once: per batch, or, when the pipeline
+        checkpoints, in two phases (visible when a checkpoint completes)."""
+        name = name or "parquet"
+        return Output(self.ctx, self, ParquetBatchSink(name, path, tuple(partition_by),
+                                                       self.ctx),
+                      ParquetTwoPhaseSink(name, path, tuple(partition_by), self.ctx))
+
+    def write_delta(self, path: str, name: str | None = None,
+                    partition_by: Sequence[str] = (), *,
+                    merge_keys: Sequence[str] = ()) -> Output:
+        """Write to a Delta table exactly once: appended per batch (app transactions), or, when
+        the pipeline checkpoints, committed in two phases when a checkpoint completes.
+
+        ``merge_keys``: upsert rows by these keys instead of appending (for the update stream
+        of a keyed aggregation: the table then holds the newest value per key). Needs
+        checkpointing (a two-phase commit per checkpoint)."""
+        name = name or "delta"
+        per_batch = None if merge_keys else DeltaBatchSink(name, path, tuple(partition_by),
+                                                           self.ctx)
+        return Output(self.ctx, self, per_batch,
+                      DeltaTwoPhaseSink(name, path, tuple(partition_by), self.ctx,
+                                        tuple(merge_keys)))
+
+    def write_two_phase(self, sink: TwoPhaseCommitSink) -> Output:
+        """Write with your own :class:`~spark_ckpt.sinks.two_phase.TwoPhaseCommitSink`."""
+        if not isinstance(sink, TwoPhaseCommitSink):
+            raise JobDefinitionError(
+                f"write_two_phase(): expected a TwoPhaseCommitSink, found {type(sink).__name__}"
+            )
+        return Output(self.ctx, self, None, sink)
+
+
+def _fn_name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+class InputStream(Stream):
+    """A source's batches: the piece of the batch's allocation that belongs to the source."""
+
+    is_input = True
+
+    def __init__(self, ctx: Template, source: Source) -> None:
+        self.source = source
+        super().__init__(ctx, (), source.name)
+
+    def compute(self, run: BatchRun) -> DataFrame:
+        piece = run.allocation.pieces.get(self.source.name)
+        if piece is None:
+            raise JobDefinitionError(
+                f"batch {run.batch_id}: its allocation has nothing for source "
+                f"{self.source.name}; recorded sources: {sorted(run.allocation.pieces)}"
+            )
+        current = run.batch_id == run.stats.batch_id  # not an earlier batch of a window
+        if current:
+            run.stats.input_rows[self.source.name] = self.source.rows(piece)
+        return self.source.read(run, piece)
+
+
+class Transformed(Stream):
+    def __init__(self, ctx: Template, parents: Sequence[Stream],
+                 fn: Callable[..., DataFrame], name: str) -> None:
+        super().__init__(ctx, parents, name)
+        self.fn = fn
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        inputs = [run.get_or_compute(p) for p in self.parents]
+        if any(df is None for df in inputs):
+            return None
+        out = self.fn(*inputs)
+        if out is None or not hasattr(out, "schema"):
+            raise JobDefinitionError(
+                f"stream {self.name}, batch {run.batch_id}: expected its function to return a "
+                f"DataFrame, found {type(out).__name__}"
+            )
+        return out
+
+
+class Windowed(Stream):
+    def __init__(self, ctx: Template, parent: Stream, length: int, slide: int) -> None:
+        if length < 1 or slide < 1:
+            raise JobDefinitionError(
+                f"window over {parent.name}: expected length >= 1 and slide >= 1 batches, "
+                f"found length={length}, slide={slide}"
+            )
+        super().__init__(ctx, (parent,), f"{parent.name}.window({length},{slide})")
+        self.length = length
+        self.slide = slide
+        ctx.graph.remember(length)
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        if (run.batch_id + 1) % self.slide:
+            return None
+        first = max(0, run.batch_id - self.length + 1)
+        frames = [run.at(b).get_or_compute(self.parents[0]) for b in range(first,
+                                                                           run.batch_id + 1)]
+        frames = [f for f in frames if f is not None]
+        return union_by_name(frames) if frames else None
+
+
+class Output(Stream):
+    """An output stream: runs its sink on its parent's DataFrame every batch.
+
+    ``sink`` commits per batch; ``two_phase`` commits per checkpoint. A pipeline that
+    checkpoints uses ``two_phase`` when there is one (foreach_batch has none); one that does not
+    uses ``sink``, or a per-batch transaction of ``two_phase``."""
+
+    def __init__(self, ctx: Template, parent: Stream, sink: BatchSink | None,
+                 two_phase: TwoPhaseCommitSink | None = None) -> None:
+        name = (sink or two_phase).name  # type: ignore[union-attr]
+        ctx.graph.check_output_name(name)
+        super().__init__(ctx, (parent,), name)
+        self.sink = sink
+        self.two_phase = two_phase
+        self.output_name = name
+        ctx.graph.add_output(self)
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        return run.get_or_compute(self.parents[0])

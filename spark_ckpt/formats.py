@@ -157,7 +157,7 @@ def validate(value: Any, spec: Any, field: str = "") -> None:
 # The file paths spark_ckpt itself writes into them, and nothing else (partition-value maps,
 # a user's own source pieces and sink transactions hold any data): a file source's files
 # [path, size, mtime], a Delta source's [path, size, rows, partition values], a receiver's
-# blocks [seq, path, size] (sources/source.py, receiver.py); a file two-phase sink's
+# blocks [seq, path, size] (sources/file_stream.py, sources/receivers.py); a file two-phase sink's
 # pieces {dir, files: [{path, ...}]} (Delta) or moves [[from, to]] and dirs (Parquet)
 # (sinks/two_phase.py).
 _SOURCE_PIECE = At({"files": Each(At({0: PATH})), "blocks": Each(At({1: PATH}))})

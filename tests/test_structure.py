@@ -206,3 +206,20 @@ def test_the_check_finds_a_circle_through_a_type_checking_or_lazy_import(tmp_pat
     (root / "b.py").write_text("def f():\n    from pkg.a import A\n")
     (root / "c.py").write_text("from pkg import a\n")
     assert circles(package_graph(root)) == [["pkg.a", "pkg.b"]]
+
+
+def test_the_architecture_page_draws_the_table():
+    """docs/architecture.md's table of packages says exactly what ALLOWED lets each import."""
+    import re
+
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    drawn: dict[str, set[str]] = {}
+    row_re = r"^\| (foundation \(`spark_ckpt/\*\.py`\)|`([a-z/]+)/`) \| .* \| (.*) \|$"
+    for row in re.finditer(row_re, page, re.M):
+        name = FOUNDATION if row.group(2) is None else \
+            "spark_ckpt." + row.group(2).replace("/", ".")
+        deps = row.group(3)
+        drawn[name] = set() if deps == "nothing of the package" else {
+            FOUNDATION if d == "foundation" else "spark_ckpt." + d.replace("/", ".")
+            for d in deps.split(", ")}
+    assert drawn == ALLOWED

@@ -15,7 +15,7 @@ its rows twice:
   into place and marks it committed; a crash in between is finished from the marker.
 * :class:`ForeachBatchSink`: calls the user's function; at-least-once, as Spark's foreachBatch.
 
-Pipelines that checkpoint use the two-phase-commit sinks of twophase.py instead.
+Pipelines that checkpoint use the two-phase-commit sinks of two_phase.py instead.
 """
 
 from __future__ import annotations

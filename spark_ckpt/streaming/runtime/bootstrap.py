@@ -146,7 +146,9 @@ def _writer(plans: dict[int, dict[str, Any]], schema_hex: str, fmt: bytes, batch
         from spark_ckpt.state.task import _write
 
         schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schema_hex)))
-        pid = TaskContext.get().partitionId()
+        task = TaskContext.get()
+        assert task is not None  # runs in a Spark task
+        pid = task.partitionId()
         plan = plans[pid]
         parts = list(batches)
         table = pa.Table.from_batches(parts) if parts else None

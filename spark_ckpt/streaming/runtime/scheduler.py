@@ -322,7 +322,7 @@ class JobScheduler:
                     outputs[name] = {"skipped": "no batch (window slide)"}
                     continue
                 target = txns.sink if txns is not None else output.sink
-                target.prepare(df)  # type: ignore[union-attr]
+                target.prepare(df)
                 t1 = self._clock.monotonic_s()
                 planning += t1 - t0
                 api.describe(f"spark_ckpt pipeline {name_} batch {b} output {name}")
@@ -331,7 +331,7 @@ class JobScheduler:
                     txns.staged(b, piece)
                     outputs[name] = {"staged_files": len(piece["files"]) if piece else 0}
                 else:
-                    staged[name] = output.sink.stage(df, b)  # type: ignore[union-attr]
+                    staged[name] = output.sink.stage(df, b)
                 durations[f"output.{name}"] = _ms(self._clock.monotonic_s() - t1)
             durations["planning"] = _ms(planning)
             fault_point("stream.batch.staged")
@@ -343,7 +343,7 @@ class JobScheduler:
                     # first output's commit must not commit the next once a newer one owns
                     # the checkpoint (that one may have purged this batch's commit marker)
                     self._fence()
-                    outputs[name] = output.sink.commit(b, staged[name]) or {}  # type: ignore[union-attr]
+                    outputs[name] = output.sink.commit(b, staged[name]) or {}
                     fault_point("stream.output.committed")
             record = {"outputs": {k: _jsonable(v) for k, v in outputs.items()},
                       "finished_ms": self._clock.now_ms(),

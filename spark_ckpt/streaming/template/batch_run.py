@@ -133,7 +133,8 @@ class BatchRun:
         if key not in self.memo:
             self.memo[key] = stream.compute(self)
             self.stats.computed.append(f"{stream.name}@{self.batch_id}")
-        return self.memo[key]
+        found: DataFrame | None = self.memo[key]
+        return found
 
     def on_cleanup(self, fn: Callable[[], Any]) -> None:
         self.stats.cleanups.append(fn)

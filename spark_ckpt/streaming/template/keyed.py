@@ -441,8 +441,8 @@ class _SchemaRun:
         if isinstance(stream, ProcessedStream):
             from pyspark.sql.types import StructType
 
-            schema = stream.output_schema or StructType.fromDDL(stream._declared)
-            return empty_frame(self.spark, schema)
+            schema = stream.output_schema or StructType.fromDDL(str(stream._declared))
+            return empty_frame(self.spark, schema)  # type: ignore[arg-type]  # DDL: a struct
         raise InternalError(f"stream {stream.name}: expected a stream kind the schema dry run "
                             f"knows, found a {type(stream).__name__}")
 
@@ -828,7 +828,8 @@ class ProcessedStream(StatefulStream):
         store = self.pipeline.storage
         run.on_cleanup(lambda: store.delete_dir(store.fs_path(out_dir)))
         if not files:
-            return spark.createDataFrame([], output_schema)
+            empty: DataFrame = spark.createDataFrame([], output_schema)
+            return empty
         out: DataFrame = spark.read.schema(output_schema).parquet(*files)
         return out
 
@@ -929,4 +930,5 @@ class FullState(Stream):
     def compute(self, run: BatchRun) -> DataFrame | None:
         if run.get_or_compute(self.stateful) is None:
             return None
-        return self.stateful.state_view()
+        view: DataFrame = self.stateful.state_view()
+        return view

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.sinks.per_batch import (
@@ -35,7 +35,7 @@ from spark_ckpt.streaming.template.stream_graph import StreamGraph
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-    from spark_ckpt.sources.source import Source
+    from spark_ckpt.sources.source import Source, SourceRun
     from spark_ckpt.streaming.template.batch_run import BatchRun
 
 
@@ -72,10 +72,10 @@ class Stream:
                     f"StreamingContext ({parent.pipeline.name}, not {pipeline.name}); streams "
                     "of different contexts cannot be combined"
                 )
-        self.pipeline = pipeline
+        self.pipeline: Template = pipeline
         self.parents: tuple[Stream, ...] = tuple(parents)
         self.id = next(_ids)
-        self.name = name
+        self.name: str = name
         pipeline.graph.add_stream(self)
 
     def __repr__(self) -> str:
@@ -110,7 +110,8 @@ class Stream:
 
     def join(self, other: Stream, on: str | Sequence[str] | Column, how: str = "inner") -> Stream:
         """Join each batch of this stream with the same batch of ``other``."""
-        return Transformed(self.pipeline, (self, other), lambda a, b: a.join(b, on, how),
+        cond: Any = on  # pyspark's stubs want a list where any sequence works
+        return Transformed(self.pipeline, (self, other), lambda a, b: a.join(b, cond, how),
                            f"{self.name}.join({other.name})")
 
     def join_static(self, table: DataFrame | Callable[[], DataFrame],
@@ -120,9 +121,11 @@ class Stream:
         called every batch so a table that changes is read afresh)."""
         from pyspark.sql import functions as F
 
+        cond: Any = on  # pyspark's stubs want a list where any sequence works
+
         def join_it(df: DataFrame) -> DataFrame:
             right = table() if callable(table) else table
-            return df.join(F.broadcast(right) if broadcast else right, on, how)
+            return df.join(F.broadcast(right) if broadcast else right, cond, how)
 
         return Transformed(self.pipeline, (self,), join_it, f"{self.name}.join_static")
 
@@ -204,7 +207,8 @@ class InputStream(Stream):
         current = run.batch_id == run.stats.batch_id  # not an earlier batch of a window
         if current:
             run.stats.input_rows[self.source.name] = self.source.rows(piece)
-        return self.source.read(run, piece)
+        # a BatchRun is a SourceRun (its stats a RunStats; the protocol's attribute is invariant)
+        return self.source.read(cast("SourceRun", run), piece)
 
 
 class Transformed(Stream):
@@ -242,9 +246,9 @@ class Windowed(Stream):
         if (run.batch_id + 1) % self.slide:
             return None
         first = max(0, run.batch_id - self.length + 1)
-        frames = [run.at(b).get_or_compute(self.parents[0]) for b in range(first,
-                                                                           run.batch_id + 1)]
-        frames = [f for f in frames if f is not None]
+        computed = [run.at(b).get_or_compute(self.parents[0]) for b in range(first,
+                                                                             run.batch_id + 1)]
+        frames = [f for f in computed if f is not None]
         return union_by_name(frames) if frames else None
 
 

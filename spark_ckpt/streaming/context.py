@@ -102,14 +102,18 @@ log = logging.getLogger(__name__)
 class StreamingContext:
     """A streaming pipeline bound to an existing SparkSession (never creates one).
 
-    Thread ownership. The template (graph, sources, outputs) is built by the user's thread
-    before ``start()`` and never changes after it. ``start()`` sets up, on the user's thread,
-    everything the pipeline's threads read (logs, tracker, transactions, coordinator, the
-    restored checkpoint) before it starts any of them; after that those fields are read-only.
-    A running pipeline's mutable state (the schedule, the in-flight batches, allocations,
-    histories, failures and stop) has one owner, the :class:`PipelineLoop`'s thread; the
-    scheduler and the coordinator post events to it, and this object's ``stop()`` posts one
-    too. This class is the user's façade: the template, start, stop, progress.
+    Threads and owners. The template (graph, sources, outputs) and the pipeline's
+    definition (what the template, the sources and the sinks see instead of this object) are
+    built by the user's thread before ``start()`` and never change after it. ``start()`` sets
+    up, on the user's thread, everything the pipeline's threads read (logs, tracker,
+    transactions, coordinator, the restored checkpoint, the operators' runtime state) before
+    it starts any of them, and hands each piece to its owner: the :class:`PipelineLoop`'s
+    thread owns the schedule, the in-flight batches, allocations, the progress history,
+    failures and stop; the JobScheduler's thread owns the batch run, the operators' runtime
+    state and the commit records; the coordinator's thread owns checkpoints and their history.
+    This object's ``stop()`` posts an event; its readers (``recent_progress``,
+    ``last_progress``, ``recent_checkpoints``) return copies of immutable snapshots. This class
+    is the user's façade and the wiring: the template, start, stop, progress.
     """
 
     def __init__(self, spark: SparkSession, batch_interval: float, checkpoint_dir: str,

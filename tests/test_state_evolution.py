@@ -182,7 +182,7 @@ def test_processor_state_evolves_across_restarts_and_a_removed_variable_stays_go
     # only keys below 10 have rows from here on: the others' state comes from V1's files alone
     ctx = _run(spark, tmp_path, EvolvingV2(), total=2 * N, only_keys=10,
                renames={"tag": "label"})
-    op = ctx.graph.stateful[0]
+    op = ctx.graph.stateful[0].snapshot()  # the operator's runtime state, as published
     assert op.evolution is not None and op.evolution.removed == ("old_only",)
     assert set(op.evolution.added) == {"seen_since"}
     assert op.evolution.sources == {"label": "tag"}

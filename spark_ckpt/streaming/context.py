@@ -22,7 +22,7 @@ The checkpoint directory holds everything a restarted driver needs::
 
 from __future__ import annotations
 
-import json
+import copy
 import logging
 import os
 import uuid
@@ -61,13 +61,14 @@ from spark_ckpt.sources.receivers import QueueSource, SocketSource
 from spark_ckpt.sources.source import Source
 from spark_ckpt.storage import Storage, join
 from spark_ckpt.storage.fencing import Fence, client_session, interrupt_earlier_clients
-from spark_ckpt.streaming.runtime.allocations import AllocationStore
+from spark_ckpt.streaming.runtime.allocations import AllocationStore, RecordedInputs
 from spark_ckpt.streaming.runtime.batch_queue import BatchQueue, QueuedBatch
 from spark_ckpt.streaming.runtime.history import RecentHistory
 from spark_ckpt.streaming.runtime.housekeeping import PipelineHousekeeping
 from spark_ckpt.streaming.runtime.job_generator import JobGenerator
 from spark_ckpt.streaming.runtime.lifecycle import Lifecycle, PipelineState
 from spark_ckpt.streaming.runtime.metalog import MetadataLog
+from spark_ckpt.streaming.runtime.operators import OperatorStates
 from spark_ckpt.streaming.runtime.pipeline_dir import METADATA_VERSION, read_pipeline_metadata
 from spark_ckpt.streaming.runtime.pipeline_loop import (
     CheckpointFailed,
@@ -84,6 +85,7 @@ from spark_ckpt.streaming.runtime.runs import run_numbers
 from spark_ckpt.streaming.runtime.scheduler import JobScheduler
 from spark_ckpt.streaming.runtime.stop_control import StopControl
 from spark_ckpt.streaming.template.batch_run import BatchAllocation
+from spark_ckpt.streaming.template.definition import PipelineDefinition
 from spark_ckpt.streaming.template.keyed import KeyedStream
 from spark_ckpt.streaming.template.stream import InputStream, Stream
 from spark_ckpt.streaming.template.stream_graph import StreamGraph
@@ -100,14 +102,18 @@ log = logging.getLogger(__name__)
 class StreamingContext:
     """A streaming pipeline bound to an existing SparkSession (never creates one).
 
-    Thread ownership. The template (graph, sources, outputs) is built by the user's thread
-    before ``start()`` and never changes after it. ``start()`` sets up, on the user's thread,
-    everything the pipeline's threads read (logs, tracker, transactions, coordinator, the
-    restored checkpoint) before it starts any of them; after that those fields are read-only.
-    A running pipeline's mutable state (the schedule, the in-flight batches, allocations,
-    histories, failures and stop) has one owner, the :class:`PipelineLoop`'s thread; the
-    scheduler and the coordinator post events to it, and this object's ``stop()`` posts one
-    too. This class is the user's façade: the template, start, stop, progress.
+    Threads and owners. The template (graph, sources, outputs) and the pipeline's
+    definition (what the template, the sources and the sinks see instead of this object) are
+    built by the user's thread before ``start()`` and never change after it. ``start()`` sets
+    up, on the user's thread, everything the pipeline's threads read (logs, tracker,
+    transactions, coordinator, the restored checkpoint, the operators' runtime state) before
+    it starts any of them, and hands each piece to its owner: the :class:`PipelineLoop`'s
+    thread owns the schedule, the in-flight batches, allocations, the progress history,
+    failures and stop; the JobScheduler's thread owns the batch run, the operators' runtime
+    state and the commit records; the coordinator's thread owns checkpoints and their history.
+    This object's ``stop()`` posts an event; its readers (``recent_progress``,
+    ``last_progress``, ``recent_checkpoints``) return copies of immutable snapshots. This class
+    is the user's façade and the wiring: the template, start, stop, progress.
     """
 
     def __init__(self, spark: SparkSession, batch_interval: float, checkpoint_dir: str,
@@ -118,22 +124,18 @@ class StreamingContext:
                 f"pipeline {name}: expected batch_interval > 0 seconds, found {batch_interval!r}"
             )
         check_name("pipeline name", name)
-        self.spark = spark
         self.batch_interval = float(batch_interval)
-        self.name = name
-        self.settings = settings or Settings.from_conf(spark.conf)
-        self.storage = Storage(checkpoint_dir)
-        self.root = self.storage.root
-        self.graph = StreamGraph()
+        # what the template, the sources and the sinks see of this pipeline (never this object)
+        self._definition = PipelineDefinition(
+            spark, name, settings or Settings.from_conf(spark.conf),  # type: ignore[arg-type]
+            Storage(checkpoint_dir), clock or SystemClock())
         self.listeners: list[StreamingListener] = []
-        self.dead_letters = DeadLetters(self)
-        self._progress = RecentHistory()
-        self._checkpoint_history = RecentHistory()
+        self.dead_letters = DeadLetters(self._definition)
+        self._progress = RecentHistory()  # one writer: the pipeline loop's thread
+        self._checkpoint_history = RecentHistory()  # one writer: the coordinator's thread
         self._sources: list[Source] = []
-        self._schemas: dict[str, str] = {}
         self._run: int | None = None
         self._claimed: Any = None  # when this run claimed the directory (storage clock)
-        self.clock = clock or SystemClock()
         self._fence = Fence(self.storage, self.root, f"pipeline {name}", clock=self.clock)
         self._lifecycle = Lifecycle(name)
         self._allocation_store: AllocationStore | None = None
@@ -141,10 +143,8 @@ class StreamingContext:
         self.scheduler: JobScheduler | None = None
         self.generator: JobGenerator | None = None
         self.loop: PipelineLoop | None = None
-        # lineage: "<name>-<pipeline id>" keys every sink transaction; a checkpoint directory
-        # made before pipeline ids existed keeps its old ids ("<name>")
-        self.pipeline_id = ""
-        self.lineage = name
+        self._inputs: RecordedInputs | None = None
+        self._operators: OperatorStates | None = None
         self.owner_tag = ""  # tags every Spark operation of this run (Spark Connect)
         self.checkpointing = False
         self.coordinator: CheckpointCoordinator | None = None
@@ -154,13 +154,50 @@ class StreamingContext:
         self.skip_output_through: dict[str, int] = {}  # output -> last batch already visible
         self.sink_positions: dict[str, SinkPosition] = {}  # read at start, then read-only
 
+    # -- the definition (fixed once start() runs; any thread may read it) -------------------
+    @property
+    def spark(self) -> SparkSession:
+        return self._definition.spark
+
+    @property
+    def name(self) -> str:
+        return self._definition.name
+
+    @property
+    def settings(self) -> Settings:
+        return self._definition.settings
+
+    @property
+    def storage(self) -> Storage:
+        return self._definition.storage
+
+    @property
+    def root(self) -> str:
+        return self._definition.root
+
+    @property
+    def clock(self) -> Clock:
+        return self._definition.clock
+
+    @property
+    def graph(self) -> StreamGraph:
+        return self._definition.graph
+
+    @property
+    def pipeline_id(self) -> str:
+        return self._definition.pipeline_id
+
+    @property
+    def lineage(self) -> str:
+        return self._definition.lineage
+
     # -- sources -------------------------------------------------------------------------
     def _input(self, source: Source) -> InputStream:
         if self._lifecycle.state is not PipelineState.CREATED:
             raise JobDefinitionError(f"pipeline {self.name}: add sources before start()")
         check_name(f"pipeline {self.name}: source name", source.name)
-        stream = InputStream(self, source)
-        source.bind(self)
+        stream = InputStream(self._definition, source)
+        source.bind(self._definition)
         self._sources.append(source)
         return stream
 
@@ -237,26 +274,20 @@ class StreamingContext:
               max_parallelism: int | None) -> KeyedStream:
         """The keyed stream ``parent.key_by(*keys)`` makes (streams reach the keyed layer
         through their pipeline, not by importing it)."""
-        return KeyedStream(self, (parent,), keys, parallelism=parallelism,
-                           max_parallelism=max_parallelism)
+        return self._definition.keyed(parent, keys, parallelism=parallelism,
+                                      max_parallelism=max_parallelism)
 
     # -- recorded state ------------------------------------------------------------------
     def recorded_schema(self, source: str) -> StructType | None:
-        from pyspark.sql.types import StructType
-
-        raw = self._schemas.get(source)
-        return StructType.fromJson(json.loads(raw)) if raw else None
+        return self._definition.recorded_schema(source)
 
     def allocation(self, batch_id: int) -> BatchAllocation:
         """The recorded allocation of ``batch_id`` (any thread)."""
-        found = self._allocation_store.get(batch_id) if self._allocation_store else None
-        if found is None:
+        if self._inputs is None:
             raise JobDefinitionError(
-                f"pipeline {self.name}: batch {batch_id} is no longer recorded (a window "
-                f"reaches further back than spark.ckpt.stream.minBatchesToRetain="
-                f"{self.settings.stream_min_batches_to_retain})"
-            )
-        return found
+                f"pipeline {self.name}: batch {batch_id} is not recorded (the pipeline has not "
+                "started)")
+        return self._inputs.allocation(batch_id)
 
     @property
     def recent_progress(self) -> list[dict[str, Any]]:
@@ -287,15 +318,15 @@ class StreamingContext:
                     f"{sorted(record['sources'])}, the template declares {sorted(sources)}; "
                     "sources cannot change under a checkpoint (use a new checkpoint directory)"
                 )
-            self._schemas = dict(record.get("schemas", {}))
-            self.pipeline_id = str(record.get("pipeline_id", ""))
+            self._definition.schemas = dict(record.get("schemas", {}))
+            self._definition.pipeline_id = str(record.get("pipeline_id", ""))
         elif not self.pipeline_id:
-            self.pipeline_id = uuid.uuid4().hex[:16]
+            self._definition.pipeline_id = uuid.uuid4().hex[:16]
         if self.pipeline_id:
-            self.lineage = f"{self.name}-{self.pipeline_id}"
+            self._definition.lineage = f"{self.name}-{self.pipeline_id}"
         schemas = {s.name: s.schema().json() for s in self._sources}
         for name, schema in schemas.items():
-            old = self._schemas.get(name)
+            old = self._definition.schemas.get(name)
             if old and old != schema:
                 raise JobDefinitionError(
                     f"pipeline {self.name}: source {name} was recorded with schema "
@@ -312,7 +343,7 @@ class StreamingContext:
                 # spark-ckpt status, cleanup and report find them without being told
                 # relative when inside this directory: a copy's tools find its own
                 "checkpoints": _absolute(self.settings.checkpoint_dir) or "checkpoints"}
-        self._schemas = schemas
+        self._definition.schemas = schemas
         self.storage.write_atomic(path, dump_record("pipeline-metadata", METADATA_VERSION, body))
 
     def _claim_run(self) -> int:
@@ -404,6 +435,12 @@ class StreamingContext:
         self._allocations = MetadataLog(self.storage, join(self.root, "allocations"),
                                         "allocation")
         self._allocation_store = AllocationStore(self._allocations)
+        self._inputs = RecordedInputs(self.name, self.spark, self.dead_letters,
+                                      self._allocation_store,
+                                      self.settings.stream_min_batches_to_retain)
+        self._operators = OperatorStates(self._definition.snapshots,
+                                         transactions=self.transactions,
+                                         skip_output_through=self.skip_output_through)
         self.commits = MetadataLog(self.storage, join(self.root, "commits"), "batch-commit")
         self.driver_state = MetadataLog(self.storage, join(self.root, "driver"), "driver-state")
         self.progress_log = ProgressLog(self.storage, self.root)
@@ -422,8 +459,15 @@ class StreamingContext:
             self._refuse_staged_two_phase(kept)
             pending = [a for a in records if a.batch_id not in committed]
         batches = BatchQueue()
-        self.scheduler = JobScheduler(self, batches=batches, checkpoints=self._checkpoint_history,
-                                      post=self._post, clock=self.clock)
+        self.scheduler = JobScheduler(
+            self.name, session=self.spark, owner_tag=self.owner_tag, graph=self.graph,
+            inputs=self._inputs, sources=list(self.tracker.sources), operators=self._operators,
+            transactions=self.transactions, skip_output_through=self.skip_output_through,
+            commits=self.commits, coordinator=self.coordinator, fence=self.check_fenced,
+            batches=batches, checkpoints=self._checkpoint_history, post=self._post,
+            clock=self.clock,
+            final_checkpoint_bound_s=2 * self.settings.checkpoint_timeout_ms / 1000 + 600,
+            restored_barrier=self.restored.barrier_batch if self.restored else None)
         for allocation in pending:  # no in-flight slot: they are not the generator's
             batches.put(QueuedBatch(allocation, recovered=True))
         next_batch = max((a.batch_id for a in records), default=-1) + 1
@@ -532,6 +576,7 @@ class StreamingContext:
         s = self.settings
         uri = self._checkpoints_uri()
         storage = self.checkpoint_storage = CheckpointStorage(uri)
+        self._definition.checkpoints = storage
         # spark-ckpt restore's request, when the code or the settings name no checkpoint
         requested = None if restore_id or s.checkpoint_restore_from else \
             read_restore_request(self.storage, self.root)
@@ -556,8 +601,9 @@ class StreamingContext:
                 "restore CKPT_DIR --cancel`)") from exc
         self.restored = chosen
         operators = chosen.metadata.get("operators", {}) if chosen else {}
+        assert self._operators is not None
         for op in self.graph.stateful:  # writes nothing; may refuse the declared state
-            op.configure(operators.get(op.operator))
+            self._operators.add(op, op.configure(operators.get(op.operator)))
         if chosen is not None and restore_id is not None:
             restore.abandon_newer(chosen)  # only once nothing refused the restore
             if requested is not None:
@@ -611,8 +657,9 @@ class StreamingContext:
             on_failure=lambda exc: self._post(CheckpointFailed(exc)),
             on_stats=self._checkpoint_stats,
             delete_files=restore.delete_state_files,
-            live_files=self._live_state_files, fence=self.check_fenced, clock=self.clock,
+            live_files=self._operators.live_files, fence=self.check_fenced, clock=self.clock,
             pre_commit=self._pre_commit_sinks)
+        self._operators.release_to(self.coordinator.release_files)
         if chosen is not None:
             log.info("Pipeline %s: restored checkpoint %d (barrier after batch %d); replaying "
                      "%d batch(es)", self.name, chosen.checkpoint_id, chosen.barrier_batch,
@@ -656,23 +703,14 @@ class StreamingContext:
                 "sync_ms": int((self.clock.monotonic_s() - t0) * 1000)})
         return out
 
-    def _live_state_files(self) -> set[str]:
-        return {f for op in self.graph.stateful for f in op.live_files}
-
     def checkpoint_handles(self, operator: str, checkpoint_id: int) -> list[Any]:
         """The state handles of ``operator`` in completed checkpoint ``checkpoint_id``."""
-        from spark_ckpt.state.chain import StateHandle
-
-        if self.checkpoint_storage is None:
-            raise CheckpointError(f"pipeline {self.name}: not started with checkpointing")
-        meta = self.checkpoint_storage.read_metadata(checkpoint_id)
-        handles = meta.get("operators", {}).get(operator, {}).get("handles", {})
-        return [StateHandle.from_json(h) for _p, h in
-                sorted(handles.items(), key=lambda kv: int(kv[0]))]
+        return self._definition.checkpoint_handles(operator, checkpoint_id)
 
     @property
     def last_progress(self) -> dict[str, Any] | None:
-        return self._progress.last()
+        """The newest batch's progress (a copy)."""
+        return copy.deepcopy(self._progress.last())
 
     def _checkpoint_stats(self, stats: dict[str, Any]) -> None:
         """A checkpoint ended (the coordinator's thread, before its waiters are told)."""

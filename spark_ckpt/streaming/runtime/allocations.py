@@ -4,19 +4,27 @@ The ReceiverTracker records an allocation (create-if-absent) and purges old ones
 commit, both on the pipeline loop's thread (its one writer); the scheduler reads allocations of
 the batch it runs and of earlier batches a window reaches back to.
 
-Thread ownership: every method may be called from any thread; ``_lock`` guards ``_memory``.
-Storage calls happen outside the lock except the record itself, so a slow read never holds up
-the loop.
+Threads and owners: one writer, the pipeline loop's thread (record, purge; ``start()``
+restores before any thread runs); readers on any thread (the JobScheduler reads the batch it
+runs and the earlier batches a window reaches back to, through :class:`RecordedInputs`).
+``_lock`` guards ``_memory``. Storage calls happen outside the lock except the record itself,
+so a slow read never holds up the loop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from typing import TYPE_CHECKING
 
+from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.streaming.runtime.metalog import MetadataLog
-from spark_ckpt.streaming.template.batch_run import BatchAllocation
+from spark_ckpt.streaming.template.batch_run import BatchAllocation, DeadLetterTable
 
-__all__ = ["AllocationStore"]
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["AllocationStore", "RecordedInputs"]
 
 
 class AllocationStore:
@@ -71,3 +79,26 @@ class AllocationStore:
             for b in [b for b in self._memory if b < below]:
                 del self._memory[b]
         self._log.purge(below)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedInputs:
+    """What a batch run reads (a ``BatchInputs``): the session, the recorded allocations and
+    where malformed records go. Immutable; any thread."""
+
+    pipeline: str
+    spark: SparkSession
+    dead_letters: DeadLetterTable
+    store: AllocationStore
+    retained: int  # spark.ckpt.stream.minBatchesToRetain, for the message below
+
+    def allocation(self, batch_id: int) -> BatchAllocation:
+        """The recorded allocation of ``batch_id``."""
+        found = self.store.get(batch_id)
+        if found is None:
+            raise JobDefinitionError(
+                f"pipeline {self.pipeline}: batch {batch_id} is no longer recorded (a window "
+                f"reaches further back than spark.ckpt.stream.minBatchesToRetain="
+                f"{self.retained})"
+            )
+        return found

@@ -55,4 +55,5 @@ class BatchQueue:
         with self._cond:
             while not self._items:
                 self._cond.wait()
-            return self._items.popleft()
+            item: QueuedBatch | str = self._items.popleft()
+            return item

@@ -146,7 +146,9 @@ def _writer(plans: dict[int, dict[str, Any]], schema_hex: str, fmt: bytes, batch
         from spark_ckpt.state.task import _write
 
         schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(schema_hex)))
-        pid = TaskContext.get().partitionId()
+        task = TaskContext.get()
+        assert task is not None  # runs in a Spark task
+        pid = task.partitionId()
         plan = plans[pid]
         parts = list(batches)
         table = pa.Table.from_batches(parts) if parts else None
@@ -180,6 +182,7 @@ def bootstrap_state(ctx: Any, frames: dict[str, DataFrame]) -> int:
     from spark_ckpt.sparkapi import spark_api
     from spark_ckpt.state.aggregates import AggSpec
     from spark_ckpt.streaming.runtime.stop_control import StopControl
+    from spark_ckpt.streaming.template.keyed import agg_file_schema
 
     ops = {op.operator: op for op in ctx.graph.stateful}
     unknown = sorted(set(frames) - set(ops))
@@ -223,17 +226,13 @@ def bootstrap_state(ctx: Any, frames: dict[str, DataFrame]) -> int:
                         agg.time_column not in {f.name for f in inputs}:
                     inputs.append(StructField(agg.time_column, ts))
             spec = AggSpec(keys, op.aggs, StructType(inputs))
-            op.spec = spec
-            try:
-                schema = op.file_schema()
-            finally:
-                op.spec = None
+            schema = agg_file_schema(spec)
             describe = {"file_schema": schema.json(), "aggs": spec.describe()["aggs"]}
             from spark_ckpt.state.task import STATE_FORMAT as fmt
         else:
             from spark_ckpt.state.schema import STATE_FORMAT_TYPED as fmt
 
-            state = op._parse_state_schema()
+            state = op.parse_state_schema()
             missing = [k for k in keys if k not in types]
             if missing:
                 raise JobDefinitionError(f"bootstrap_state: operator {name}: expected the key "

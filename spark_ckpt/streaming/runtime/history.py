@@ -1,13 +1,19 @@
-"""A bounded, thread-safe record of recent events (batch progress, checkpoint statistics).
+"""A bounded record of recent events (batch progress, checkpoint statistics), published as
+immutable snapshots.
 
-Thread ownership: the scheduler appends progress and the coordinator appends checkpoint
-statistics while a user's thread reads; ``_lock`` guards the deque, and readers get copies.
+Threads and owners: each history has **one writer**. The progress history's is the pipeline
+loop's thread (it appends a batch's progress when it handles ``BatchCompleted``); the
+checkpoint history's is the checkpoint coordinator's thread (it appends a checkpoint's
+statistics before anyone waiting on that checkpoint is told). The writer builds a new tuple and
+publishes it by one reference assignment; readers on any thread (``recent_progress``,
+``last_progress``, ``recent_checkpoints``, the scheduler's progress record) take the current
+tuple without a lock, and what they took never changes under them. Entries are never changed
+once appended (readers that hand them on, hand on copies).
 """
 
 from __future__ import annotations
 
-import collections
-import threading
+import copy
 from typing import Any
 
 __all__ = ["RecentHistory"]
@@ -15,17 +21,22 @@ __all__ = ["RecentHistory"]
 
 class RecentHistory:
     def __init__(self, keep: int = 100) -> None:
-        self._lock = threading.Lock()
-        self._items: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
+        self._keep = keep
+        self._items: tuple[dict[str, Any], ...] = ()
 
     def append(self, item: dict[str, Any]) -> None:
-        with self._lock:
-            self._items.append(item)
+        """Add ``item`` (the history's one writer only)."""
+        self._items = (*self._items[len(self._items) + 1 - self._keep:], item) \
+            if self._keep > 0 else ()
+
+    def items(self) -> tuple[dict[str, Any], ...]:
+        """The current snapshot, oldest first: an immutable tuple (any thread)."""
+        return self._items
 
     def snapshot(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self._items)
+        """A copy of the current snapshot, oldest first (any thread; the caller may change it)."""
+        return copy.deepcopy(list(self._items))
 
     def last(self) -> dict[str, Any] | None:
-        with self._lock:
-            return self._items[-1] if self._items else None
+        items = self._items
+        return items[-1] if items else None

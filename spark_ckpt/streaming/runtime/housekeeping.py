@@ -2,13 +2,17 @@
 progress history and log, the listeners, the purge of old records, the shutdown of the
 receivers and the coordinator.
 
-Thread ownership: every method runs on the pipeline loop's thread (the progress history is
-written only there; other threads read copies). The checkpoint history is the coordinator's:
-it records a checkpoint's statistics before anyone waiting on that checkpoint is told.
+Threads and owners: every method runs on the pipeline loop's thread. It is the one writer of
+the progress history (readers on other threads get immutable snapshots) and of the progress
+log; it purges ``allocations/`` and ``driver/`` (their one writer) and ``commits/`` (written by
+the JobScheduler: the log's lock serializes the two). Listeners are called here, in order, each
+with its own copy of what it is told. The checkpoint history is not written here: its one
+writer is the coordinator's thread (see :mod:`spark_ckpt.streaming.runtime.history`).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -47,7 +51,7 @@ class PipelineHousekeeping:
         self._fence = fence
 
     def batch_started(self, info: dict[str, Any]) -> None:
-        notify(self._listeners, "on_batch_started", info)
+        notify(self._listeners, "on_batch_started", copy.deepcopy(info))
 
     def batch_completed(self, progress: dict[str, Any]) -> None:
         """After batch ``progress["batch_id"]`` committed. The batch is committed whatever
@@ -60,7 +64,7 @@ class PipelineHousekeeping:
         except Exception as exc:  # noqa: BLE001 - informational record only
             log.warning("Pipeline %s batch %d committed; writing its progress line failed: %s",
                         self.pipeline, b, exc)
-        notify(self._listeners, "on_batch_completed", progress)
+        notify(self._listeners, "on_batch_completed", copy.deepcopy(progress))
         log.info("Pipeline %s batch %d: %s rows in %d ms", self.pipeline, b,
                  progress["num_input_rows"], progress["durations_ms"]["total"])
         try:
@@ -85,7 +89,7 @@ class PipelineHousekeeping:
         self._driver_state.purge(below)
 
     def checkpoint_stats(self, stats: dict[str, Any]) -> None:
-        notify(self._listeners, "on_checkpoint", stats)
+        notify(self._listeners, "on_checkpoint", copy.deepcopy(stats))
 
     def failure(self, batch_id: int, error: BaseException, *, drain: bool) -> BaseException:
         """The pipeline's error for a failed batch (``drain``: the generator could not allocate

@@ -7,12 +7,20 @@ directory fails at its first allocation instead of writing the same batch twice.
 * ``allocations/``: what each batch reads (ReceiverTracker), written before the batch runs;
 * ``commits/``: written after every output of the batch has committed;
 * ``driver/``: the driver's state after a batch was submitted (step 5 of seed 002).
+
+Threads and owners: each log has one writer of new records: ``allocations/`` and ``driver/``
+the pipeline loop's thread (the generator), ``commits/`` the JobScheduler's thread; ``start()``
+sets torn records aside before any thread runs. The loop's thread purges old records of all
+three after a commit, so ``commits/`` is written from two threads: ``_lock`` serializes every
+change to a log's directory (record, replace, purge, set aside). Reads take no lock: a record
+appears whole.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +41,7 @@ class MetadataLog:
         self.storage = storage
         self.directory = directory
         self.kind = kind
+        self._lock = threading.Lock()  # serializes changes to the directory (see above)
         storage.makedirs(directory)
 
     def path(self, batch_id: int) -> str:
@@ -41,12 +50,15 @@ class MetadataLog:
     def add(self, batch_id: int, body: dict[str, Any]) -> bool:
         """Record ``batch_id``; False if a record for it already exists (left untouched)."""
         data = dump_record(self.kind, VERSION, {"batch_id": batch_id, **body})
-        return self.storage.create_exclusive(self.path(batch_id), data)
+        with self._lock:
+            created: bool = self.storage.create_exclusive(self.path(batch_id), data)
+        return created
 
     def put(self, batch_id: int, body: dict[str, Any]) -> None:
         """Record ``batch_id``, replacing an earlier record (driver state only)."""
         data = dump_record(self.kind, VERSION, {"batch_id": batch_id, **body})
-        self.storage.write_atomic(self.path(batch_id), data)
+        with self._lock:
+            self.storage.write_atomic(self.path(batch_id), data)
 
     def get(self, batch_id: int) -> dict[str, Any] | None:
         path = self.path(batch_id)
@@ -94,11 +106,12 @@ class MetadataLog:
                 "dropped; restore the file from a copy (nothing was run from it)"
             )
         aside = join(self.directory, "torn", f"{newest:012d}.{uuid.uuid4().hex[:8]}.json")
-        fence()  # a driver that lost the claim race must not move the owner's record ...
-        if self.storage.read_bytes(path) != raw:  # ... nor one written whole since the read
-            raise RecordError(f"{where}: changed while this driver was setting it aside as "
-                              "torn; another driver is writing this checkpoint directory")
-        self.storage.move(path, aside)
+        with self._lock:
+            fence()  # a driver that lost the claim race must not move the owner's record ...
+            if self.storage.read_bytes(path) != raw:  # ... nor one written whole since then
+                raise RecordError(f"{where}: changed while this driver was setting it aside "
+                                  "as torn; another driver is writing this checkpoint directory")
+            self.storage.move(path, aside)
         log.warning("%s: the newest %s record (batch %d) was torn by a crash mid-write "
                     "(%d bytes that do not parse); nothing came of it, so it was moved to %s "
                     "and the batch is recorded again", where, self.kind, newest, len(raw),
@@ -116,9 +129,10 @@ class MetadataLog:
     def purge(self, below: int) -> int:
         """Delete records of batches ``< below``; return how many went."""
         gone = 0
-        for batch_id in self.batch_ids():
-            if batch_id >= below:
-                break
-            self.storage.fs.delete_file(self.path(batch_id))
-            gone += 1
+        with self._lock:
+            for batch_id in self.batch_ids():
+                if batch_id >= below:
+                    break
+                self.storage.fs.delete_file(self.path(batch_id))
+                gone += 1
         return gone

@@ -11,8 +11,13 @@ thread that decides. It owns, and only it touches:
   (``spark.ckpt.stream.maxBatchesInFlight``; batches a restart found allocated hold none);
 * allocations: recorded (the generator's step 1) and purged after commits, both here, so the
   :class:`~spark_ckpt.streaming.runtime.allocations.AllocationStore` has one writer;
-* the progress and checkpoint histories (written here; other threads read copies);
-* failures and stop: the pipeline's outcome (the first one wins) and its shutdown;
+* the progress history (written here; readers on other threads get immutable snapshots; the
+  checkpoint history's one writer is the coordinator's thread), the progress log, the
+  listeners' calls, and the purge of old records (``commits/`` is the JobScheduler's to write:
+  its log's lock serializes the purge with it);
+* failures and stop: the pipeline's outcome (the first one wins) and its shutdown; a stop's
+  "take a final checkpoint" reaches the scheduler through a ``threading.Event`` (its
+  ``graceful``), never a bare attribute;
 * stop requests from outside (``spark-ckpt stop``): looked for on the loop's clock, taken as
   a graceful stop, answered with the final checkpoint once the pipeline's threads ended
   (:mod:`spark_ckpt.streaming.runtime.stop_control`).
@@ -115,9 +120,10 @@ class _Wake:
 class SchedulerControl(Protocol):
     """What the loop does to the JobScheduler (its thread runs the batches)."""
 
-    graceful: bool
+    graceful: bool  # the JobScheduler keeps it in a threading.Event
     # after a graceful stop: the final checkpoint (id, barrier batch; None: no checkpoints),
-    # or the error that kept it from completing
+    # or the error that kept it from completing; written by the scheduler's thread before it
+    # ends, read here only after join()
     final: tuple[int | None, int | None]
     final_error: BaseException | None
     final_taken: bool

@@ -12,13 +12,20 @@ then, per output:
   coordinator (source positions and state handles after the batch, all immutable); a checkpoint
   triggered while the next batch runs places its barrier there at once.
 
-Threads: this thread owns the batch run and the stateful operators' live handles. It takes
-batches from the :class:`BatchQueue`; it reads the pipeline's definition (template, outputs,
-sinks' transactions, coordinator, logs), all fixed before ``start()`` starts any thread;
-allocations come from the :class:`AllocationStore`. It reports only by posting events to the
-pipeline loop (a batch completed, with its in-flight slot; a batch failed; the available-now
-end; its thread ended), and to the coordinator only by posting boundaries (and, for a final
-checkpoint, by waiting on a future). Timestamps come from the injected clock.
+Threads and owners: this thread (``spark-ckpt-scheduler-<pipeline>``) owns the batch run, the
+stateful operators' runtime state (:class:`~spark_ckpt.streaming.runtime.operators.
+OperatorStates`, whose snapshots it publishes), the ``commits/`` log's records (it is their
+only writer; the pipeline loop purges old ones through the log's lock) and the running batch's
+job group (guarded by ``_lock``: the loop cancels it). It never sees the StreamingContext: it
+is given its collaborators (the template's graph, the recorded inputs, the operators' state,
+the sinks' transactions, the commit log it appends to, the checkpoint trigger, the fence, the
+session and the clock). It takes batches from the :class:`BatchQueue` and reports only by
+posting events to the pipeline loop (a batch started, completed with its in-flight slot, or
+failed; the available-now end; its thread ended) and boundaries to the coordinator (and, for
+a final checkpoint, by waiting on a future). A graceful stop's request comes through a
+``threading.Event``; the final checkpoint's outcome (``final``, ``final_error``,
+``final_taken``) is written by this thread before it ends and read by the loop after
+``join()``.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from spark_ckpt.checkpoint.pending import Boundary, TaskAck
@@ -42,78 +49,116 @@ from spark_ckpt.streaming.runtime.pipeline_loop import (
     Finished,
     SchedulerExited,
 )
-from spark_ckpt.streaming.template.batch_run import BatchAllocation, BatchRun
+from spark_ckpt.streaming.template.batch_run import BatchAllocation, BatchInputs, BatchRun
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from pyspark.sql import SparkSession
 
     from spark_ckpt.clock import Clock
-    from spark_ckpt.options import Settings
-    from spark_ckpt.streaming.runtime.history import RecentHistory
-    from spark_ckpt.streaming.runtime.metalog import MetadataLog
+    from spark_ckpt.sinks.two_phase import SinkTransactions
+    from spark_ckpt.streaming.runtime.operators import OperatorStates
     from spark_ckpt.streaming.template.stream_graph import StreamGraph
 
-__all__ = ["JobScheduler", "SchedulerScope"]
+__all__ = ["CheckpointTrigger", "CommitLog", "JobScheduler", "LatestCheckpoint"]
 
 log = logging.getLogger(__name__)
 
 
-class SchedulerScope(Protocol):
-    """What the scheduler reads of its pipeline (the StreamingContext), all fixed before
-    ``start()`` starts any thread: the template and its outputs' transactions, the logs it
-    appends to, the coordinator it posts boundaries to, the fence it checks before committing.
-    It reports back only through the events it posts."""
+class CommitLog(Protocol):
+    """The ``commits/`` log as the scheduler writes it (one record per batch)."""
 
-    name: str
-    owner_tag: str  # tags every Spark operation of this run (Spark Connect)
-    spark: SparkSession
-    settings: Settings
-    graph: StreamGraph
-    transactions: dict[str, Any]  # output name -> SinkTransactions
-    skip_output_through: dict[str, int]
-    coordinator: Any  # CheckpointCoordinator | None
-    tracker: Any  # ReceiverTracker
-    commits: MetadataLog
-    restored: Any  # CompletedCheckpoint | None
-    listeners: list[Any]
+    def add(self, batch_id: int, body: dict[str, Any]) -> bool:
+        """Record ``batch_id`` if no record exists."""
 
-    def allocation(self, batch_id: int) -> BatchAllocation:
-        """The recorded allocation of ``batch_id``."""
+    def put(self, batch_id: int, body: dict[str, Any]) -> None:
+        """Record ``batch_id``, replacing an earlier record."""
 
-    def check_fenced(self) -> None:
-        """Raise JobFencedError if a newer driver claimed the checkpoint directory."""
+
+class CheckpointTrigger(Protocol):
+    """The checkpoint coordinator as the scheduler uses it: boundaries in, a final checkpoint
+    out (all calls post to the coordinator's own loop)."""
 
     @property
-    def dead_letters(self) -> Any:
-        """Where a batch's malformed records go."""
+    def latest_completed(self) -> tuple[int, int] | None: ...
+
+    def publish_boundary(self, boundary: Boundary) -> None: ...
+
+    def trigger_now(self) -> Future[int]: ...
+
+    def completion(self, checkpoint_id: int) -> Future[str]: ...
+
+
+class LatestCheckpoint(Protocol):
+    """The checkpoint history as the scheduler reads it (its newest entry)."""
+
+    def last(self) -> dict[str, Any] | None: ...
 
 
 class JobScheduler:
-    def __init__(self, ctx: SchedulerScope, *, batches: BatchQueue,
-                 checkpoints: RecentHistory, post: Callable[[Any], None],
-                 clock: Clock) -> None:
-        self.ctx = ctx
+    def __init__(self, pipeline: str, *, session: SparkSession, owner_tag: str,
+                 graph: StreamGraph, inputs: BatchInputs, sources: Sequence[str],
+                 operators: OperatorStates | None, transactions: Mapping[str, SinkTransactions],
+                 skip_output_through: Mapping[str, int], commits: CommitLog,
+                 coordinator: CheckpointTrigger | None, fence: Callable[[], None],
+                 batches: BatchQueue, checkpoints: LatestCheckpoint, post: Callable[[Any], None],
+                 clock: Clock, final_checkpoint_bound_s: float,
+                 restored_barrier: int | None = None) -> None:
+        self.pipeline = pipeline
+        self._spark = session
+        self._owner_tag = owner_tag  # tags every Spark operation of this run (Spark Connect)
+        self._graph = graph
+        self._inputs = inputs
+        self._sources = tuple(sources)
+        self._operators = operators
+        self._transactions = transactions
+        self._skip = skip_output_through
+        self._commits = commits
+        self._coordinator = coordinator
+        self._fence = fence
         self.batches = batches
         self._checkpoints = checkpoints
         self._post = post
         self._clock = clock
-        self.thread = threading.Thread(target=self._loop, name=f"spark-ckpt-scheduler-{ctx.name}",
-                                       daemon=True)
-        self.running_group: str | None = None  # cancelled by stop(graceful=False)
-        self.graceful = False  # stop(graceful=True): take a final checkpoint before leaving
+        self._final_bound_s = final_checkpoint_bound_s
+        self.thread = threading.Thread(target=self._loop,
+                                       name=f"spark-ckpt-scheduler-{pipeline}", daemon=True)
+        self._lock = threading.Lock()  # guards _running_group (the loop cancels it)
+        self._running_group: str | None = None  # cancelled by stop(graceful=False)
+        self._graceful = threading.Event()  # stop(graceful=True): a final checkpoint first
         # a graceful stop's final checkpoint (id, barrier batch; None: no checkpoints), or
-        # the error that kept it from completing; read by the loop after this thread ended
+        # the error that kept it from completing: written by this thread before it ends, read
+        # by the loop after join()
         self.final: tuple[int | None, int | None] = (None, None)
         self.final_error: BaseException | None = None
         self.final_taken = False  # the final checkpoint ran to its end (or none is taken)
         self._last_start: float | None = None
         self._stopping = threading.Event()
-        restored = ctx.restored
         # the batch the next barrier goes after; -1: before the first batch (empty state)
-        self.last_batch: int = restored.barrier_batch if restored is not None else -1
+        self.last_batch: int = restored_barrier if restored_barrier is not None else -1
+
+    @property
+    def graceful(self) -> bool:
+        """Whether a stop takes a final checkpoint first (an Event: the loop sets it)."""
+        return self._graceful.is_set()
+
+    @graceful.setter
+    def graceful(self, value: bool) -> None:
+        if value:
+            self._graceful.set()
+        else:
+            self._graceful.clear()
+
+    @property
+    def running_group(self) -> str | None:
+        with self._lock:
+            return self._running_group
 
     def start(self) -> None:
         self._publish_boundary(self.last_batch)  # where a barrier goes before the first batch
+        if self._operators is not None:
+            self._operators.hand_over(self.thread)
         self.thread.start()
 
     def started(self) -> bool:
@@ -134,10 +179,10 @@ class JobScheduler:
         group = self.running_group
         if group:
             try:
-                spark_api(self.ctx.spark).cancel_group(group)
+                spark_api(self._spark).cancel_group(group)
             except Exception as exc:  # noqa: BLE001 - the stop goes on after the batch
                 log.warning("Pipeline %s: could not cancel the running batch (%s): %s",
-                            self.ctx.name, group, exc)
+                            self.pipeline, group, exc)
 
     def _loop(self) -> None:
         try:
@@ -146,7 +191,6 @@ class JobScheduler:
             self._post(SchedulerExited())
 
     def _run_queue(self) -> None:
-        ctx = self.ctx
         while True:
             item = self.batches.take()
             if item == FINISH:
@@ -166,7 +210,7 @@ class JobScheduler:
                     except Exception as exc:  # noqa: BLE001 - a stop still stops
                         self.final_error = exc
                         log.warning("Pipeline %s: final checkpoint on stop failed: %s",
-                                    ctx.name, exc)
+                                    self.pipeline, exc)
                 return
             assert isinstance(item, QueuedBatch)
             try:
@@ -179,86 +223,81 @@ class JobScheduler:
     # -- checkpoints ---------------------------------------------------------------------
     def _publish_boundary(self, batch_id: int) -> None:
         """The cut after ``batch_id`` (-1: before the first batch), for the coordinator."""
-        ctx = self.ctx
-        coordinator = ctx.coordinator
+        coordinator = self._coordinator
         if coordinator is None:
             return
-        allocation = ctx.allocation(batch_id) if batch_id >= 0 else None
+        allocation = self._inputs.allocation(batch_id) if batch_id >= 0 else None
         acks = []
-        for name in ctx.tracker.sources:
+        for name in self._sources:
             piece = allocation.pieces.get(name) if allocation is not None else None
             acks.append(TaskAck(f"source:{name}", {"batch": batch_id, "piece": piece}))
-        for op in ctx.graph.stateful:
-            for pid in sorted(op.live):
-                metrics = op.metrics.get(pid, {})
-                if metrics.get("batch") != batch_id:  # no input this batch: state unchanged
-                    metrics = {"sync_ms": 0, "async_ms": 0, "alignment_ms": 0, "ran": False}
-                acks.append(TaskAck(f"op:{op.operator}:{pid}", op.ack_state(pid), metrics))
-        coordinator.publish_boundary(Boundary(batch_id, tuple(acks), tuple(ctx.transactions)))
+        if self._operators is not None:
+            acks.extend(self._operators.acks(batch_id))
+        coordinator.publish_boundary(Boundary(batch_id, tuple(acks), tuple(self._transactions)))
 
     def final_checkpoint(self) -> tuple[int | None, int | None]:
         """A checkpoint after the last batch, waited for (available-now end, graceful stop);
         its id and barrier batch (the latest completed one's if nothing happened since; None
         without checkpoints)."""
-        ctx = self.ctx
-        coordinator = ctx.coordinator
+        coordinator = self._coordinator
         if coordinator is None:
             return None, None
         latest = coordinator.latest_completed  # (id, barrier batch), replaced whole
         if latest is not None and latest[1] == self.last_batch and \
-                not any(t.open or t.pending for t in ctx.transactions.values()):
+                not any(t.open or t.pending for t in self._transactions.values()):
             return latest  # nothing happened since the last checkpoint
         # The coordinator aborts a checkpoint past its timeout and so resolves the future; the
         # bound here only guards against a coordinator that is stuck (a sink's commit of an
         # earlier checkpoint can hold its thread longer than one checkpoint's timeout).
-        bound = 2 * ctx.settings.checkpoint_timeout_ms / 1000 + 600
+        bound = self._final_bound_s
         cid = coordinator.trigger_now().result(timeout=bound)  # placed after self.last_batch
         outcome = coordinator.completion(cid).result(timeout=bound)
         if outcome != "completed":
-            raise CheckpointError(f"pipeline {ctx.name}: final checkpoint {cid} {outcome}")
+            raise CheckpointError(f"pipeline {self.pipeline}: final checkpoint {cid} {outcome}")
         left = {name: [c for c in sorted(t.pending) if c <= cid]
-                for name, t in ctx.transactions.items()}
+                for name, t in self._transactions.items()}
         left = {name: ids for name, ids in left.items() if ids}
         if left:
             raise CommitError(
-                f"pipeline {ctx.name}: final checkpoint {cid} completed but outputs {left} did "
-                "not commit (see the warnings); they commit on the next start"
+                f"pipeline {self.pipeline}: final checkpoint {cid} completed but outputs {left} "
+                "did not commit (see the warnings); they commit on the next start"
             )
         return cid, self.last_batch
 
     # -- one batch -----------------------------------------------------------------------
     def run_batch(self, allocation: BatchAllocation, recovered: bool,
                   allocation_ms: int = 0) -> dict[str, Any]:
-        ctx = self.ctx
+        name_ = self.pipeline
         b = allocation.batch_id
         started = self._clock.monotonic_s()
         wall_start = self._clock.now_ms() / 1000
         since_last = (started - self._last_start) if self._last_start is not None else None
         self._last_start = started
-        run = BatchRun(ctx, allocation)
-        api = spark_api(ctx.spark)
+        run = BatchRun(self._inputs, allocation, operators=self._operators)
+        api = spark_api(self._spark)
         scope = contextlib.ExitStack()  # the batch's job group, closed in the finally below
-        group = f"spark_ckpt-{ctx.name}-b{b}"
-        self.running_group = group
+        group = f"spark_ckpt-{name_}-b{b}"
+        with self._lock:
+            self._running_group = group
         durations: dict[str, float] = {}
         outputs: dict[str, Any] = {}
         staged: dict[str, Any] = {}
         self._post(BatchStarted({
-            "pipeline": ctx.name, "batch_id": b, "batch_time_ms": allocation.batch_time_ms,
+            "pipeline": name_, "batch_id": b, "batch_time_ms": allocation.batch_time_ms,
             "recovered": recovered}))
         try:
-            scope.enter_context(api.job_group(group, f"spark_ckpt pipeline {ctx.name} batch {b}",
-                                              owner=ctx.owner_tag or None))
+            scope.enter_context(api.job_group(group, f"spark_ckpt pipeline {name_} batch {b}",
+                                              owner=self._owner_tag or None))
             t0 = self._clock.monotonic_s()
-            reachable = {s.id for s in ctx.graph.reachable()}
-            for op in ctx.graph.stateful:  # state moves once per batch, whatever outputs skip
+            reachable = {s.id for s in self._graph.reachable()}
+            for op in self._graph.stateful:  # state moves once per batch, whatever outputs skip
                 if op.id in reachable:
                     run.get_or_compute(op)
             durations["state"] = _ms(self._clock.monotonic_s() - t0)
             planning = 0.0
-            for output in ctx.graph.outputs:
+            for output in self._graph.outputs:
                 name = output.output_name
-                txns = ctx.transactions.get(name)
+                txns = self._transactions.get(name)
                 if txns is None and output.sink is not None:
                     sink = output.sink
                     if sink.is_committed(b):
@@ -268,7 +307,7 @@ class JobScheduler:
                     if finished is not None:
                         outputs[name] = {"finished_pending_commit": True, **finished}
                         continue
-                elif b <= ctx.skip_output_through.get(name, -1):
+                elif b <= self._skip.get(name, -1):
                     outputs[name] = {"skipped": "already visible (committed before a restore)"}
                     continue
                 elif txns is not None and name in run.chained:  # staged by the state tasks
@@ -283,43 +322,44 @@ class JobScheduler:
                     outputs[name] = {"skipped": "no batch (window slide)"}
                     continue
                 target = txns.sink if txns is not None else output.sink
-                target.prepare(df)  # type: ignore[union-attr]
+                target.prepare(df)
                 t1 = self._clock.monotonic_s()
                 planning += t1 - t0
-                api.describe(f"spark_ckpt pipeline {ctx.name} batch {b} output {name}")
+                api.describe(f"spark_ckpt pipeline {name_} batch {b} output {name}")
                 if txns is not None:
                     piece = txns.sink.write(df, b)
                     txns.staged(b, piece)
                     outputs[name] = {"staged_files": len(piece["files"]) if piece else 0}
                 else:
-                    staged[name] = output.sink.stage(df, b)  # type: ignore[union-attr]
+                    staged[name] = output.sink.stage(df, b)
                 durations[f"output.{name}"] = _ms(self._clock.monotonic_s() - t1)
             durations["planning"] = _ms(planning)
             fault_point("stream.batch.staged")
             t0 = self._clock.monotonic_s()
-            for output in ctx.graph.outputs:
+            for output in self._graph.outputs:
                 name = output.output_name
                 if name in staged:
                     # before each commit, not once per batch: a driver that stalled after its
                     # first output's commit must not commit the next once a newer one owns
                     # the checkpoint (that one may have purged this batch's commit marker)
-                    ctx.check_fenced()
-                    outputs[name] = output.sink.commit(b, staged[name]) or {}  # type: ignore[union-attr]
+                    self._fence()
+                    outputs[name] = output.sink.commit(b, staged[name]) or {}
                     fault_point("stream.output.committed")
             record = {"outputs": {k: _jsonable(v) for k, v in outputs.items()},
                       "finished_ms": self._clock.now_ms(),
                       # staged for a checkpoint's two-phase commit, not yet visible: a start
                       # without checkpoints must not take the batch as done
-                      "two_phase": ctx.coordinator is not None}
-            ctx.check_fenced()  # and before the commit record (replaced in checkpoint mode)
-            if ctx.coordinator is not None:  # replays after a restore record the batch again
-                ctx.commits.put(b, record)
+                      "two_phase": self._coordinator is not None}
+            self._fence()  # and before the commit record (replaced in checkpoint mode)
+            if self._coordinator is not None:  # replays after a restore record the batch again
+                self._commits.put(b, record)
             else:
-                ctx.commits.add(b, record)
+                self._commits.add(b, record)
             durations["commit"] = _ms(self._clock.monotonic_s() - t0)
             fault_point("stream.batch.committed")
         finally:
-            self.running_group = None
+            with self._lock:
+                self._running_group = None
             scope.close()
             run.cleanup()
         self.last_batch = b
@@ -332,7 +372,7 @@ class JobScheduler:
         num_rows = sum(known) if len(known) == len(rows) else None
         latest = self._checkpoints.last()
         progress = {
-            "pipeline": ctx.name,
+            "pipeline": name_,
             "batch_id": b,
             "batch_time_ms": allocation.batch_time_ms,
             "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall_start)) +
@@ -345,7 +385,7 @@ class JobScheduler:
             else None,
             "sources": {name: {"input_rows": rows.get(name),
                                "dead_letter_rows": run.stats.dead_letters.get(name, 0)}
-                        for name in ctx.tracker.sources},
+                        for name in self._sources},
             "streams_computed": list(run.stats.computed),
             "state": _jsonable(run.stats.state),
             "checkpoint": None if latest is None else {

@@ -114,7 +114,8 @@ def read_answer(storage: Storage, root: str, request_id: str) -> StopAnswer | No
     if not storage.exists(path):
         return None
     record = load_record(storage.read_bytes(path), "stop-answer", (1,), where=path)
-    return StopAnswer(**{f.name: record.get(f.name) for f in dataclasses.fields(StopAnswer)})
+    fields: dict[str, Any] = {f.name: record.get(f.name) for f in dataclasses.fields(StopAnswer)}
+    return StopAnswer(**fields)
 
 
 def withdraw(storage: Storage, root: str, request_id: str) -> None:

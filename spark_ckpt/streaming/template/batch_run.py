@@ -1,16 +1,23 @@
-"""One batch being run: its allocation, the DataFrames its streams computed, its cleanups."""
+"""One batch being run: its allocation, the DataFrames its streams computed, its cleanups.
+
+Threads and owners: a :class:`BatchRun` lives on the JobScheduler's thread for one batch and no
+other thread sees it. It reaches the pipeline only through what the scheduler hands it: the
+recorded inputs (:class:`BatchInputs`) and the operators' runtime state
+(:class:`OperatorRuntime`), which the scheduler's thread owns.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["BatchAllocation", "BatchInputs", "BatchRun", "BatchStats", "ComputedStream"]
+__all__ = ["BatchAllocation", "BatchInputs", "BatchRun", "BatchStats", "ComputedStream",
+           "OperatorRuntime"]
 
 
 class ComputedStream(Protocol):
@@ -37,6 +44,27 @@ class BatchInputs(Protocol):
 
     def allocation(self, batch_id: int) -> BatchAllocation:
         """The recorded allocation of ``batch_id``."""
+
+
+class OperatorRuntime(Protocol):
+    """What a stateful operator gets while its batch runs (the JobScheduler's thread owns all
+    of it): its runtime state, the two-phase outputs its tasks may write directly (operator
+    chaining) and those a restore already shows, and a way to publish what changed."""
+
+    @property
+    def transactions(self) -> Mapping[str, Any]:
+        """Output name -> its SinkTransactions (two-phase outputs with checkpoints)."""
+
+    @property
+    def skip_output_through(self) -> Mapping[str, int]:
+        """Output name -> the last batch it already shows (written before a restore)."""
+
+    def state(self, operator: str) -> Any:
+        """The operator's runtime state (template.operator_state.OperatorState)."""
+
+    def publish(self, operator: str) -> None:
+        """The operator's state changed: release the state files it no longer holds and
+        publish its new snapshot for readers on other threads."""
 
 
 log = logging.getLogger(__name__)
@@ -80,11 +108,13 @@ class BatchRun:
     and shares this run's memo, so a stream is computed at most once per (stream, batch).
     """
 
-    def __init__(self, ctx: BatchInputs, allocation: BatchAllocation,
+    def __init__(self, inputs: BatchInputs, allocation: BatchAllocation,
                  memo: dict[tuple[int, int], Any] | None = None,
-                 stats: BatchStats | None = None) -> None:
-        self.ctx = ctx
-        self.spark = ctx.spark
+                 stats: BatchStats | None = None,
+                 operators: OperatorRuntime | None = None) -> None:
+        self.inputs = inputs
+        self.spark = inputs.spark
+        self.operators = operators
         self.allocation = allocation
         self.batch_id = allocation.batch_id
         self.memo: dict[tuple[int, int], Any] = {} if memo is None else memo
@@ -95,14 +125,16 @@ class BatchRun:
     def at(self, batch_id: int) -> BatchRun:
         if batch_id == self.batch_id:
             return self
-        return BatchRun(self.ctx, self.ctx.allocation(batch_id), self.memo, self.stats)
+        return BatchRun(self.inputs, self.inputs.allocation(batch_id), self.memo, self.stats,
+                        self.operators)
 
     def get_or_compute(self, stream: ComputedStream) -> DataFrame | None:
         key = (stream.id, self.batch_id)
         if key not in self.memo:
             self.memo[key] = stream.compute(self)
             self.stats.computed.append(f"{stream.name}@{self.batch_id}")
-        return self.memo[key]
+        found: DataFrame | None = self.memo[key]
+        return found
 
     def on_cleanup(self, fn: Callable[[], Any]) -> None:
         self.stats.cleanups.append(fn)
@@ -110,7 +142,7 @@ class BatchRun:
     def dead_letter(self, source: str, rows: DataFrame, count: int) -> None:
         if self.batch_id == self.stats.batch_id:
             self.stats.dead_letters[source] = self.stats.dead_letters.get(source, 0) + count
-        self.ctx.dead_letters.write(self.batch_id, source, rows)
+        self.inputs.dead_letters.write(self.batch_id, source, rows)
 
     def cleanup(self) -> None:
         for fn in self.stats.cleanups:

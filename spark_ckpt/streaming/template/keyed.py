@@ -11,16 +11,24 @@ returns its new state handle; the job's result is only those handles and measure
 hundred bytes a task), never state. The update stream is read back from the changelog or output
 files the tasks wrote, so every sink sees exactly what the state saw, computed once.
 
-Threads: ``live``, ``metrics`` and ``restore_from`` belong to the JobScheduler's thread (and to
-``StreamingContext.start`` before the threads run). The checkpoint coordinator reads only
-``live_files``, an immutable set replaced in one assignment after each batch.
+Threads and owners: the nodes here are the operators' *definitions*, built on the user's thread
+and unchanged once ``start()`` runs; they hold the pipeline's definition (a :class:`StateScope`),
+never the StreamingContext. Each operator's runtime state (live handles, task metrics, the
+evolution found at a restore, the schemas learnt at the first batch) is an
+:class:`~spark_ckpt.streaming.template.operator_state.OperatorState` that ``configure`` makes at
+start and that the JobScheduler's thread owns; ``compute(run)`` gets it from the batch's run.
+Other threads (``state_view()`` on the user's thread, the coordinator's sweep) read only the
+frozen :class:`~spark_ckpt.streaming.template.operator_state.OperatorSnapshot` the owner
+publishes after each job.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
+import types
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -46,6 +54,13 @@ from spark_ckpt.state.task import (
     meta_schema,
 )
 from spark_ckpt.storage import join
+from spark_ckpt.streaming.template.operator_state import (
+    AggState,
+    OperatorSnapshot,
+    OperatorState,
+    ProcessState,
+    SnapshotBoard,
+)
 from spark_ckpt.streaming.template.stream import Stream, Template
 
 if TYPE_CHECKING:
@@ -56,22 +71,21 @@ if TYPE_CHECKING:
     from spark_ckpt.streaming.template.batch_run import BatchRun
 
 __all__ = ["AggregatedStream", "FullState", "KeyedStream", "ProcessedStream", "StateScope",
-           "StatefulStream"]
+           "StatefulStream", "agg_file_schema"]
 
 log = logging.getLogger(__name__)
 
 
 class StateScope(Template, Protocol):
-    """What a stateful operator needs of its pipeline (the StreamingContext), all set up by
-    ``start()`` before any batch runs: the session and settings, the two-phase outputs its
-    tasks may write directly (operator chaining) and those a restore already shows, and the
-    checkpoint side (released state files, the handles of a completed checkpoint)."""
+    """What a stateful operator knows of its pipeline's definition (not the StreamingContext):
+    the session and settings, its checkpoint directory, and where the runtime publishes the
+    operators' snapshots and reads completed checkpoints. Everything it changes while batches
+    run is in its :class:`OperatorState`, which it gets through the batch's run."""
 
     spark: Any
     settings: Settings
-    transactions: dict[str, Any]  # output name -> SinkTransactions
-    skip_output_through: dict[str, int]
-    coordinator: Any  # CheckpointCoordinator | None
+    lineage: str
+    snapshots: SnapshotBoard
 
     def checkpoint_handles(self, operator: str, checkpoint_id: int) -> list[Any]:
         """The state handles of ``operator`` in completed checkpoint ``checkpoint_id``."""
@@ -80,11 +94,11 @@ class StateScope(Template, Protocol):
 class KeyedStream:
     """A stream partitioned by key, ready for a stateful operator. Not a stream itself."""
 
-    def __init__(self, ctx: StateScope, inputs: Sequence[Stream], keys: Sequence[str], *,
+    def __init__(self, pipeline: StateScope, inputs: Sequence[Stream], keys: Sequence[str], *,
                  parallelism: int | None = None, max_parallelism: int | None = None) -> None:
         if not keys:
             raise JobDefinitionError("key_by(): expected at least one key column, found none")
-        self.ctx = ctx
+        self.pipeline = pipeline
         self.inputs = tuple(inputs)
         self.keys = tuple(keys)
         self.parallelism = parallelism
@@ -99,7 +113,7 @@ class KeyedStream:
                     f"union of keyed streams: expected the keys {list(self.keys)} on every "
                     f"input, found {list(other.keys)}"
                 )
-        return KeyedStream(self.ctx, [*self.inputs, *[i for o in others for i in o.inputs]],
+        return KeyedStream(self.pipeline, [*self.inputs, *[i for o in others for i in o.inputs]],
                            self.keys, parallelism=self.parallelism,
                            max_parallelism=self.max_parallelism)
 
@@ -133,12 +147,15 @@ class KeyedStream:
 
 class StatefulStream(Stream):
     """Base of keyed stateful operators. ``operator`` names its state and is stable across
-    restarts (pass ``name=``)."""
+    restarts (pass ``name=``). The node is the operator's definition; its runtime state is an
+    :class:`OperatorState` that ``configure`` makes at start and the JobScheduler's thread
+    owns."""
 
     kind = "stateful"
+    pipeline: StateScope
 
     def __init__(self, keyed: KeyedStream, name: str) -> None:
-        super().__init__(keyed.ctx, keyed.inputs, name)
+        super().__init__(keyed.pipeline, keyed.inputs, name)
         self.operator = self.name
         from spark_ckpt.names import check_name
 
@@ -146,37 +163,26 @@ class StatefulStream(Stream):
         self.keys = keyed.keys
         self.requested_parallelism = keyed.parallelism
         self.requested_max = keyed.max_parallelism
-        self.parallelism = 0
-        self.max_parallelism = 0
-        self.live: dict[int, StateHandle] = {}
-        self.metrics: dict[int, dict[str, Any]] = {}
-        self.restore_from: list[StateHandle] | None = None
-        self.live_files: frozenset[str] = frozenset()
         self.state_renames: dict[str, str] = {}
-        # set at a restore whose stored state differs from the declared one: where declared
-        # columns come from, and whether the next job must rewrite every restored range
-        self.evolution: Any = None  # state.evolution.Evolution | None
-        self._rewrite = False
-        self.extra: dict[str, Any] = {}
-        self.restored_describe: dict[str, Any] = {}
-        self._routing: dict[str, Any] | None = None  # _kg and _pid columns
-        keyed.ctx.graph.add_stateful(self)
+        keyed.pipeline.graph.add_stateful(self)
 
-    # -- lifecycle (StreamingContext.start, before any thread runs) -------------------------
-    def configure(self, restored: dict[str, Any] | None) -> None:
-        settings = self.ctx.settings
-        default_p = settings.state_parallelism or spark_api(self.ctx.spark).default_parallelism()
-        self.parallelism = self.requested_parallelism or default_p
-        self.max_parallelism = self.requested_max or settings.state_max_parallelism
-        self._routing = None
-        layout = ranges(self.parallelism, self.max_parallelism)
-        self.live = {i: StateHandle.empty(r) for i, r in enumerate(layout)}
-        self.restore_from = None
-        self.evolution = None
-        self._rewrite = False
+    def new_state(self, parallelism: int, max_parallelism: int,
+                  live: dict[int, StateHandle]) -> OperatorState:
+        return OperatorState(parallelism, max_parallelism, live)
+
+    # -- lifecycle (start(), on the user's thread, before any thread runs) ---------------------
+    def configure(self, restored: dict[str, Any] | None) -> OperatorState:
+        """This run's state: empty, or restored from a checkpoint's entry ``restored``."""
+        settings = self.pipeline.settings
+        default_p = settings.state_parallelism or \
+            spark_api(self.pipeline.spark).default_parallelism()
+        parallelism = self.requested_parallelism or default_p
+        max_parallelism = self.requested_max or settings.state_max_parallelism
+        layout = ranges(parallelism, max_parallelism)
+        state = self.new_state(parallelism, max_parallelism,
+                               {i: StateHandle.empty(r) for i, r in enumerate(layout)})
         if restored is None:
-            self._publish()
-            return
+            return state
         stored_keys = restored.get("keys")
         if stored_keys is not None and list(stored_keys) != list(self.keys):
             from spark_ckpt.errors import StateSchemaError
@@ -190,43 +196,43 @@ class StatefulStream(Stream):
             )
         old_max = int(restored["max_parallelism"])
         if self.requested_max is None:
-            self.max_parallelism = old_max
-            layout = ranges(self.parallelism, old_max)
-            self.live = {i: StateHandle.empty(r) for i, r in enumerate(layout)}
-        elif old_max != self.max_parallelism:
+            state.max_parallelism = old_max
+            layout = ranges(parallelism, old_max)
+            state.live = {i: StateHandle.empty(r) for i, r in enumerate(layout)}
+        elif old_max != state.max_parallelism:
             from spark_ckpt.errors import StateSchemaError
 
             raise StateSchemaError(
                 f"operator {self.operator}: the checkpoint has max parallelism {old_max}, the "
-                f"pipeline asks for {self.max_parallelism}; key groups cannot change under a "
+                f"pipeline asks for {state.max_parallelism}; key groups cannot change under a "
                 "checkpoint (keep the old value or start a new checkpoint directory)"
             )
         handles = [StateHandle.from_json(h) for _pid, h in
                    sorted(restored["handles"].items(), key=lambda kv: int(kv[0]))]
-        self.extra = dict(restored.get("extra", {}))
-        self.restored_describe = {k: restored[k] for k in (
+        state.extra = dict(restored.get("extra", {}))
+        state.restored_describe = {k: restored[k] for k in (
             "file_schema", "aggs", "state_schema", "key_schema", "state_format")
             if k in restored}
-        if [h.range for h in handles] == [self.live[i].range for i in sorted(self.live)]:
-            self.live = dict(enumerate(handles))
+        if [h.range for h in handles] == [state.live[i].range for i in sorted(state.live)]:
+            state.live = dict(enumerate(handles))
         else:
             log.info("Operator %s: rescaling state from %d to %d tasks (%d key groups)",
-                     self.operator, len(handles), self.parallelism, self.max_parallelism)
-            self.restore_from = handles
+                     self.operator, len(handles), state.parallelism, state.max_parallelism)
+            state.restore_from = handles
             for i, r in enumerate(layout):
                 files = tuple(restore_plan(r, handles))
-                self.live[i] = StateHandle(r.label, None, files, 0)
-        self._publish()
-        self._check_evolution()
+                state.live[i] = StateHandle(r.label, None, files, 0)
+        self._check_evolution(state)
+        return state
 
-    def _check_evolution(self) -> None:
+    def _check_evolution(self, state: OperatorState) -> None:
         """At a restore, before any batch: refuse declared state the checkpoint's cannot
         become (StateSchemaError); else note how it evolves (subclasses)."""
 
-    def _evolved(self, evolution: Any) -> None:
+    def _evolved(self, state: OperatorState, evolution: Any) -> None:
         """Keep a checked evolution; log what it changes."""
-        self.evolution = evolution
-        self._rewrite = evolution.changed
+        state.evolution = evolution
+        state.rewrite = evolution.changed
         if evolution.changed:
             log.info("Operator %s: state schema evolves at this restore: added %s, removed %s "
                      "(values dropped), renamed %s, widened %s; the first batch rewrites every "
@@ -235,39 +241,67 @@ class StatefulStream(Stream):
                      {old: new for new, old in evolution.sources.items()},
                      list(evolution.widened))
 
-    def _publish(self) -> None:
-        before = self.live_files
-        self.live_files = frozenset(f.path for h in self.live.values() for f in h.files)
-        dropped = before - self.live_files
-        if dropped and self.ctx.coordinator is not None:  # deleted once no checkpoint needs them
-            self.ctx.coordinator.release_files(dropped)
+    def snapshot_of(self, state: OperatorState) -> OperatorSnapshot:
+        """An immutable picture of ``state`` for readers on other threads (built by the
+        state's owner)."""
+        return OperatorSnapshot(
+            self.operator, state.batch_id, state.parallelism, state.max_parallelism,
+            tuple(state.live[i] for i in sorted(state.live)), state.live_files(),
+            types.MappingProxyType(copy.deepcopy(self.describe_state(state))),
+            extra=types.MappingProxyType(copy.deepcopy(state.extra)),
+            evolution=state.evolution)
 
-    def ack_state(self, pid: int) -> dict[str, Any]:
-        return {"handle": self.live[pid].to_json(),
-                "operator": {"kind": self.kind, "parallelism": self.parallelism,
-                             "max_parallelism": self.max_parallelism, "keys": list(self.keys),
-                             "extra": copy.deepcopy(self.extra), **self.describe_state()}}
+    def snapshot(self) -> OperatorSnapshot | None:
+        """The newest published snapshot of this operator's state (any thread); None before
+        the pipeline started."""
+        return self.pipeline.snapshots.get(self.operator)
 
-    def describe_state(self) -> dict[str, Any]:
+    @property
+    def parallelism(self) -> int:
+        """Tasks of this run (0 before ``start()``), from the published snapshot."""
+        snapshot = self.snapshot()
+        return snapshot.parallelism if snapshot is not None else 0
+
+    @property
+    def max_parallelism(self) -> int:
+        """Key groups of this run (0 before ``start()``), from the published snapshot."""
+        snapshot = self.snapshot()
+        return snapshot.max_parallelism if snapshot is not None else 0
+
+    def ack_state(self, state: OperatorState, pid: int) -> dict[str, Any]:
+        return {"handle": state.live[pid].to_json(),
+                "operator": {"kind": self.kind, "parallelism": state.parallelism,
+                             "max_parallelism": state.max_parallelism, "keys": list(self.keys),
+                             "extra": copy.deepcopy(state.extra),
+                             **self.describe_state(state)}}
+
+    def describe_state(self, state: OperatorState) -> dict[str, Any]:
         """What a reader needs to decode the state files (see state/frames.py)."""
-        return dict(self.restored_describe)
+        return dict(state.restored_describe)
 
     def state_dir(self) -> str:
-        store = self.ctx.storage
-        return store.spark_path(join(self.ctx.root, "state", self.operator))
+        store = self.pipeline.storage
+        return store.spark_path(join(self.pipeline.root, "state", self.operator))
 
-    # -- per batch ---------------------------------------------------------------------------
-    def _inputs(self, run: BatchRun) -> DataFrame | None:
+    # -- per batch (the JobScheduler's thread) --------------------------------------------------
+    def _state(self, run: BatchRun) -> Any:
+        """This operator's runtime state (its owner, the scheduler, runs the batch)."""
+        if run.operators is None:
+            raise InternalError(f"operator {self.operator}: batch {run.batch_id} runs without "
+                                "the operators' runtime state")
+        return run.operators.state(self.operator)
+
+    def _inputs(self, run: BatchRun, state: OperatorState) -> DataFrame | None:
         """The batch's input with its routing columns (key group, task)."""
         df = self._unrouted(run)
-        return None if df is None else df.withColumns(self._route())
+        return None if df is None else df.withColumns(self._route(state))
 
-    def _route(self) -> dict[str, Any]:
-        if self._routing is None:  # the same expressions every batch: built once
-            self._routing = {
-                KG_COLUMN: key_group_column(self.keys, self.max_parallelism),
-                PID_COLUMN: partition_column(self.max_parallelism, self.parallelism)}
-        return self._routing
+    def _route(self, state: OperatorState) -> dict[str, Any]:
+        if state.routing is None:  # the same expressions every batch: built once
+            state.routing = {
+                KG_COLUMN: key_group_column(self.keys, state.max_parallelism),
+                PID_COLUMN: partition_column(state.max_parallelism, state.parallelism)}
+        return state.routing
 
     def _unrouted(self, run: BatchRun) -> DataFrame | None:
         if run.batch_id != run.stats.batch_id:
@@ -278,11 +312,12 @@ class StatefulStream(Stream):
         from pyspark.sql import functions as F
 
         frames = [run.get_or_compute(p) for p in self.parents]
-        if any(f is None for f in frames):
+        present = [f for f in frames if f is not None]
+        if len(present) < len(frames):
             return None
-        if len(frames) > 1:
-            frames = [f.withColumn(CHANNEL_COLUMN, F.lit(i)) for i, f in enumerate(frames)]
-        df = union_by_name(frames)
+        if len(present) > 1:
+            present = [f.withColumn(CHANNEL_COLUMN, F.lit(i)) for i, f in enumerate(present)]
+        df = union_by_name(present)
         missing = [k for k in self.keys if k not in df.columns]
         if missing:
             raise JobDefinitionError(
@@ -294,32 +329,34 @@ class StatefulStream(Stream):
     def _read_back_needed(self, run: BatchRun) -> bool:
         """Whether any stream or output reads this batch's update stream from the files the
         tasks wrote; not when every reader is a sink the tasks wrote themselves (chained)."""
-        for stream in self.ctx.graph.reachable():
+        for stream in self.pipeline.graph.reachable():
             if any(p is self for p in stream.parents) and \
                     getattr(stream, "output_name", None) not in run.chained:
                 return True
         return False
 
-    def _params(self, run: BatchRun) -> dict[str, Any]:
-        s = self.ctx.settings
-        return {"pipeline_id": self.ctx.lineage, "operator": self.operator,
+    def _params(self, run: BatchRun, state: OperatorState) -> dict[str, Any]:
+        s = self.pipeline.settings
+        return {"pipeline_id": self.pipeline.lineage, "operator": self.operator,
                 "batch": run.batch_id, "state_dir": self.state_dir(), "backend": s.state_backend,
                 "memory_max_rows": s.state_memory_max_rows, "local_dir": s.state_local_dir,
                 "materialize_every": s.state_materialize_every, "keys": list(self.keys),
                 "local_spill": s.state_local_spill,
-                "state_sources": dict(self.evolution.sources) if self.evolution else {},
-                "rewrite": self._rewrite}
+                "state_sources": dict(state.evolution.sources) if state.evolution else {},
+                "rewrite": state.rewrite}
 
-    def _plans(self) -> dict[int, dict[str, Any]]:
+    @staticmethod
+    def _plans(state: OperatorState) -> dict[int, dict[str, Any]]:
         return {pid: {"range": h.range, "token": h.token,
-                      "files": [f.to_json() for f in h.files]} for pid, h in self.live.items()}
+                      "files": [f.to_json() for f in h.files]} for pid, h in state.live.items()}
 
-    def _run_job(self, run: BatchRun, df: DataFrame, fn: Any, *,
+    def _run_job(self, run: BatchRun, state: OperatorState, df: DataFrame, fn: Any, *,
                  partitioned: bool = False) -> list[dict[str, Any]]:
-        spark_api(self.ctx.spark).describe(
-            f"spark_ckpt pipeline {self.ctx.name} batch {run.batch_id} operator {self.operator}")
+        spark_api(self.pipeline.spark).describe(
+            f"spark_ckpt pipeline {self.pipeline.name} batch {run.batch_id} operator "
+            f"{self.operator}")
         if not partitioned:
-            df = df.repartitionById(self.parallelism, PID_COLUMN)
+            df = df.repartitionById(state.parallelism, PID_COLUMN)
         try:
             rows = df.mapInArrow(fn, meta_schema()).collect()
         except Exception as exc:
@@ -334,28 +371,28 @@ class StatefulStream(Stream):
             meta = json.loads(row.meta)
             meta["pid"] = int(row.pid)
             handle = StateHandle.from_json(meta["handle"])
-            self.live[meta["pid"]] = handle
-            self.metrics[meta["pid"]] = {k: meta.get(k) for k in (
+            state.live[meta["pid"]] = handle
+            state.metrics[meta["pid"]] = {k: meta.get(k) for k in (
                 "sync_ms", "async_ms", "alignment_ms", "channels", "apply_ms", "restore_ms",
                 "restored",
                 "input_rows", "changed", "written_bytes", "total_ms", "executor", "worker",
                 "cache")}
-            self.metrics[meta["pid"]]["batch"] = run.batch_id
+            state.metrics[meta["pid"]]["batch"] = run.batch_id
             metas.append(meta)
-        self._publish()
-        if self._rewrite:
-            missing = sorted(set(self.live) - {m["pid"] for m in metas})
+        state.batch_id = run.batch_id
+        if state.rewrite:
+            missing = sorted(set(state.live) - {m["pid"] for m in metas})
             if missing:  # not expected: every range's task runs (markers, or empty partitions)
                 log.warning("Operator %s batch %d: ranges %s did not run; their state is "
                             "rewritten at the next batch", self.operator, run.batch_id, missing)
             else:
-                self._rewrite = False
+                state.rewrite = False
                 log.info("Operator %s batch %d: every range rewritten with the declared state "
                          "schema", self.operator, run.batch_id)
         run.stats.state[self.operator] = {
             "tasks_run": len(metas), "input_rows": sum(m["input_rows"] for m in metas),
             "changed_keys": sum(m["changed"] for m in metas),
-            "state_rows": sum(h.rows for h in self.live.values()),
+            "state_rows": sum(h.rows for h in state.live.values()),
             "restored_tasks": sum(1 for m in metas if m.get("restored")),
             "written_bytes": sum(m["written_bytes"] for m in metas),
             "max_task_ms": max((m["total_ms"] for m in metas), default=0),
@@ -365,6 +402,7 @@ class StatefulStream(Stream):
                                       "ms": m["total_ms"], "restore_ms": m.get("restore_ms"),
                                       "rows": m["handle"].get("rows")} for m in metas},
         }
+        run.operators.publish(self.operator)  # type: ignore[union-attr]  # _state checked it
         return metas
 
 
@@ -398,16 +436,13 @@ class _SchemaRun:
             return self.get_or_compute(stream.parents[0])
         if isinstance(stream, AggregatedStream):
             spec = AggSpec(stream.keys, stream.aggs, self.input_schema(stream))
-            stream_spec, stream.spec = stream.spec, spec
-            try:
-                return spec.view(empty_frame(self.spark, stream.file_schema()))
-            finally:
-                stream.spec = stream_spec
+            view: DataFrame = spec.view(empty_frame(self.spark, agg_file_schema(spec)))
+            return view
         if isinstance(stream, ProcessedStream):
             from pyspark.sql.types import StructType
 
-            schema = stream.output_schema or StructType.fromDDL(stream._declared)
-            return empty_frame(self.spark, schema)
+            schema = stream.output_schema or StructType.fromDDL(str(stream._declared))
+            return empty_frame(self.spark, schema)  # type: ignore[arg-type]  # DDL: a struct
         raise InternalError(f"stream {stream.name}: expected a stream kind the schema dry run "
                             f"knows, found a {type(stream).__name__}")
 
@@ -430,6 +465,15 @@ def pa_schema(fields: list[Any]) -> Any:
     return pa.schema(fields)
 
 
+def agg_file_schema(spec: AggSpec) -> StructType:
+    """The schema of an aggregation's state files: ``_kg``, the keys, the state columns."""
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    return StructType([StructField(KG_COLUMN, IntegerType()),
+                       *[StructField(k, t) for k, t in spec.key_types.items()],
+                       *[StructField(n, t) for n, _k, t in spec.state_columns()]])
+
+
 class AggregatedStream(StatefulStream):
     kind = "agg"
 
@@ -438,42 +482,44 @@ class AggregatedStream(StatefulStream):
         super().__init__(keyed, name)
         self.aggs = dict(aggs)
         self.state_renames = dict(state_renames or {})
-        self._renamed: dict[str, str] = {}  # output renames that apply: new -> old
-        self._types_checked = False  # the restored state's types, against the input's
-        self.spec: AggSpec | None = None
-        self._empty: DataFrame | None = None  # the update stream's view with no rows
-        self._chain_schemas: dict[tuple[str, str], str] = {}  # (output, view schema) -> Arrow
-        self._partials: list[Any] | None = None  # the partial aggregate columns
 
-    def _empty_view(self) -> DataFrame:
-        if self._empty is None:
-            assert self.spec is not None
-            self._empty = self.spec.view(self.ctx.spark.createDataFrame([], self.file_schema()))
-        return self._empty
+    def new_state(self, parallelism: int, max_parallelism: int,
+                  live: dict[int, StateHandle]) -> AggState:
+        return AggState(parallelism, max_parallelism, live)
 
-    def _spec(self, df: DataFrame) -> AggSpec:
-        if self.spec is None:
+    def _empty_view(self, state: AggState) -> DataFrame:
+        if state.empty_view is None:
+            assert state.spec is not None
+            state.empty_view = state.spec.view(
+                self.pipeline.spark.createDataFrame([], agg_file_schema(state.spec)))
+        empty: DataFrame = state.empty_view
+        return empty
+
+    def _spec(self, state: AggState, df: DataFrame) -> AggSpec:
+        if state.spec is None:
             spec = AggSpec(self.keys, self.aggs, df.schema)
-            if "file_schema" in self.restored_describe and not self._types_checked:
-                self._check_state_types(spec)
-            self.spec = spec
-        return self.spec
+            if "file_schema" in state.restored_describe and not state.types_checked:
+                self._check_state_types(state, spec)
+            state.spec = spec
+        found: AggSpec = state.spec
+        return found
 
-    def _check_evolution(self) -> None:
+    def _check_evolution(self, state: OperatorState) -> None:
         """What can be checked before the input's types are known: renames, and that no kept
         output changed its function (the state of a count is not that of a max)."""
         from spark_ckpt.errors import StateSchemaError
         from spark_ckpt.state.evolution import check_renames
 
-        self._types_checked = False
-        stored = self.restored_describe.get("aggs")
+        assert isinstance(state, AggState)
+        state.types_checked = False
+        stored = state.restored_describe.get("aggs")
         if stored is None:
             return
         what = f"operator {self.operator}"
-        self._renamed = check_renames(self.state_renames, list(stored), list(self.aggs), what)
+        state.renamed = check_renames(self.state_renames, list(stored), list(self.aggs), what)
         changed = []
         for name, agg in self.aggs.items():
-            source = self._renamed.get(name, name)
+            source = state.renamed.get(name, name)
             if source in stored and stored[source][0] != agg.func:
                 old_func, old_col, _t = stored[source]
                 changed.append(f"output {name!r}: {old_func}({old_col or ''}) in the checkpoint, "
@@ -489,25 +535,25 @@ class AggregatedStream(StatefulStream):
                 "under a new name (it aggregates from the restore on; drop the old one), or "
                 "start in a new checkpoint directory"
             )
-        if "file_schema" in self.restored_describe:
-            self._check_types_at_start()
+        if "file_schema" in state.restored_describe:
+            self._check_types_at_start(state)
 
-    def _check_types_at_start(self) -> None:
+    def _check_types_at_start(self, state: AggState) -> None:
         """The state types an aggregation's input gives it, learnt at start from the template
         over no rows (Spark analyses, nothing runs); a pipeline whose template cannot be
         followed so (a stream kind this does not know, a transform that fails on no rows)
         is checked at its first batch instead."""
         try:
-            schema = _SchemaRun(self.ctx.spark).input_schema(self)
+            schema = _SchemaRun(self.pipeline.spark).input_schema(self)
             spec = AggSpec(self.keys, self.aggs, schema)
         except Exception as exc:  # noqa: BLE001 - the first batch checks it instead
             log.info("Operator %s: state types checked at the first batch (the template's "
                      "schema at start: %s)", self.operator, exc)
             return
-        self._check_state_types(spec)
-        self._types_checked = True
+        self._check_state_types(state, spec)
+        state.types_checked = True
 
-    def _check_state_types(self, spec: AggSpec) -> None:
+    def _check_state_types(self, state: AggState, spec: AggSpec) -> None:
         """At the first batch after a restore, before its job: the stored state columns
         widen to the declared ones (the input's types decide them), keyed the same way."""
         from pyspark.sql.types import StructType
@@ -517,7 +563,7 @@ class AggregatedStream(StatefulStream):
         from spark_ckpt.state.evolution import plan_evolution
 
         what = f"operator {self.operator}"
-        stored = to_arrow(StructType.fromJson(json.loads(self.restored_describe["file_schema"])))
+        stored = to_arrow(StructType.fromJson(json.loads(state.restored_describe["file_schema"])))
         key_names = list(self.keys)
         stored_keys = [(f.name, f.type) for f in stored if f.name in key_names]
         declared_keys = [(k, to_arrow(StructType().add(k, t)).field(0).type)
@@ -534,7 +580,7 @@ class AggregatedStream(StatefulStream):
                                         for n, t in columns.items()]))
         kept = [f for f in stored if f.name != KG_COLUMN and f.name not in key_names]
         sources = {}
-        for new, old in self._renamed.items():  # an output's columns: name, name__sum, ...
+        for new, old in state.renamed.items():  # an output's columns: name, name__sum, ...
             for column in columns:
                 if column == new or column.startswith(new + "__"):
                     sources[column] = old + column[len(new):]
@@ -544,109 +590,116 @@ class AggregatedStream(StatefulStream):
                                    when="the first batch after the restore stopped before this "
                                         "operator's job (its input's types decide its state "
                                         "types); its state and the outputs were not changed")
-        self._evolved(evolution)
+        self._evolved(state, evolution)
 
-    def describe_state(self) -> dict[str, Any]:
-        if self.spec is None or self._rewrite:
+    def describe_state(self, state: OperatorState) -> dict[str, Any]:
+        spec = getattr(state, "spec", None)
+        if spec is None or state.rewrite:
             # no batch yet since the restore (or the restored files not yet rewritten): what
             # the checkpoint said, which is what its files hold
-            return dict(self.restored_describe)
-        return {"file_schema": self.file_schema().json(), "aggs": self.spec.describe()["aggs"]}
+            return dict(state.restored_describe)
+        return {"file_schema": agg_file_schema(spec).json(), "aggs": spec.describe()["aggs"]}
 
-    def file_schema(self) -> StructType:
-        from pyspark.sql.types import IntegerType, StructField, StructType
-
-        assert self.spec is not None
-        return StructType([StructField(KG_COLUMN, IntegerType()),
-                           *[StructField(k, t) for k, t in self.spec.key_types.items()],
-                           *[StructField(n, t) for n, _k, t in self.spec.state_columns()]])
+    def snapshot_of(self, state: OperatorState) -> OperatorSnapshot:
+        snapshot = super().snapshot_of(state)
+        return dataclasses.replace(snapshot, spec=getattr(state, "spec", None))
 
     def compute(self, run: BatchRun) -> DataFrame | None:
         from pyspark.sql import functions as F
 
         from spark_ckpt.arrowtypes import to_arrow
 
+        state: AggState = self._state(run)
         df = self._unrouted(run)  # routed below: one analysis of the plan fewer per batch
         if df is None:
             return None
-        spec = self._spec(df)
-        spark = self.ctx.spark
-        schema = self.file_schema()
-        if _FileSink.provably_empty(df) and not self._rewrite:
+        spec = self._spec(state, df)
+        spark = self.pipeline.spark
+        schema = agg_file_schema(spec)
+        if _FileSink.provably_empty(df) and not state.rewrite:
             # (while restored ranges wait to be rewritten in the declared schema, the job runs
             # even on no input: every range's task rewrites its files)
             run.stats.state[self.operator] = {"tasks_run": 0, "input_rows": 0,
                                               "changed_keys": 0}
-            return self._empty_view()
-        route = self._route()
+            if run.operators is not None:  # the spec it learnt: state_view() can read
+                run.operators.publish(self.operator)
+            return self._empty_view(state)
+        route = self._route(state)
         others = [*self.keys, *([CHANNEL_COLUMN] if CHANNEL_COLUMN in df.columns else [])]
-        single = self._small(df)
-        if self._partials is None:
-            self._partials = spec.partial_columns()
+        single = self._small(state, df)
+        if state.partials is None:
+            state.partials = spec.partial_columns()
         if single:  # one stage, one task updating every range in turn
             kg = route[KG_COLUMN]
-            pid = partition_column(self.max_parallelism, self.parallelism, key_group=kg)
+            pid = partition_column(state.max_parallelism, state.parallelism, key_group=kg)
             partials = df.coalesce(1).groupBy(kg.alias(KG_COLUMN), *others).agg(
-                pid.alias(PID_COLUMN), *self._partials)
+                pid.alias(PID_COLUMN), *state.partials)
         else:  # one task per range
-            partials = df.withColumns(route).repartitionById(self.parallelism, PID_COLUMN) \
-                .groupBy(PID_COLUMN, KG_COLUMN, *others).agg(*self._partials)
-        chained = self._chain(run, self._empty_view())
-        params = self._params(run) | {
+            partials = df.withColumns(route).repartitionById(state.parallelism, PID_COLUMN) \
+                .groupBy(PID_COLUMN, KG_COLUMN, *others).agg(*state.partials)
+        operators = run.operators
+        assert operators is not None  # _state checked it
+        chained = self._chain(run, state, self._empty_view(state))
+        params = self._params(run, state) | {
             "file_schema": to_arrow(schema).serialize().to_pybytes().hex(),
             "columns": [[n, k] for n, k, _t in spec.state_columns()],
             "view": [[o.name, o.agg.func] for o in spec.outputs],
             "sinks": [{"name": n, "dir": d, "schema": h} for n, (d, h) in chained.items()],
             "single_task": single,
-            "schema_id": schema_id(to_arrow(schema), params_sources(self.evolution)),
+            "schema_id": schema_id(to_arrow(schema), params_sources(state.evolution)),
         }
-        metas = self._run_job(run, partials, agg_task(params, self._plans()), partitioned=True)
+        metas = self._run_job(run, state, partials, agg_task(params, self._plans(state)),
+                              partitioned=True)
         run.stats.state[self.operator]["single_task"] = single
         for name, (directory, _h) in chained.items():
             files = [f for m in metas for f in (m.get("sinks") or {}).get(name, [])]
-            sink = self.ctx.transactions[name].sink
+            sink = operators.transactions[name].sink
             run.chained[name] = sink.chained_piece(run.batch_id, directory, files)
         files = [m["changelog"]["path"] for m in metas if m.get("changelog")]
         if not files or not self._read_back_needed(run):
-            return self._empty_view()  # no changes, or only chained sinks read them
-        return spec.view(spark.read.schema(schema).parquet(*files).select(
+            return self._empty_view(state)  # no changes, or only chained sinks read them
+        view: DataFrame = spec.view(spark.read.schema(schema).parquet(*files).select(
             *[F.col(f.name) for f in schema.fields]))
+        return view
 
-    def _small(self, df: DataFrame) -> bool:
+    def _small(self, state: AggState, df: DataFrame) -> bool:
         """A batch small enough for one task: Spark's size estimate of the input (as for a
         broadcast join) and the state both small, and more than one range to save a shuffle
         for."""
-        s = self.ctx.settings
-        if s.state_small_batch_bytes <= 0 or self.parallelism < 2 or \
-                sum(h.rows for h in self.live.values()) > s.state_small_batch_max_state_rows:
+        s = self.pipeline.settings
+        if s.state_small_batch_bytes <= 0 or state.parallelism < 2 or \
+                sum(h.rows for h in state.live.values()) > s.state_small_batch_max_state_rows:
             return False
-        if any(h.token is None and h.files for h in self.live.values()):
+        if any(h.token is None and h.files for h in state.live.values()):
             return False  # rescaled: ranges rebuilt from old chains, their size unknown
         size = frame_api(df).size_estimate(df)
         return size is not None and size <= s.state_small_batch_bytes
 
-    def _chain(self, run: BatchRun, view: DataFrame) -> dict[str, tuple[str, str]]:
+    def _chain(self, run: BatchRun, state: AggState,
+               view: DataFrame) -> dict[str, tuple[str, str]]:
         """Two-phase outputs reading this stream directly, whose files the tasks can write:
         output name -> (staging directory, Arrow schema of its files)."""
         from spark_ckpt.sinks import arrow_schema_for
 
+        operators = run.operators
+        assert operators is not None
         chained: dict[str, tuple[str, str]] = {}
-        for output in self.ctx.graph.outputs:
+        for output in self.pipeline.graph.outputs:
             name = output.output_name
-            txns = self.ctx.transactions.get(name)
+            txns = operators.transactions.get(name)
             if output.parents[0] is not self or txns is None or \
-                    run.batch_id <= self.ctx.skip_output_through.get(name, -1):
+                    run.batch_id <= operators.skip_output_through.get(name, -1):
                 continue
             directory = txns.sink.chain_target(run.batch_id)
             if directory is None:
                 continue
             key = (name, view.schema.json())
-            if key not in self._chain_schemas:  # checked once per schema, as a batch would be
+            if key not in state.chain_schemas:  # checked once per schema, as a batch would be
                 txns.sink.prepare(view)
-                self._chain_schemas[key] = \
+                state.chain_schemas[key] = \
                     arrow_schema_for(view.schema).serialize().to_pybytes().hex()
-            schema = self._chain_schemas[key]
-            chained[name] = (txns.sink.store.spark_path(directory), schema)  # type: ignore[attr-defined]
+            schema = state.chain_schemas[key]
+            chained[name] = (txns.sink.store.spark_path(directory), schema)
         return chained
 
     def full_state(self, name: str | None = None) -> Stream:
@@ -655,15 +708,20 @@ class AggregatedStream(StatefulStream):
         return FullState(self, name or f"{self.operator}.full_state")
 
     def state_view(self, checkpoint_id: int | None = None) -> DataFrame:
-        """The whole state now (or of a retained checkpoint): one row per key."""
+        """The whole state now (or of a retained checkpoint): one row per key. "Now" is the
+        snapshot the pipeline published after its last batch (any thread may ask)."""
         from spark_ckpt.state.frames import read_handles
 
-        handles = list(self.live.values()) if checkpoint_id is None else \
-            self.ctx.checkpoint_handles(self.operator, checkpoint_id)
-        if self.spec is None:
+        snapshot = self.snapshot()
+        spec = snapshot.spec if snapshot is not None else None
+        handles = list(snapshot.handles) if checkpoint_id is None and snapshot is not None \
+            else [] if checkpoint_id is None else \
+            self.pipeline.checkpoint_handles(self.operator, checkpoint_id)
+        if spec is None:
             raise JobDefinitionError(f"operator {self.operator}: no batch has run yet")
-        return self.spec.view(read_handles(self.ctx.spark, handles, self.file_schema(),
-                                           list(self.keys)))
+        view: DataFrame = spec.view(read_handles(self.pipeline.spark, handles,
+                                                 agg_file_schema(spec), list(self.keys)))
+        return view
 
 
 class ProcessedStream(StatefulStream):
@@ -687,9 +745,9 @@ class ProcessedStream(StatefulStream):
                 "state_schema; expected its state variables with Spark types, for example "
                 "state_schema = \"n BIGINT, total DOUBLE\""
             )
-        self.state_schema: Any = None  # parsed at a restore or the first batch (Spark's parser)
-        self.key_schema: Any = None
         self._declared = output_schema
+        # the declared output schema when given as a StructType (a DDL string is parsed by
+        # Spark at the first batch, into the operator's state)
         self.output_schema: StructType | None = output_schema \
             if isinstance(output_schema, StructType) else None
         self.event_time = event_time
@@ -698,9 +756,20 @@ class ProcessedStream(StatefulStream):
             raise JobDefinitionError(f"process(): expected ttl_ms > 0 or None, found {ttl_ms}")
         self.ttl_ms = ttl_ms
 
+    def new_state(self, parallelism: int, max_parallelism: int,
+                  live: dict[int, StateHandle]) -> ProcessState:
+        return ProcessState(parallelism, max_parallelism, live,
+                            output_schema=self.output_schema)
+
     @property
     def watermark_ms(self) -> int | None:
-        top = self.extra.get("max_event_ms")
+        """The event-time watermark after the last batch (None before any event time)."""
+        snapshot = self.snapshot()
+        top = snapshot.extra.get("max_event_ms") if snapshot is not None else None
+        return None if top is None else int(top) - self.delay_ms
+
+    def watermark_of(self, state: OperatorState) -> int | None:
+        top = state.extra.get("max_event_ms")
         return None if top is None else int(top) - self.delay_ms
 
     def compute(self, run: BatchRun) -> DataFrame | None:
@@ -709,101 +778,111 @@ class ProcessedStream(StatefulStream):
 
         from spark_ckpt.arrowtypes import to_arrow
 
-        df = self._inputs(run)
+        state: ProcessState = self._state(run)
+        df = self._inputs(run, state)
         if df is None:
             return None
-        spark = self.ctx.spark
-        if self.output_schema is None:
-            self.output_schema = StructType.fromDDL(self._declared)  # type: ignore[arg-type]
-        self._parse_state_schema()
+        spark = self.pipeline.spark
+        if state.output_schema is None:
+            state.output_schema = StructType.fromDDL(self._declared)  # type: ignore[arg-type]
+        output_schema = state.output_schema
+        self._parse_state_schema(state)
         key_schema = to_arrow(StructType([df.schema[k] for k in self.keys]))
-        if self.key_schema is None:
-            self._check_restored_schema(key_schema)
-        self.key_schema = key_schema
+        if state.key_schema is None:
+            self._check_restored_schema(state, key_schema)
+        state.key_schema = key_schema
         if self.event_time is not None and self.event_time not in df.columns:
             raise JobDefinitionError(
                 f"operator {self.operator}: event_time column {self.event_time!r} is not in its "
                 f"input; columns: {df.columns}"
             )
         data = df.withColumn(MARKER_COLUMN, F.lit(False))
-        markers = spark.range(self.parallelism).select(
+        markers = spark.range(state.parallelism).select(
             *[F.lit(None).cast(f.dataType).alias(f.name) for f in data.schema.fields
               if f.name not in (PID_COLUMN, MARKER_COLUMN, KG_COLUMN)],
             F.lit(-1).alias(KG_COLUMN), F.col("id").cast("int").alias(PID_COLUMN),
             F.lit(True).alias(MARKER_COLUMN))
-        params = self._params(run) | {
-            "output_schema": to_arrow(self.output_schema).serialize().to_pybytes().hex(),
+        params = self._params(run, state) | {
+            "output_schema": to_arrow(output_schema).serialize().to_pybytes().hex(),
             # one directory per run of a batch: a fenced driver still running the same batch
             # must not delete the owner's output when it cleans up its own (found racing two
             # real drivers)
             "output_dir": join(self.state_dir(), "output",
                                f"b{run.batch_id:012d}-{uuid.uuid4().hex[:12]}"),
             "processing_time_ms": run.allocation.batch_time_ms,
-            "watermark_ms": self.watermark_ms, "ttl_ms": self.ttl_ms,
+            "watermark_ms": self.watermark_of(state), "ttl_ms": self.ttl_ms,
             "event_time": self.event_time,
-            "state_schema": self.state_schema.serialize(),
+            "state_schema": state.state_schema.serialize(),
             "key_schema": key_schema.serialize().to_pybytes().hex(),
         }
-        metas = self._run_job(run, data.unionByName(markers),
-                              processor_task(params, self._plans(), self.processor))
+        metas = self._run_job(run, state, data.unionByName(markers),
+                              processor_task(params, self._plans(state), self.processor))
         tops = [m["max_event_ms"] for m in metas if m.get("max_event_ms") is not None]
         if tops:
-            self.extra["max_event_ms"] = max([*tops, self.extra.get("max_event_ms", tops[0])])
+            state.extra["max_event_ms"] = max([*tops, state.extra.get("max_event_ms", tops[0])])
         run.stats.state[self.operator]["timers_fired"] = sum(m.get("timers_fired", 0)
                                                               for m in metas)
-        run.stats.state[self.operator]["watermark_ms"] = self.watermark_ms
+        run.stats.state[self.operator]["watermark_ms"] = self.watermark_of(state)
         files = [m["output"]["path"] for m in metas if m.get("output")]
         out_dir = params["output_dir"]
-        run.on_cleanup(lambda: self.ctx.storage.delete_dir(self.ctx.storage.fs_path(out_dir)))
+        store = self.pipeline.storage
+        run.on_cleanup(lambda: store.delete_dir(store.fs_path(out_dir)))
         if not files:
-            return spark.createDataFrame([], self.output_schema)
-        return spark.read.schema(self.output_schema).parquet(*files)
+            empty: DataFrame = spark.createDataFrame([], output_schema)
+            return empty
+        out: DataFrame = spark.read.schema(output_schema).parquet(*files)
+        return out
 
-    def _parse_state_schema(self) -> Any:
-        if self.state_schema is None:
-            from spark_ckpt.state.schema import parse_state_schema
+    def parse_state_schema(self) -> Any:
+        """The declared state variables, parsed by Spark's parser (a StateSchema)."""
+        from spark_ckpt.state.schema import parse_state_schema
 
-            self.state_schema = parse_state_schema(
-                self._declared_state, spark=self.ctx.spark,
-                where=f"operator {self.operator}: state_schema")
-        return self.state_schema
+        return parse_state_schema(self._declared_state, spark=self.pipeline.spark,
+                                  where=f"operator {self.operator}: state_schema")
 
-    def _check_evolution(self) -> None:
+    def _parse_state_schema(self, state: ProcessState) -> Any:
+        if state.state_schema is None:
+            state.state_schema = self.parse_state_schema()
+        return state.state_schema
+
+    def _check_evolution(self, state: OperatorState) -> None:
         """The declared state variables against the checkpoint's, at start."""
         from spark_ckpt.state.evolution import plan_evolution
         from spark_ckpt.state.schema import StateSchema
 
-        raw = self.restored_describe.get("state_schema")
+        assert isinstance(state, ProcessState)
+        raw = state.restored_describe.get("state_schema")
         if raw is None:  # an earlier format: refused at the first batch
             return
         stored = StateSchema.from_spark_json(raw)
-        declared = self._parse_state_schema()
-        self._evolved(plan_evolution(
+        declared = self._parse_state_schema(state)
+        self._evolved(state, plan_evolution(
             f"operator {self.operator}", stored.arrow(), declared.arrow(), self.state_renames,
             stored_json=stored.json_flags, declared_json=declared.json_flags))
 
-    def describe_state(self) -> dict[str, Any]:
-        if self.state_schema is None or self.key_schema is None or self._rewrite:
-            return dict(self.restored_describe)
+    def describe_state(self, state: OperatorState) -> dict[str, Any]:
+        state_schema = getattr(state, "state_schema", None)
+        key_schema = getattr(state, "key_schema", None)
+        if state_schema is None or key_schema is None or state.rewrite:
+            return dict(state.restored_describe)
         from spark_ckpt.arrowtypes import to_spark
 
-        return {"state_schema": self.state_schema.to_json(),
-                "key_schema": to_spark(self.key_schema).json(), "state_format": 2}
+        return {"state_schema": state_schema.to_json(),
+                "key_schema": to_spark(key_schema).json(), "state_format": 2}
 
-    def _check_restored_schema(self, key_schema: Any) -> None:
+    def _check_restored_schema(self, state: ProcessState, key_schema: Any) -> None:
         """A checkpoint of an earlier format (JSON documents per key) cannot be read as typed
         state: say so before anything runs."""
-        if self.restored_describe.get("state_format", 2) != 2 or (
-                self.restored_describe == {} and any(h.files for h in self.live.values())):
+        restored = state.restored_describe
+        if restored.get("state_format", 2) != 2 or (
+                restored == {} and any(h.files for h in state.live.values())):
             raise CheckpointError(
                 f"operator {self.operator}: the checkpoint holds this processor's state as JSON "
                 "documents (spark_ckpt before typed state); expected typed state. Start the "
                 "pipeline in a new checkpoint directory"
             )
-        restored_keys = self.restored_describe.get("key_schema")
+        restored_keys = restored.get("key_schema")
         if restored_keys is not None:
-            import json
-
             from pyspark.sql.types import StructType
 
             from spark_ckpt.arrowtypes import to_spark
@@ -825,25 +904,31 @@ class ProcessedStream(StatefulStream):
 
     def state_view(self, checkpoint_id: int | None = None) -> DataFrame:
         """Every key's state now (or at a retained checkpoint): the key columns and one column
-        per declared state variable (``json`` variables as JSON strings)."""
+        per declared state variable (``json`` variables as JSON strings). "Now" is the
+        snapshot the pipeline published after its last batch (any thread may ask)."""
         from spark_ckpt.state.frames import read_processor_state
 
-        handles = list(self.live.values()) if checkpoint_id is None else \
-            self.ctx.checkpoint_handles(self.operator, checkpoint_id)
-        describe = self.describe_state()
+        snapshot = self.snapshot()
+        describe = dict(snapshot.describe) if snapshot is not None else {}
+        handles = list(snapshot.handles) if checkpoint_id is None and snapshot is not None \
+            else [] if checkpoint_id is None else \
+            self.pipeline.checkpoint_handles(self.operator, checkpoint_id)
         if "state_schema" not in describe:
             raise JobDefinitionError(f"operator {self.operator}: no batch has run yet")
-        return read_processor_state(self.ctx.spark, handles, describe, list(self.keys))
+        view: DataFrame = read_processor_state(self.pipeline.spark, handles, describe,
+                                               list(self.keys))
+        return view
 
 
 class FullState(Stream):
     """The whole state of a stateful stream after each batch."""
 
-    def __init__(self, parent: StatefulStream, name: str) -> None:
-        super().__init__(parent.ctx, (parent,), name)
+    def __init__(self, parent: AggregatedStream, name: str) -> None:
+        super().__init__(parent.pipeline, (parent,), name)
         self.stateful = parent
 
     def compute(self, run: BatchRun) -> DataFrame | None:
         if run.get_or_compute(self.stateful) is None:
             return None
-        return self.stateful.state_view()  # type: ignore[attr-defined]
+        view: DataFrame = self.stateful.state_view()
+        return view

@@ -4,13 +4,17 @@ A :class:`Stream` is a recipe, not data: ``compute(run)`` builds this batch's Da
 its parents' DataFrames of the same batch (``run.get_or_compute(parent)``). Dependencies point
 backwards, as in Spark's DStreamGraph, because evaluation is lazy and starts at the outputs.
 A parent's result of ``None`` (a window between slides) propagates: nothing downstream runs.
+
+Threads and owners: streams are built on the user's thread before ``start()`` and never change
+after it; each holds its pipeline's definition (a :class:`Template`), not the StreamingContext.
+``compute`` runs on the JobScheduler's thread and changes nothing on the stream.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.sinks.per_batch import (
@@ -31,13 +35,14 @@ from spark_ckpt.streaming.template.stream_graph import StreamGraph
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-    from spark_ckpt.sources.source import Source
+    from spark_ckpt.sources.source import Source, SourceRun
     from spark_ckpt.streaming.template.batch_run import BatchRun
 
 
 class Template(PipelineScope, Protocol):
-    """The pipeline a stream belongs to, as its streams see it (the StreamingContext): its
-    graph, and the keyed streams it makes (a higher layer: streaming.keyed)."""
+    """The pipeline a stream belongs to, as its streams see it: its definition (name,
+    checkpoint directory, graph), never the StreamingContext or anything that runs. It makes
+    the keyed streams (a higher layer: template.keyed)."""
 
     graph: StreamGraph
 
@@ -55,23 +60,23 @@ class Stream:
 
     is_input = False
 
-    def __init__(self, ctx: Template, parents: Sequence[Stream], name: str) -> None:
+    def __init__(self, pipeline: Template, parents: Sequence[Stream], name: str) -> None:
         for parent in parents:
             if not isinstance(parent, Stream):
                 raise JobDefinitionError(
                     f"stream {name}: expected parent streams, found {type(parent).__name__}"
                 )
-            if parent.ctx is not ctx:
+            if parent.pipeline is not pipeline:
                 raise JobDefinitionError(
                     f"stream {name}: its parent {parent.name} belongs to another "
-                    f"StreamingContext ({parent.ctx.name}, not {ctx.name}); streams of "
-                    "different contexts cannot be combined"
+                    f"StreamingContext ({parent.pipeline.name}, not {pipeline.name}); streams "
+                    "of different contexts cannot be combined"
                 )
-        self.ctx = ctx
+        self.pipeline: Template = pipeline
         self.parents: tuple[Stream, ...] = tuple(parents)
         self.id = next(_ids)
-        self.name = name
-        ctx.graph.add_stream(self)
+        self.name: str = name
+        pipeline.graph.add_stream(self)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
@@ -83,7 +88,7 @@ class Stream:
     def transform(self, fn: Callable[..., DataFrame], *others: Stream,
                   name: str | None = None) -> Stream:
         """Apply ``fn(df, *other_dfs) -> DataFrame`` to this batch's DataFrame(s)."""
-        return Transformed(self.ctx, (self, *others), fn, name or _fn_name(fn))
+        return Transformed(self.pipeline, (self, *others), fn, name or _fn_name(fn))
 
     def filter(self, condition: Column | str) -> Stream:
         return self.transform(lambda df: df.where(condition), name=f"{self.name}.filter")
@@ -100,12 +105,13 @@ class Stream:
     def union(self, *others: Stream) -> Stream:
         """Rows of this stream and ``others`` in each batch (columns matched by name)."""
 
-        return Transformed(self.ctx, (self, *others), lambda *dfs: union_by_name(dfs),
+        return Transformed(self.pipeline, (self, *others), lambda *dfs: union_by_name(dfs),
                            f"{self.name}.union")
 
     def join(self, other: Stream, on: str | Sequence[str] | Column, how: str = "inner") -> Stream:
         """Join each batch of this stream with the same batch of ``other``."""
-        return Transformed(self.ctx, (self, other), lambda a, b: a.join(b, on, how),
+        cond: Any = on  # pyspark's stubs want a list where any sequence works
+        return Transformed(self.pipeline, (self, other), lambda a, b: a.join(b, cond, how),
                            f"{self.name}.join({other.name})")
 
     def join_static(self, table: DataFrame | Callable[[], DataFrame],
@@ -115,11 +121,13 @@ class Stream:
         called every batch so a table that changes is read afresh)."""
         from pyspark.sql import functions as F
 
+        cond: Any = on  # pyspark's stubs want a list where any sequence works
+
         def join_it(df: DataFrame) -> DataFrame:
             right = table() if callable(table) else table
-            return df.join(F.broadcast(right) if broadcast else right, on, how)
+            return df.join(F.broadcast(right) if broadcast else right, cond, how)
 
-        return Transformed(self.ctx, (self,), join_it, f"{self.name}.join_static")
+        return Transformed(self.pipeline, (self,), join_it, f"{self.name}.join_static")
 
     def key_by(self, *keys: str, parallelism: int | None = None,
                max_parallelism: int | None = None) -> Any:
@@ -128,28 +136,28 @@ class Stream:
         ``parallelism``: tasks of the stateful operator (default
         ``spark.ckpt.state.parallelism``); may change between runs. ``max_parallelism``: key
         groups (default ``spark.ckpt.state.maxParallelism``); fixed for a checkpoint's life."""
-        return self.ctx.keyed(self, keys, parallelism=parallelism,
+        return self.pipeline.keyed(self, keys, parallelism=parallelism,
                               max_parallelism=max_parallelism)
 
     def window(self, length: int, slide: int = 1) -> Stream:
         """The union of this stream's last ``length`` batches, every ``slide`` batches."""
-        return Windowed(self.ctx, self, length, slide)
+        return Windowed(self.pipeline, self, length, slide)
 
     # -- outputs -------------------------------------------------------------------------
     def foreach_batch(self, fn: Callable[[DataFrame, int], Any],
                       name: str | None = None) -> Output:
         """Call ``fn(df, batch_id)`` every batch. At-least-once: a batch interrupted by a crash
         calls it again with the same id and data, so make ``fn`` idempotent on ``batch_id``."""
-        return Output(self.ctx, self, ForeachBatchSink(name or _fn_name(fn), fn))
+        return Output(self.pipeline, self, ForeachBatchSink(name or _fn_name(fn), fn))
 
     def write_parquet(self, path: str, name: str | None = None,
                       partition_by: Sequence[str] = ()) -> Output:
         """Append to a Parquet directory, exactly once: per batch, or, when the pipeline
         checkpoints, in two phases (visible when a checkpoint completes)."""
         name = name or "parquet"
-        return Output(self.ctx, self, ParquetBatchSink(name, path, tuple(partition_by),
-                                                       self.ctx),
-                      ParquetTwoPhaseSink(name, path, tuple(partition_by), self.ctx))
+        return Output(self.pipeline, self, ParquetBatchSink(name, path, tuple(partition_by),
+                                                       self.pipeline),
+                      ParquetTwoPhaseSink(name, path, tuple(partition_by), self.pipeline))
 
     def write_delta(self, path: str, name: str | None = None,
                     partition_by: Sequence[str] = (), *,
@@ -162,9 +170,9 @@ class Stream:
         checkpointing (a two-phase commit per checkpoint)."""
         name = name or "delta"
         per_batch = None if merge_keys else DeltaBatchSink(name, path, tuple(partition_by),
-                                                           self.ctx)
-        return Output(self.ctx, self, per_batch,
-                      DeltaTwoPhaseSink(name, path, tuple(partition_by), self.ctx,
+                                                           self.pipeline)
+        return Output(self.pipeline, self, per_batch,
+                      DeltaTwoPhaseSink(name, path, tuple(partition_by), self.pipeline,
                                         tuple(merge_keys)))
 
     def write_two_phase(self, sink: TwoPhaseCommitSink) -> Output:
@@ -173,7 +181,7 @@ class Stream:
             raise JobDefinitionError(
                 f"write_two_phase(): expected a TwoPhaseCommitSink, found {type(sink).__name__}"
             )
-        return Output(self.ctx, self, None, sink)
+        return Output(self.pipeline, self, None, sink)
 
 
 def _fn_name(fn: Callable[..., Any]) -> str:
@@ -185,9 +193,9 @@ class InputStream(Stream):
 
     is_input = True
 
-    def __init__(self, ctx: Template, source: Source) -> None:
+    def __init__(self, pipeline: Template, source: Source) -> None:
         self.source = source
-        super().__init__(ctx, (), source.name)
+        super().__init__(pipeline, (), source.name)
 
     def compute(self, run: BatchRun) -> DataFrame:
         piece = run.allocation.pieces.get(self.source.name)
@@ -199,13 +207,14 @@ class InputStream(Stream):
         current = run.batch_id == run.stats.batch_id  # not an earlier batch of a window
         if current:
             run.stats.input_rows[self.source.name] = self.source.rows(piece)
-        return self.source.read(run, piece)
+        # a BatchRun is a SourceRun (its stats a RunStats; the protocol's attribute is invariant)
+        return self.source.read(cast("SourceRun", run), piece)
 
 
 class Transformed(Stream):
-    def __init__(self, ctx: Template, parents: Sequence[Stream],
+    def __init__(self, pipeline: Template, parents: Sequence[Stream],
                  fn: Callable[..., DataFrame], name: str) -> None:
-        super().__init__(ctx, parents, name)
+        super().__init__(pipeline, parents, name)
         self.fn = fn
 
     def compute(self, run: BatchRun) -> DataFrame | None:
@@ -222,24 +231,24 @@ class Transformed(Stream):
 
 
 class Windowed(Stream):
-    def __init__(self, ctx: Template, parent: Stream, length: int, slide: int) -> None:
+    def __init__(self, pipeline: Template, parent: Stream, length: int, slide: int) -> None:
         if length < 1 or slide < 1:
             raise JobDefinitionError(
                 f"window over {parent.name}: expected length >= 1 and slide >= 1 batches, "
                 f"found length={length}, slide={slide}"
             )
-        super().__init__(ctx, (parent,), f"{parent.name}.window({length},{slide})")
+        super().__init__(pipeline, (parent,), f"{parent.name}.window({length},{slide})")
         self.length = length
         self.slide = slide
-        ctx.graph.remember(length)
+        pipeline.graph.remember(length)
 
     def compute(self, run: BatchRun) -> DataFrame | None:
         if (run.batch_id + 1) % self.slide:
             return None
         first = max(0, run.batch_id - self.length + 1)
-        frames = [run.at(b).get_or_compute(self.parents[0]) for b in range(first,
-                                                                           run.batch_id + 1)]
-        frames = [f for f in frames if f is not None]
+        computed = [run.at(b).get_or_compute(self.parents[0]) for b in range(first,
+                                                                             run.batch_id + 1)]
+        frames = [f for f in computed if f is not None]
         return union_by_name(frames) if frames else None
 
 
@@ -250,15 +259,15 @@ class Output(Stream):
     checkpoints uses ``two_phase`` when there is one (foreach_batch has none); one that does not
     uses ``sink``, or a per-batch transaction of ``two_phase``."""
 
-    def __init__(self, ctx: Template, parent: Stream, sink: BatchSink | None,
+    def __init__(self, pipeline: Template, parent: Stream, sink: BatchSink | None,
                  two_phase: TwoPhaseCommitSink | None = None) -> None:
         name = (sink or two_phase).name  # type: ignore[union-attr]
-        ctx.graph.check_output_name(name)
-        super().__init__(ctx, (parent,), name)
+        pipeline.graph.check_output_name(name)
+        super().__init__(pipeline, (parent,), name)
         self.sink = sink
         self.two_phase = two_phase
         self.output_name = name
-        ctx.graph.add_output(self)
+        pipeline.graph.add_output(self)
 
     def compute(self, run: BatchRun) -> DataFrame | None:
         return run.get_or_compute(self.parents[0])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from spark_ckpt.errors import JobDefinitionError
 
@@ -19,23 +19,42 @@ __all__ = ["GraphStream", "StreamGraph"]
 class GraphStream(Protocol):
     """A stream as the graph sees it (streaming.stream and streaming.keyed make them)."""
 
-    id: int
-    name: str
-    parents: Sequence[GraphStream]
-    is_input: bool  # a source's stream: ``source`` is its Source
+    name: str  # made unique by the graph
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def parents(self) -> Sequence[GraphStream]: ...
+
+    @property
+    def is_input(self) -> bool:
+        """A source's stream (its ``source`` is its Source)."""
 
 
 class GraphOutput(GraphStream, Protocol):
-    output_name: str
-    sink: Any  # a per-batch sink, or None
-    two_phase: Any  # a two-phase sink, or None
+    @property
+    def output_name(self) -> str: ...
+
+    @property
+    def sink(self) -> Any:
+        """A per-batch sink, or None."""
+
+    @property
+    def two_phase(self) -> Any:
+        """A two-phase sink, or None."""
 
 
 class GraphStateful(GraphStream, Protocol):
-    operator: str  # names its state
-    kind: str
-    keys: tuple[str, ...]
-    live_files: set[str]
+    @property
+    def operator(self) -> str:
+        """Names its state."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def keys(self) -> tuple[str, ...]: ...
 
 
 class StreamGraph:
@@ -55,9 +74,10 @@ class StreamGraph:
             stream.name = f"{stream.name}#{n}"  # unique names in progress and logs
         self.streams.append(stream)
         if stream.is_input:
-            if any(i.source.name == stream.source.name for i in self.inputs):
+            source = cast(Any, stream).source  # an InputStream (template.stream)
+            if any(i.source.name == source.name for i in self.inputs):
                 raise JobDefinitionError(
-                    f"a source named {stream.source.name!r} already exists in this pipeline; "
+                    f"a source named {source.name!r} already exists in this pipeline; "
                     "source names must be unique (they name its offsets and received data)"
                 )
             self.inputs.append(stream)

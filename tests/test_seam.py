@@ -4,6 +4,7 @@ internals; the Connect side's explain-text readers; the classic side's plan as p
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,43 @@ def test_no_module_outside_the_seam_touches_py4j_jvm_handles_or_connect_internal
 ])
 def test_the_scan_finds_each_kind_of_reach(source):
     assert violations(source, "x.py"), source  # the scan above cannot pass vacuously
+
+
+# words of Spark's plan text and names of the JVM's classes: only the seam reads or names them
+PLAN_TEXT = re.compile(r"Exchange |REPARTITION_BY_NUM|ENSURE_REQUIREMENTS|plan_id=|"
+                       r"hashpartitioning|AdaptiveSparkPlan|\b(?:org|com)\.apache\.")
+
+
+def plan_text_literals(source: str, where: str) -> list[str]:
+    """Each string in ``source`` (docstrings included) naming plan text or a JVM class."""
+    return [f"{where}:{node.lineno}: {node.value[:60]!r}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and PLAN_TEXT.search(node.value)]
+
+
+def test_no_module_outside_the_seam_reads_plan_text_or_names_jvm_classes():
+    modules = [p for p in PACKAGE.rglob("*.py") if SEAM not in p.parents]
+    assert len(modules) > 60  # the whole package is scanned
+    found = [v for p in modules
+             for v in plan_text_literals(p.read_text(), str(p.relative_to(PACKAGE)))]
+    assert found == [], "only spark_ckpt/sparkapi may read Spark's plan text or name its " \
+        "classes:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    "shuffles = 'Exchange ' in plan",
+    "ok = 'REPARTITION_BY_NUM' not in line",
+    "text = re.sub(r',? ?\\[plan_id=\\d+\\]', '', text)",
+    "conf = {'k': 'org.apache.parquet.hadoop.ParquetOutputCommitter'}",
+])
+def test_the_plan_text_scan_finds_each_kind(source):
+    assert plan_text_literals(source, "x.py"), source
+
+
+def test_the_seam_holds_the_plan_text_and_the_class_names():
+    found = [v for p in SEAM.glob("*.py") for v in plan_text_literals(p.read_text(), p.name)]
+    assert any("plans.py" in v and "REPARTITION_BY_NUM" in v for v in found)
+    assert any("committers.py" in v and "org.apache" in v for v in found)
 
 
 def test_the_seam_itself_is_where_the_reaching_is():

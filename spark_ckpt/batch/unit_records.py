@@ -1,4 +1,4 @@
-"""Spark Connect: the writes a killed client left running on the server, and their records.
+"""Records of run units: what a Spark Connect driver writes before a run unit's writes start.
 
 A classic driver's Spark jobs end with its JVM. A Spark Connect client's do not: the server
 runs a killed client's operation on to its end (operations are reattachable), and its tasks
@@ -6,9 +6,8 @@ keep committing files into the directories that client chose. So before a driver
 Connect submits a run unit's writes, it records the unit (:class:`UnitRecord`): the vertex,
 its partitions, the tag that names its write directories, the ids its write operations will
 have, and the lineage of what it reads. The next attempt reads the records of the attempts
-it would otherwise interrupt (:func:`load_units`); for a vertex it has to run, it waits for
-the operations of the units whose lineage is its own, then records the partitions their
-files complete, as the killed client would have (``VertexRunner.adopt``).
+it would otherwise interrupt (:func:`load_units`) and takes over what their operations
+finish (:mod:`spark_ckpt.batch.adoption`).
 
 A record names directories by tag only (the next attempt derives them as the writer did),
 never by path: nothing in it points outside the job's result and staging directories.
@@ -41,15 +40,15 @@ class UnitRecord:
     attempt: int
     vertex: str
     number: int
-    tag: str  # of the unit's write directories (``VertexRunner._writes``)
+    tag: str  # of the unit's write directories (``UnitWriter.writes``)
     parts: tuple[int, ...]
     operations: tuple[str, ...]  # one per write Spark runs (not mirrors), in order
-    lineage: str  # ``VertexRunner.lineage``: what the unit read, as recovery tells it apart
+    lineage: str  # ``Lineages.of``: what the unit read, as recovery tells it apart
     schema: str  # the output's schema (JSON)
     session: str  # the Spark Connect session the operations run in, and its user
     user: str
-    per_task: bool  # a task's file is whole once in place (VertexRunner.per_task_commits)
-    # Spark partition i of its writes holds partition parts[i] (VertexRunner.positional); in
+    per_task: bool  # a task's file is whole once in place (sparkapi.committers.commits_per_task)
+    # Spark partition i of its writes holds partition parts[i] (planning.writes_positionally); in
     # version 1 records (before it existed) always False: Spark partition j is partition j
     positional: bool = False
 

@@ -122,6 +122,21 @@ def test_connect_reads_the_root_size_estimate_and_sections_of_explain_text():
     assert connect_api._section(COST_EXPLAIN, "Analyzed Logical Plan") == []
 
 
+def test_the_plan_text_readers_shared_by_both_sessions():
+    from spark_ckpt.sparkapi import plans
+
+    physical = "\n".join(connect_api._section(COST_EXPLAIN, "Physical Plan"))
+    assert plans.exchanges(physical) == ["Exchange hashpartitioning(k, 8), ENSURE_REQUIREMENTS"]
+    assert plans.shuffles(physical) and not plans.only_repartitions_by_number(physical)
+    by_number = "Exchange hashpartitioning(k#1L, 8), REPARTITION_BY_NUM, [plan_id=3]"
+    assert plans.only_repartitions_by_number(by_number)
+    broadcast = "+- BroadcastExchange HashedRelationBroadcastMode(List(k#1L)), [plan_id=5]"
+    assert not plans.shuffles(broadcast) and plans.only_repartitions_by_number(broadcast)
+    assert plans.exchanges(broadcast) == ["BroadcastExchange HashedRelationBroadcastMode(List(k))"]
+    assert plans.normalized(by_number) == plans.normalized(by_number.replace("#1L", "#9L")
+                                                           .replace("=3", "=4"))
+
+
 def test_classic_plan_as_plain_data(spark):
     from pyspark.sql import functions as F
 

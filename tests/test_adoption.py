@@ -1,12 +1,12 @@
-"""Records of run units (batch.adoption): what a Spark Connect driver writes before its writes
-start, read back by the next attempt. The adoption itself runs on a real Connect server:
+"""Records of run units (batch.unit_records): what a Spark Connect driver writes before its
+writes start, read back by the next attempt. The adoption itself runs on a real Connect server:
 tests/test_recovery_faults.py (through tests/test_connect.py)."""
 
 from __future__ import annotations
 
 import json
 
-from spark_ckpt.batch.adoption import UnitRecord, load_units, units_dir, write_unit
+from spark_ckpt.batch.unit_records import UnitRecord, load_units, units_dir, write_unit
 from spark_ckpt.clock import ManualClock
 from spark_ckpt.storage import Storage
 

@@ -228,7 +228,7 @@ def test_a_few_lost_partitions_of_a_keyed_vertex_run_as_that_many_spark_partitio
     as wide as the vertex (Spark partition j is partition j), with the same answer."""
     import dataclasses
 
-    from spark_ckpt.batch import vertex_runner
+    from spark_ckpt.batch import planning
 
     settings = dataclasses.replace(SETTINGS, batch_exchange_min_bytes=8 << 20)  # no exchange
 
@@ -240,7 +240,7 @@ def test_a_few_lost_partitions_of_a_keyed_vertex_run_as_that_many_spark_partitio
     for positional in (True, False):
         out = tmp_path / f"positional-{positional}"
         if not positional:
-            monkeypatch.setattr(vertex_runner, "_EMPTY_TASK_BYTES", 0)
+            monkeypatch.setattr(planning, "_EMPTY_TASK_BYTES", 0)
         _failed_after_every_vertex(job(out), monkeypatch, 3)  # enriched, settled, daily
         staged = out / "settled" / "_spark_ckpt_staging" / "orders" / "settled"
         for p in (2, 5):
@@ -267,7 +267,7 @@ def test_rows_moved_out_of_the_partitions_running_are_refused_however_they_are_l
     is refused as the rows are moved, before any task writes (so the poller can log no
     partition of it), laid out by position or as wide as the vertex."""
     from spark_ckpt import TaskExecutionError
-    from spark_ckpt.batch import vertex_runner
+    from spark_ckpt.batch import planning
 
     def job(out):
         job = BatchJob("shift", spark=spark, work_dir=str(out / "work"), settings=SETTINGS)
@@ -281,7 +281,7 @@ def test_rows_moved_out_of_the_partitions_running_are_refused_however_they_are_l
     for positional in (True, False):
         out = tmp_path / f"positional-{positional}"
         if not positional:
-            monkeypatch.setattr(vertex_runner, "_EMPTY_TASK_BYTES", 0)
+            monkeypatch.setattr(planning, "_EMPTY_TASK_BYTES", 0)
         _failed_after_every_vertex(job(out), monkeypatch, 1)
         staged = out / "shifted" / "_spark_ckpt_staging" / "shift" / "shifted"
         next(staged.glob("a1-*/part-00003-*.parquet")).unlink()

@@ -4,6 +4,7 @@ internals; the Connect side's explain-text readers; the classic side's plan as p
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,43 @@ def test_the_scan_finds_each_kind_of_reach(source):
     assert violations(source, "x.py"), source  # the scan above cannot pass vacuously
 
 
+# words of Spark's plan text and names of the JVM's classes: only the seam reads or names them
+PLAN_TEXT = re.compile(r"Exchange |REPARTITION_BY_NUM|ENSURE_REQUIREMENTS|plan_id=|"
+                       r"hashpartitioning|AdaptiveSparkPlan|\b(?:org|com)\.apache\.")
+
+
+def plan_text_literals(source: str, where: str) -> list[str]:
+    """Each string in ``source`` (docstrings included) naming plan text or a JVM class."""
+    return [f"{where}:{node.lineno}: {node.value[:60]!r}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and PLAN_TEXT.search(node.value)]
+
+
+def test_no_module_outside_the_seam_reads_plan_text_or_names_jvm_classes():
+    modules = [p for p in PACKAGE.rglob("*.py") if SEAM not in p.parents]
+    assert len(modules) > 60  # the whole package is scanned
+    found = [v for p in modules
+             for v in plan_text_literals(p.read_text(), str(p.relative_to(PACKAGE)))]
+    assert found == [], "only spark_ckpt/sparkapi may read Spark's plan text or name its " \
+        "classes:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    "shuffles = 'Exchange ' in plan",
+    "ok = 'REPARTITION_BY_NUM' not in line",
+    "text = re.sub(r',? ?\\[plan_id=\\d+\\]', '', text)",
+    "conf = {'k': 'org.apache.parquet.hadoop.ParquetOutputCommitter'}",
+])
+def test_the_plan_text_scan_finds_each_kind(source):
+    assert plan_text_literals(source, "x.py"), source
+
+
+def test_the_seam_holds_the_plan_text_and_the_class_names():
+    found = [v for p in SEAM.glob("*.py") for v in plan_text_literals(p.read_text(), p.name)]
+    assert any("plans.py" in v and "REPARTITION_BY_NUM" in v for v in found)
+    assert any("committers.py" in v and "org.apache" in v for v in found)
+
+
 def test_the_seam_itself_is_where_the_reaching_is():
     found = [v for p in SEAM.glob("*.py") for v in violations(p.read_text(), p.name)]
     assert any("classic.py" in v and "_jdf" in v for v in found)
@@ -82,6 +120,21 @@ def test_connect_reads_the_root_size_estimate_and_sections_of_explain_text():
     physical = connect_api._section(COST_EXPLAIN, "Physical Plan")
     assert physical[0] == "AdaptiveSparkPlan isFinalPlan=false"
     assert connect_api._section(COST_EXPLAIN, "Analyzed Logical Plan") == []
+
+
+def test_the_plan_text_readers_shared_by_both_sessions():
+    from spark_ckpt.sparkapi import plans
+
+    physical = "\n".join(connect_api._section(COST_EXPLAIN, "Physical Plan"))
+    assert plans.exchanges(physical) == ["Exchange hashpartitioning(k, 8), ENSURE_REQUIREMENTS"]
+    assert plans.shuffles(physical) and not plans.only_repartitions_by_number(physical)
+    by_number = "Exchange hashpartitioning(k#1L, 8), REPARTITION_BY_NUM, [plan_id=3]"
+    assert plans.only_repartitions_by_number(by_number)
+    broadcast = "+- BroadcastExchange HashedRelationBroadcastMode(List(k#1L)), [plan_id=5]"
+    assert not plans.shuffles(broadcast) and plans.only_repartitions_by_number(broadcast)
+    assert plans.exchanges(broadcast) == ["BroadcastExchange HashedRelationBroadcastMode(List(k))"]
+    assert plans.normalized(by_number) == plans.normalized(by_number.replace("#1L", "#9L")
+                                                           .replace("=3", "=4"))
 
 
 def test_classic_plan_as_plain_data(spark):

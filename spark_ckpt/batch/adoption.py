@@ -1,108 +1,198 @@
-"""Spark Connect: the writes a killed client left running on the server, and their records.
+"""Spark Connect: taking over the writes a killed client left running on the server.
 
-A classic driver's Spark jobs end with its JVM. A Spark Connect client's do not: the server
-runs a killed client's operation on to its end (operations are reattachable), and its tasks
-keep committing files into the directories that client chose. So before a driver on Spark
-Connect submits a run unit's writes, it records the unit (:class:`UnitRecord`): the vertex,
-its partitions, the tag that names its write directories, the ids its write operations will
-have, and the lineage of what it reads. The next attempt reads the records of the attempts
-it would otherwise interrupt (:func:`load_units`); for a vertex it has to run, it waits for
-the operations of the units whose lineage is its own, then records the partitions their
-files complete, as the killed client would have (``VertexRunner.adopt``).
+A Spark Connect client's operations outlive it: the server runs a killed client's write on to
+its end, and its tasks keep committing files into the directories that client chose. So a
+driver on Spark Connect records each run unit before its writes start
+(:meth:`Adoption.record_unit`, a :class:`~spark_ckpt.batch.unit_records.UnitRecord`); the
+next attempt, for a vertex it has to run, waits for the operations of the units whose lineage
+is its own, then records the partitions their files complete, as the killed client would have
+(:meth:`Adoption.adopt`). Units that read anything else are interrupted.
 
-A record names directories by tag only (the next attempt derives them as the writer did),
-never by path: nothing in it points outside the job's result and staging directories.
+Thread ownership: :meth:`Adoption.adopt` runs on the job's thread before the vertex's units
+start; :meth:`Adoption.record_unit` on each unit's thread. No state of its own.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import logging
-import re
-from posixpath import join
+import uuid
+from typing import TYPE_CHECKING
 
-from spark_ckpt.errors import RecordError
-from spark_ckpt.formats import dump_record, load_record
-from spark_ckpt.storage import Storage
+from spark_ckpt.batch.file_watcher import FileWatcher
+from spark_ckpt.batch.planning import hash_mode, reads_exchanges
+from spark_ckpt.batch.unit_records import UnitRecord, write_unit
+from spark_ckpt.errors import JobFencedError
+from spark_ckpt.execution.attempt_states import ExecutionState
+from spark_ckpt.sparkapi import spark_api
+from spark_ckpt.sparkapi.committers import SUCCESS_MARKER, commits_per_task
+from spark_ckpt.storage import Storage, join
 
-__all__ = ["UNIT_KIND", "UnitRecord", "load_units", "units_dir", "write_unit"]
+if TYPE_CHECKING:
+    from spark_ckpt.batch.file_watcher import UnitWrite
+    from spark_ckpt.batch.job_attempt import Attempt
+    from spark_ckpt.batch.job_progress import JobProgress
+    from spark_ckpt.batch.lineage import Lineages
+    from spark_ckpt.batch.unit_writer import UnitWriter
+    from spark_ckpt.batch.vertex_frames import VertexFrames
+    from spark_ckpt.execution.job_graph import JobVertex
+
+__all__ = ["Adoption"]
 
 log = logging.getLogger(__name__)
 
-UNIT_KIND = "batch-unit"
-_TAG = re.compile(r"a\d+-u\d+-[0-9a-f]{8}")
-_NAME = re.compile(r"(\d{5})-u(\d+)-(.+)\.json")
 
+class Adoption:
+    """Records one attempt's run units, and adopts what earlier attempts' units finish (see
+    the module's docstring)."""
 
-@dataclasses.dataclass(frozen=True)
-class UnitRecord:
-    """A run unit as its driver submitted it (see the module's docstring)."""
+    def __init__(self, job: Attempt, frames: VertexFrames, lineages: Lineages,
+                 writer: UnitWriter, progress: JobProgress) -> None:
+        self.job = job
+        self.frames = frames
+        self.lineages = lineages
+        self.writer = writer
+        self.progress = progress
 
-    attempt: int
-    vertex: str
-    number: int
-    tag: str  # of the unit's write directories (``VertexRunner._writes``)
-    parts: tuple[int, ...]
-    operations: tuple[str, ...]  # one per write Spark runs (not mirrors), in order
-    lineage: str  # ``VertexRunner.lineage``: what the unit read, as recovery tells it apart
-    schema: str  # the output's schema (JSON)
-    session: str  # the Spark Connect session the operations run in, and its user
-    user: str
-    per_task: bool  # a task's file is whole once in place (VertexRunner.per_task_commits)
-    # Spark partition i of its writes holds partition parts[i] (VertexRunner.positional); in
-    # version 1 records (before it existed) always False: Spark partition j is partition j
-    positional: bool = False
-
-    def body(self) -> dict[str, object]:
-        return {"attempt": self.attempt, "vertex": self.vertex, "number": self.number,
-                "tag": self.tag, "parts": list(self.parts),
-                "operations": list(self.operations), "lineage": self.lineage,
-                "schema": self.schema, "connect_session": self.session,
-                "connect_user": self.user, "per_task": self.per_task,
-                "positional": self.positional}
-
-
-def units_dir(job_dir: str) -> str:
-    return join(job_dir, "units")
-
-
-def _path(job_dir: str, record: UnitRecord) -> str:
-    return join(units_dir(job_dir), f"{record.attempt:05d}-u{record.number}-{record.vertex}.json")
-
-
-def write_unit(storage: Storage, job_dir: str, record: UnitRecord) -> None:
-    """Write ``record`` whole (before its operations start: a record whose operations never
-    ran names operations the server does not have, which the next attempt reads as gone)."""
-    storage.write_atomic(_path(job_dir, record), dump_record(UNIT_KIND, 2, record.body()))
-
-
-def load_units(storage: Storage, job_dir: str, attempts: set[int]) -> list[UnitRecord]:
-    """The records of ``attempts``' units. One that cannot be read is skipped with a warning:
-    its partitions run again, as without records."""
-    directory = units_dir(job_dir)
-    if not attempts or not storage.exists(directory):
-        return []
-    out = []
-    for info in storage.list_files(directory, recursive=False):
-        name = _NAME.fullmatch(info.base_name)
-        if not name or int(name.group(1)) not in attempts:
-            continue
+    def record_unit(self, vertex: JobVertex, parts: list[int], number: int, tag: str,
+                    writes: list[UnitWrite], positional: bool = False) -> list[str] | None:
+        """On Spark Connect, record the unit before its writes start, with the ids its
+        operations will have (:mod:`spark_ckpt.batch.unit_records`); None when not recorded."""
+        api = spark_api(self.job.spark)
+        session = api.session_id()
+        if not (session and self.job.settings.batch_adopt_operations) or \
+                self.frames.planning is not None or self.job.explaining or \
+                any(w.buckets for w in writes) or reads_exchanges(self.frames.graph, vertex):
+            # a durable exchange's writes, and a vertex reading its tables (which the next
+            # attempt drops at its start), are run again
+            return None
+        lineage = self.lineages.of(vertex)
+        if lineage is None:
+            return None
+        operations = [str(uuid.uuid4()) for w in writes if w.mirror_of is None]
         try:
-            body = load_record(storage.read_bytes(info.path), UNIT_KIND, (1, 2),
-                               where=info.path)
-            record = UnitRecord(
-                attempt=body["attempt"], vertex=body["vertex"], number=body["number"],
-                tag=body["tag"], parts=tuple(body["parts"]),
-                operations=tuple(body["operations"]), lineage=body["lineage"],
-                schema=body["schema"], session=body["connect_session"],
-                user=body["connect_user"], per_task=body["per_task"],
-                positional=body.get("positional", False))
-            if not _TAG.fullmatch(record.tag):
-                raise RecordError(f"field tag: expected a tag like a1-u0-0123abcd, found "
-                                  f"{record.tag!r}")
-        except Exception as exc:  # noqa: BLE001 - a record is a speed-up, never a must
-            log.warning("Unreadable record of a run unit %s: %s; its partitions run again",
-                        info.path, exc)
-            continue
-        out.append(record)
-    return sorted(out, key=lambda r: (r.attempt, r.vertex, r.number))
+            write_unit(self.job.storage, self.job.paths["job"], UnitRecord(
+                attempt=self.job.attempt, vertex=vertex.id, number=number, tag=tag,
+                parts=tuple(parts), operations=tuple(operations), lineage=lineage,
+                schema=self.frames.schemas[vertex.id], session=session,
+                user=api.session_user() or "",
+                per_task=hash_mode(vertex) and commits_per_task(self.job.spark),
+                positional=positional))
+        except Exception as exc:  # noqa: BLE001 - a speed-up for the next attempt only
+            log.warning("Job %s attempt %d: could not record run unit %d of %s (%s); a client "
+                        "killed during it leaves nothing the next one waits for",
+                        self.job.run_id, self.job.attempt, number, vertex.id, exc)
+            return None
+        return operations
+
+    def adopt(self, vertex: JobVertex, parts: list[int]) -> int:
+        """Wait for the write operations earlier attempts left running for ``parts`` of
+        ``vertex`` when they read what this attempt would read, and record the partitions
+        their files complete; how many. Units that read anything else are interrupted."""
+        def wanted(record: UnitRecord) -> set[int]:
+            return {p for p in parts
+                    if self.job.once_finished.get((vertex.id, p), 0) < record.attempt}
+
+        records = [r for r in self.job.left_running
+                   if r.vertex == vertex.id and set(r.parts) & wanted(r)]
+        if not records:
+            return 0
+        lineage = self.lineages.of(vertex)
+        other = {r.attempt for r in records if r.lineage != lineage}
+        if other:
+            log.info("Job %s attempt %d: the writes of %s attempt(s) %s left running read other "
+                     "inputs; interrupting them", self.job.run_id, self.job.attempt,
+                     vertex.id, sorted(other))
+            self.job.release_earlier(other)
+        api = spark_api(self.job.spark)
+        before = sum((vertex.id, p) in self.job.finished for p in parts)
+        clock = self.job.clock
+        deadline = clock.monotonic_s() + self.job.settings.batch_adopt_max_wait_ms / 1000.0
+        try:
+            for record in records:
+                if record.attempt in other:
+                    continue
+                log.info("Job %s attempt %d: waiting for the writes of %s partitions %s that "
+                         "attempt %d left running on the server (operations %s)",
+                         self.job.run_id, self.job.attempt, vertex.id, list(record.parts),
+                         record.attempt, ", ".join(record.operations))
+                try:
+                    states = [api.await_operation(record.session, record.user or None, op,
+                                                  max(0.0, deadline - clock.monotonic_s()),
+                                                  clock=clock)
+                              for op in record.operations]
+                    log.info("Job %s attempt %d: the writes of %s attempt %d unit %d: %s",
+                             self.job.run_id, self.job.attempt, vertex.id, record.attempt,
+                             record.number, ", ".join(states))
+                    self._record_left(vertex, record, states, wanted(record))
+                except JobFencedError:
+                    raise
+                except Exception as exc:
+                    if not hash_mode(vertex) and any(
+                            self.job.finished.get((vertex.id, p)) is not None and
+                            self.job.finished[(vertex.id, p)].job_attempt == self.job.attempt
+                            for p in record.parts):
+                        raise  # a wave counts whole: part of it recorded, it may not run again
+                    # a speed-up: run them instead
+                    log.warning("Job %s attempt %d: could not take what attempt %d's writes of "
+                                "%s finished (%s); running those partitions again",
+                                self.job.run_id, self.job.attempt, record.attempt, vertex.id,
+                                exc)
+        finally:
+            self.job.release_earlier({r.attempt for r in records})
+        adopted = sum((vertex.id, p) in self.job.finished for p in parts) - before
+        if adopted:
+            log.info("Job %s attempt %d: %s: %d partition(s) written by operations a killed "
+                     "client left running, recorded without running them again",
+                     self.job.run_id, self.job.attempt, vertex.id, adopted)
+        return adopted
+
+    def _record_left(self, vertex: JobVertex, record: UnitRecord, states: list[str],
+                     wanted: set[int]) -> None:
+        """Record what one earlier unit's files complete, as its own watcher would have."""
+        from pyspark.sql.types import StructType
+
+        writes = self.writer.writes(vertex, record.number, tag=record.tag)
+        own = [w for w in writes if w.mirror_of is None]
+        if len(own) != len(record.operations) or any(w.buckets for w in writes):
+            log.warning("Job %s: the unit record of %s attempt %d names %d writes, this "
+                        "attempt makes %d; running its partitions again", self.job.run_id,
+                        vertex.id, record.attempt, len(record.operations), len(own))
+            return
+        for w, state in zip(own, states, strict=True):
+            # ended whole: its end seen now, as a success or as an end the server still
+            # knows of with the commit's _SUCCESS marker beside (an old marker alone is no
+            # proof that a missing file was an empty partition: files may be lost since)
+            store = Storage(w.directory)
+            w.done = store.exists(store.root) and (
+                state == "succeeded" or
+                (state == "ended" and store.exists(join(store.root, SUCCESS_MARKER))))
+        for w in writes:
+            if w.mirror_of is not None:
+                w.done = w.mirror_of.done
+        todo = [p for p in record.parts
+                if p in wanted and (vertex.id, p) not in self.job.finished]
+        hashed = hash_mode(vertex)
+        if not todo or (not hashed and (len(todo) < len(record.parts)
+                                        or not all(w.done for w in writes))):
+            return  # a wave counts whole, when every write ended
+        self.frames.schemas.setdefault(vertex.id, record.schema)
+        self.writer.prepare(writes, StructType.fromJson(json.loads(record.schema)))
+        executions = {p: self.job.registry.create(self.job.attempt, vertex.id, p)
+                      for p in todo}
+        for execution in executions.values():
+            execution.machine.move_to(ExecutionState.DEPLOYING)
+            execution.machine.move_to(ExecutionState.RUNNING)
+        tracker = FileWatcher(self.job, self.frames.schemas, self.progress, vertex,
+                              list(record.parts), writes, executions, self.job.clock.now_ms(),
+                              record.positional)
+        tracker.per_task = hashed and record.per_task  # as the killed writer committed
+        tracker.recorded = set(record.parts) - set(todo)
+        if hashed:
+            tracker.check_attribution()
+            tracker.record_visible()
+        else:
+            tracker.finish()
+        for p, execution in executions.items():
+            if p not in tracker.recorded:
+                execution.machine.move_to(ExecutionState.FAILED)

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.batch.adoption import UnitRecord, load_units, units_dir
+from spark_ckpt.batch.arrangement import exchanges
 from spark_ckpt.batch.buckets import BucketedTables, job_table_prefix
 from spark_ckpt.batch.cuts import (
     CutPlan,
@@ -35,7 +35,8 @@ from spark_ckpt.batch.cuts import (
 )
 from spark_ckpt.batch.job_progress import JobProgress
 from spark_ckpt.batch.recovery import plan_recovery
-from spark_ckpt.batch.vertex_runner import VertexRunner, exchanges
+from spark_ckpt.batch.unit_records import UnitRecord, load_units, units_dir
+from spark_ckpt.batch.vertex_runner import VertexRunner
 from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import EventLogError, JobFencedError
 from spark_ckpt.eventlog.events import Event, EventType
@@ -264,7 +265,7 @@ class JobRunner:
     def _interrupt_or_defer(self, history: JobHistory) -> None:
         """Interrupt what the last earlier attempts left running on a Spark Connect server,
         except the attempts whose recorded run units may finish partitions this one needs
-        (batch.adoption): those are deferred until their vertex comes (VertexRunner.adopt).
+        (batch.adoption): those are deferred until their vertex comes (Adoption.adopt).
         Only records of attempts this event log knows (a fresh start or a log set aside
         forgets them with it), and only units with a partition not logged finished by the
         unit's attempt or a later one."""

@@ -7,6 +7,11 @@ empty, its size estimate, an aggregation's analysed plan) and facts about the ap
 Two implementations answer: :mod:`spark_ckpt.sparkapi.classic` through the driver's JVM
 (py4j), and :mod:`spark_ckpt.sparkapi.connect` through a Spark Connect client. No other
 module touches py4j, ``_jdf``, ``_jsc``, ``_jvm`` or Connect internals (a test checks).
+What both share: :mod:`spark_ckpt.sparkapi.types` (the interface and its plain data),
+:mod:`spark_ckpt.sparkapi.plans` (pure functions over the physical plan's text) and
+:mod:`spark_ckpt.sparkapi.committers` (the JVM's committer classes, the write options and file
+names per-task commits rely on). No other module reads plan text or names a JVM class (a test
+checks that too).
 
 Where Connect has no equivalent, the Connect implementation answers ``None`` ("cannot
 tell") and every caller takes the answer that keeps its guarantee: a job whose partitioning

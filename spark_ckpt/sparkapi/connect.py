@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import EnvironmentError_
+from spark_ckpt.sparkapi import plans
 from spark_ckpt.sparkapi.types import PlanNode
 
 if TYPE_CHECKING:
@@ -48,13 +49,6 @@ def _section(text: str, header: str) -> list[str]:
     end = next((i for i in range(start, len(lines)) if lines[i].startswith("== ")),
                len(lines))
     return lines[start:end]
-
-
-def _normalized_plan(text: str) -> str:
-    """A physical plan's text without what differs between two analyses of one plan:
-    expression ids (``#12``, ``#12L``) and plan ids."""
-    text = re.sub(r"#\d+L?", "", text)
-    return re.sub(r",? ?\[plan_id=\d+\]", "", text).strip()
 
 
 class ConnectSpark:
@@ -130,7 +124,7 @@ class ConnectSpark:
             # fields left out may hide the partition count that tells two plans apart.
             if "disabled by query planner" in text or "more field" in text:
                 return False
-        return _normalized_plan(before) == _normalized_plan(after)
+        return plans.normalized(before) == plans.normalized(after)
 
     def deterministic(self, df: DataFrame) -> bool | None:
         return None

@@ -200,7 +200,7 @@ RECORDS: dict[tuple[str, int], Any] = {
                               "final_barrier": Opt(BATCH_ID), "ended_ms": MILLIS},
     # ops/pipeline_ops.py: spark-ckpt restore's request, taken by the next start
     ("restore-request", 1): {"checkpoint_id": integer(0), "requested_ms": MILLIS},
-    # batch/adoption.py: a run unit a Spark Connect driver submitted (paths derived, not kept)
+    # batch/unit_records.py: a run unit a Spark Connect driver submitted (paths derived, not kept)
     ("batch-unit", 1): {"attempt": integer(1), "vertex": STR, "number": integer(0),
                         "tag": STR, "parts": ListOf(integer(0)), "operations": ListOf(STR),
                         "lineage": STR, "schema": STR, "connect_session": STR,

@@ -1,6 +1,6 @@
 """Durable result partitions: the files one finished partition left behind.
 
-Spark's own Parquet writer writes them (batch.vertex_runner): the vertex's result files, read
+Spark's own Parquet writer writes them (batch.unit_writer): the vertex's result files, read
 by its consumers, and per sink the staged data files the sink's commit publishes. The driver
 lists what each write made visible, reads the Parquet footers for row counts, and logs the
 partition's files in ``ExecutionVertexFinished``; recovery checks each still exists with its

@@ -1,7 +1,7 @@
 """Sinks both capabilities use: they commit output once, idempotently, after every partition
 has staged its files.
 
-Spark's Parquet writer stages the files (batch.vertex_runner; streaming.sinks per batch), each
+Spark's Parquet writer stages the files (batch.unit_writer; sinks.per_batch per batch), each
 write in a directory of its own under ``<sink>/_spark_ckpt_staging/<job>/<vertex>/``; the
 driver commits them:
 

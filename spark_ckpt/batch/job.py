@@ -252,7 +252,7 @@ class BatchJob:
         self.graph.vertices[vertex.id].sinks.append(spec)
 
     # -- running ---------------------------------------------------------------------------
-    def _runner(self):  # noqa: ANN202
+    def _runner(self):
         from spark_ckpt.session import get_or_create_session
 
         spark = self._spark or get_or_create_session(f"spark_ckpt:{self.run_id}")

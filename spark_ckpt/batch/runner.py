@@ -385,7 +385,7 @@ class JobRunner:
                 self._emit(Event(EventType.JOB_ATTEMPT_FINISHED,
                                  {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}))
                 self.writer.close()
-            except Exception as close_exc:  # the log may be what failed
+            except Exception as close_exc:  # noqa: BLE001 - the log may be what failed
                 log.warning("Job %s attempt %d: could not log the failure: %s",
                             self.run_id, self.attempt, close_exc)
         log.error("Job %s attempt %d failed: %s", self.run_id, self.attempt, exc)
@@ -681,7 +681,7 @@ class JobRunner:
             try:
                 df = runner.arranged(vertex, list(range(vertex.parallelism)))
                 cut.exchanges = exchanges(df)
-            except Exception as exc:  # a definition error shows where run() would fail
+            except Exception as exc:  # noqa: BLE001 - shows where run() would fail
                 cut.exchanges = [f"(cannot plan: {exc})"]
         runner.tables.drop_all()
         plan.order = list(self.graph.ids())

@@ -1080,7 +1080,7 @@ class _UnitTracker:
         while not stop.wait(interval):
             try:
                 self._record_visible()
-            except Exception as exc:  # e.g. fenced: the write thread reports it too
+            except Exception as exc:  # noqa: BLE001 - e.g. fenced: the write thread reports it too
                 log.error("Job %s: recording finished partitions of %s failed: %s",
                           self.runner.job.run_id, self.vertex.id, exc)
                 return

@@ -210,7 +210,7 @@ class _FileTwoPhaseSink(TwoPhaseCommitSink):
         return {"kind": self.kind, "path": self.path, "partition_by": list(self.partition_by)}
 
     def prepare(self, df: DataFrame) -> None:
-        self._writer._check_columns(df)  # noqa: SLF001
+        self._writer.check_columns(df)
 
     def _staging_dir(self, batch_id: int) -> str:
         return join(self.store.root, "_spark_ckpt_staging", self.lineage,
@@ -220,7 +220,7 @@ class _FileTwoPhaseSink(TwoPhaseCommitSink):
         if _FileSink.provably_empty(df):
             return None
         directory = self._staging_dir(batch_id)
-        self._writer._write(df, directory)  # noqa: SLF001
+        self._writer.write_parquet(df, directory)
         files = staged_files(self.store, directory, self.name)
         return {"batch": batch_id, "dir": directory, "files": [f.to_json() for f in files]}
 
@@ -284,7 +284,7 @@ class DeltaTwoPhaseSink(_FileTwoPhaseSink):
         return self._delta
 
     def prepare(self, df: DataFrame) -> None:
-        self._writer._check_columns(df)  # noqa: SLF001
+        self._writer.check_columns(df)
         missing = [k for k in self.merge_keys if k not in df.columns]
         if missing:
             raise JobDefinitionError(

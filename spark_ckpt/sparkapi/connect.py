@@ -120,7 +120,7 @@ class ConnectSpark:
         try:
             before = plan if plan is not None else self.executed_plan(df)
             after = self.executed_plan(df.repartition(n, *key))
-        except Exception as exc:  # an analysis error names a missing column elsewhere
+        except Exception as exc:  # noqa: BLE001 - e.g. an analysis error (a missing column)
             log.debug("Spark Connect: cannot compare plans for partitioning: %s", exc)
             return False
         for text in (before, after):

@@ -164,7 +164,7 @@ class StreamingContext:
         self._sources.append(source)
         return stream
 
-    def file_stream(self, name: str, path: str, format: str = "parquet",  # noqa: A002
+    def file_stream(self, name: str, path: str, format: str = "parquet",
                     schema: StructType | str | None = None, *,
                     max_files_per_batch: int | None = None,
                     max_bytes_per_batch: int | None = None,

@@ -116,7 +116,7 @@ class BatchRun:
         for fn in self.stats.cleanups:
             try:
                 fn()
-            except Exception as exc:  # never hide the batch's own outcome
+            except Exception as exc:  # noqa: BLE001 - never hide the batch's own outcome
                 log.warning("Batch %d: cleanup failed: %s", self.batch_id, exc)
         self.stats.cleanups.clear()
         self.memo.clear()

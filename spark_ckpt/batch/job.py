@@ -57,6 +57,7 @@ class VertexRef:
 
     @property
     def parallelism(self) -> int:
+        """How many partitions the vertex runs."""
         return self.job.graph.vertices[self.id].parallelism
 
     def by(self, *columns: str) -> Input:

@@ -68,6 +68,9 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class VertexSummary:
+    """One vertex in a :class:`JobResult`: its partitions, how many this attempt reused from
+    earlier attempts and how many it ran."""
+
     partitions: int
     reused: int
     ran: int
@@ -99,14 +102,17 @@ class JobResult:
 
     @property
     def ran(self) -> int:
+        """Partitions this attempt computed, over all vertices."""
         return sum(v.ran for v in self.vertices.values())
 
     @property
     def reused(self) -> int:
+        """Partitions this attempt took from earlier attempts' output, over all vertices."""
         return sum(v.reused for v in self.vertices.values())
 
     @property
     def adopted(self) -> int:
+        """Partitions a killed Spark Connect client's writes finished on the server."""
         return sum(v.adopted for v in self.vertices.values())
 
 

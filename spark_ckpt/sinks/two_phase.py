@@ -69,18 +69,25 @@ class TwoPhaseCommitSink:
         self.claimed_at: Any = None
 
     def describe(self) -> dict[str, Any]:
+        """What the pipeline records of the sink (its kind; a subclass adds its target)."""
         return {"kind": self.kind}
 
     def prepare(self, df: DataFrame) -> None:
         """Check or create the target for the batch's schema."""
 
     def write(self, df: DataFrame, batch_id: int) -> dict[str, Any] | None:
+        """Stage batch ``batch_id``'s rows where no reader sees them; return the piece (JSON)
+        that names what was staged, or None when nothing was."""
         raise NotImplementedError
 
     def pre_commit(self, checkpoint_id: int, pieces: list[dict[str, Any]]) -> dict[str, Any]:
+        """At checkpoint ``checkpoint_id``'s barrier: the transaction (JSON, kept in the
+        checkpoint) made of the pieces staged since the last one."""
         return {"pieces": pieces}
 
     def commit(self, checkpoint_id: int, txn: dict[str, Any]) -> None:
+        """Make transaction ``txn`` visible once checkpoint ``checkpoint_id`` completed.
+        Idempotent: it runs again after a crash between completion and commit."""
         raise NotImplementedError
 
     def abort(self, pieces: list[dict[str, Any]]) -> None:

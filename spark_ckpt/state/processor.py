@@ -433,6 +433,8 @@ class VectorizedProcessor:
     state_schema: ClassVar[Any] = None
 
     def process_batch(self, batch: KeyedBatch) -> Result | None:
+        """Called once per task and batch with every key that has rows in it: return the new
+        state, the rows to emit and the timers as a :class:`Result` (None: nothing)."""
         raise NotImplementedError
 
     def on_timers(self, batch: KeyedBatch) -> Result | None:

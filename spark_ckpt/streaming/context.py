@@ -231,6 +231,7 @@ class StreamingContext:
         return self._input(SocketSource(name, host, port))
 
     def add_listener(self, listener: StreamingListener) -> None:
+        """Tell ``listener`` of every batch and checkpoint from now on."""
         self.listeners.append(listener)
 
     def keyed(self, parent: Stream, keys: Sequence[str], *, parallelism: int | None,
@@ -242,6 +243,7 @@ class StreamingContext:
 
     # -- recorded state ------------------------------------------------------------------
     def recorded_schema(self, source: str) -> StructType | None:
+        """The schema recorded for ``source`` (None when none is)."""
         from pyspark.sql.types import StructType
 
         raw = self._schemas.get(source)
@@ -269,6 +271,7 @@ class StreamingContext:
         return self._checkpoint_history.snapshot()
 
     def positions(self) -> dict[str, Any]:
+        """Each source's current position, by source name."""
         return {s.name: s.position() for s in self._sources}
 
     def _metadata(self) -> None:
@@ -672,6 +675,7 @@ class StreamingContext:
 
     @property
     def last_progress(self) -> dict[str, Any] | None:
+        """The progress of the last batch this context completed (None before the first)."""
         return self._progress.last()
 
     def _checkpoint_stats(self, stats: dict[str, Any]) -> None:

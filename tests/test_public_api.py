@@ -59,3 +59,13 @@ def _undocumented() -> list[str]:
 
 def test_every_public_name_and_method_has_a_docstring():
     assert _undocumented() == []
+
+
+@pytest.mark.parametrize("name", ["raw_state", "read_state", "rewrite_state"])
+def test_the_state_processors_old_names_still_work_and_warn(name):
+    import spark_ckpt
+    import spark_ckpt.state
+
+    with pytest.warns(DeprecationWarning, match=rf"spark_ckpt\.state\.{name} is deprecated"):
+        old = getattr(spark_ckpt.state, name)
+    assert old is getattr(spark_ckpt, name)

@@ -16,7 +16,7 @@ TOP_N = 3
 class Dedup(VectorizedProcessor):
     state_schema = "seen BOOLEAN"
 
-    def process_batch(self, batch):  # noqa: ANN001, ANN201
+    def process_batch(self, batch):
         new = ~batch.exists  # keys never seen before
         first_rows = batch.offsets[:-1][new]  # each new key's first row of the batch
         return Result(state=pd.DataFrame({"seen": np.ones(len(batch), dtype=bool)}),
@@ -26,7 +26,7 @@ class Dedup(VectorizedProcessor):
 class DedupPerKey(KeyedProcessor):
     state_schema = "seen BOOLEAN"
 
-    def process(self, key, rows, ctx):  # noqa: ANN001, ANN201
+    def process(self, key, rows, ctx):
         seen = ctx.value("seen")
         if not seen.get():
             seen.update(True)
@@ -38,7 +38,7 @@ class DedupPerKey(KeyedProcessor):
 class TopN(VectorizedProcessor):
     state_schema = "top ARRAY<DOUBLE>"
 
-    def process_batch(self, batch):  # noqa: ANN001, ANN201
+    def process_batch(self, batch):
         old = batch.state["top"]
         counts = np.array([0 if v is None else len(v) for v in old])
         old_values = np.concatenate([np.asarray(v, dtype=float) for v in old if v is not None]
@@ -58,7 +58,7 @@ class TopN(VectorizedProcessor):
 class TopNPerKey(KeyedProcessor):
     state_schema = "top ARRAY<DOUBLE>"
 
-    def process(self, key, rows, ctx):  # noqa: ANN001, ANN201
+    def process(self, key, rows, ctx):
         top = ctx.list("top")
         best = sorted([*top.get(), *rows["value"].tolist()], reverse=True)[:TOP_N]
         top.put(best)
@@ -72,7 +72,7 @@ GAP_MS = 30
 class Sessions(VectorizedProcessor):
     state_schema = "n BIGINT, start_ms BIGINT, last_ms BIGINT"
 
-    def process_batch(self, batch):  # noqa: ANN001, ANN201
+    def process_batch(self, batch):
         import pyarrow as pa
 
         ms = batch.arrow_rows.column("event_time").cast(pa.int64()).to_numpy() // 1000
@@ -85,7 +85,7 @@ class Sessions(VectorizedProcessor):
         return Result(state=pd.DataFrame({"n": n, "start_ms": start, "last_ms": last}),
                       event_timers=last + GAP_MS)  # one timer per key, moved every batch
 
-    def on_timers(self, batch):  # noqa: ANN001, ANN201
+    def on_timers(self, batch):
         st = batch.state
         out = batch.keys.assign(n=st["n"].to_numpy("int64"),
                                 start_ms=st["start_ms"].to_numpy("int64"),
@@ -97,7 +97,7 @@ class Sessions(VectorizedProcessor):
 class SessionsPerKey(KeyedProcessor):
     state_schema = "n BIGINT, start_ms BIGINT, last_ms BIGINT"
 
-    def process(self, key, rows, ctx):  # noqa: ANN001, ANN201
+    def process(self, key, rows, ctx):
         ms = rows["event_time"].astype("datetime64[ms]").astype("int64")  # numpy, UTC
         n, start, last = ctx.value("n"), ctx.value("start_ms"), ctx.value("last_ms")
         if last.get() is not None:
@@ -107,7 +107,7 @@ class SessionsPerKey(KeyedProcessor):
         last.update(max(last.get() or 0, int(ms.max())))
         ctx.timers.register_event_time(last.get() + GAP_MS)
 
-    def on_timer(self, key, timer_ms, ctx):  # noqa: ANN001, ANN201
+    def on_timer(self, key, timer_ms, ctx):
         row = (key[0], ctx.value("n").get(), ctx.value("start_ms").get(),
                ctx.value("last_ms").get())
         ctx.clear()

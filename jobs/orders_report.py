@@ -64,7 +64,7 @@ def daily_revenue(settled: DataFrame) -> DataFrame:
 
 def build_job(job_id: str, input_dir: str, output: str, *, parallelism: int = 8,
               agg_parallelism: int = 4, work_dir: str | None = None,
-              spark=None, settings=None, sinks_only: bool = False,  # noqa: ANN001
+              spark=None, settings=None, sinks_only: bool = False,
               run_key: str | None = None) -> BatchJob:
     """``sinks_only``: ``enriched`` is not durable (it runs inside ``settled``), so the only
     durable points are the two sink vertices."""

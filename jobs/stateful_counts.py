@@ -38,7 +38,7 @@ class Sequencer(KeyedProcessor):
 
     state_schema = "seen BIGINT, last_id BIGINT"
 
-    def process(self, key, rows, ctx):  # noqa: ANN001, ANN201
+    def process(self, key, rows, ctx):
         seen = ctx.value("seen")
         last = ctx.value("last_id")
         n, prev = seen.get() or 0, last.get()
@@ -55,7 +55,7 @@ class VectorizedSequencer(VectorizedProcessor):
 
     state_schema = "seen BIGINT, last_id BIGINT"
 
-    def process_batch(self, batch):  # noqa: ANN001, ANN201
+    def process_batch(self, batch):
         import numpy as np
         import pandas as pd
 
@@ -76,16 +76,16 @@ class VectorizedSequencer(VectorizedProcessor):
 
 
 class Printer(StreamingListener):
-    def on_batch_completed(self, progress):  # noqa: ANN001, ANN201
+    def on_batch_completed(self, progress):
         print(f"PROGRESS batch={progress['batch_id']} recovered={progress['recovered']}",
               flush=True)
 
-    def on_checkpoint(self, stats):  # noqa: ANN001, ANN201
+    def on_checkpoint(self, stats):
         print(f"CHECKPOINT id={stats['checkpoint_id']} status={stats['status']} "
               f"batch={stats['barrier_batch']}", flush=True)
 
 
-def build_pipeline(spark, checkpoint: str, output: str, *, total_rows: int = 12_000,  # noqa: ANN001
+def build_pipeline(spark, checkpoint: str, output: str, *, total_rows: int = 12_000,
                    rows_per_batch: int = 200, keys: int = 10, interval: float = 0.2,
                    settings: Settings | None = None,
                    vectorized: bool = False) -> StreamingContext:

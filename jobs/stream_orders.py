@@ -35,9 +35,9 @@ def enrich(orders: DataFrame, customers: DataFrame) -> DataFrame:
     )
 
 
-def build_pipeline(spark, landing: str, customers_dir: str, output: str, checkpoint: str, *,  # noqa: ANN001
+def build_pipeline(spark, landing: str, customers_dir: str, output: str, checkpoint: str, *,
                    interval: float = 2.0, max_files_per_batch: int | None = 2,
-                   name: str = "stream-orders", settings=None) -> StreamingContext:  # noqa: ANN001
+                   name: str = "stream-orders", settings=None) -> StreamingContext:
     ctx = StreamingContext(spark, interval, checkpoint, name, settings=settings)
     customers = spark.read.parquet(customers_dir).select("customer_id", "region", "segment")
     orders = ctx.file_stream("orders", landing, "json", schema=ORDER_EVENT_SCHEMA,

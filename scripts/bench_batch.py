@@ -32,7 +32,6 @@ too. Figures are appended to the JSON file as each shape finishes.
 
 from __future__ import annotations
 
-from spark_ckpt.storage.delta_reader import read_delta
 import argparse
 import json
 import os
@@ -45,6 +44,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from spark_ckpt.storage.delta_reader import read_delta
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "jobs"))
@@ -94,7 +95,7 @@ def child(mode: str, input_dir: str, output: str, work_dir: str, parallelism: in
     print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0, **info}), flush=True)
 
 
-def _quiet(spark) -> None:  # noqa: ANN001
+def _quiet(spark) -> None:
     """Spark's own log at ERROR (a Spark Connect client has no driver log of its own)."""
     from spark_ckpt.sparkapi import is_connect
 
@@ -140,7 +141,7 @@ def run_child(mode: str, args: argparse.Namespace, output: str, work_dir: str,
     return result
 
 
-def kill_at(args: argparse.Namespace, output: str, work_dir: str, after: float) -> dict:  # noqa: D401
+def kill_at(args: argparse.Namespace, output: str, work_dir: str, after: float) -> dict:
     """Start a spark_ckpt driver and SIGKILL its process group ``after`` s into the job."""
     proc = subprocess.Popen(_cmd("ckpt", args, output, work_dir), env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -187,9 +188,7 @@ def bench_replay(events: int, directory: str) -> dict:
     from spark_ckpt.eventlog.reader import read_table
     from spark_ckpt.eventlog.replay import replay_table
     from spark_ckpt.eventlog.writer import EventLogWriter
-    from spark_ckpt.storage import Storage
-
-    from spark_ckpt.storage import stat_any
+    from spark_ckpt.storage import Storage, stat_any
 
     storage = Storage(directory)
     path = storage.path("events")
@@ -244,6 +243,7 @@ def shape_child(shape: str, mode: str, input_dir: str, output: str, work_dir: st
     import logging
 
     import batch_shapes
+
     from spark_ckpt import BatchJob, Settings, get_or_create_session
 
     logging.basicConfig(level=logging.WARNING)
@@ -367,7 +367,7 @@ def shape_outputs(shape: str, plain_out: str, ckpt_out: str) -> dict:
 LARGE_OUTPUT_ROWS = 2_000_000
 
 
-def _dataset(path: str):  # noqa: ANN202
+def _dataset(path: str):
     import pyarrow.dataset as ds
     from deltalake import DeltaTable
 
@@ -376,7 +376,7 @@ def _dataset(path: str):  # noqa: ANN202
     return ds.dataset(path, format="parquet", partitioning="hive", exclude_invalid_files=True)
 
 
-def _digests(dataset, schema):  # noqa: ANN001, ANN202
+def _digests(dataset, schema):
     import numpy as np
     import pandas as pd
     import pyarrow as pa

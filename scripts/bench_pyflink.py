@@ -65,7 +65,7 @@ def main() -> None:
             self.state = ctx.get_state(ValueStateDescriptor(
                 "running", Types.TUPLE([Types.LONG(), Types.DOUBLE()])))
 
-        def process_element(self, row, ctx):  # noqa: ANN001, ANN201
+        def process_element(self, row, ctx):
             current = self.state.value()
             n, total = (current[0], current[1]) if current is not None else (0, 0.0)
             n += 1
@@ -87,7 +87,7 @@ def main() -> None:
           flush=True)
 
 
-def run_agg(t_env, args: argparse.Namespace) -> None:  # noqa: ANN001
+def run_agg(t_env, args: argparse.Namespace) -> None:
     """What a PyFlink user writes for a keyed count/sum: a SQL GROUP BY (Flink's own operator
     in the JVM; the state in RocksDB). Its update stream is filtered to each key's final row
     (every key has ``rows_per_key`` rows) and printed by the ``print`` connector, which takes

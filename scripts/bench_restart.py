@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 SYSTEMS = ("ckpt-connect", "ss-connect", "ckpt-classic", "ss-classic")
 
 
-def pipeline(df, customers):  # noqa: ANN001, ANN201 - the same DataFrame code for both
+def pipeline(df, customers):  # the same DataFrame code for both
     from pyspark.sql import functions as F
 
     return (df.where(F.col("amount") > 0)
@@ -84,7 +84,7 @@ def child(system: str, work: str, landing: str, customers_path: str) -> None:
             time.sleep(0.02)
 
     class Committed(StreamingListener):
-        def on_batch_completed(self, progress):  # noqa: ANN001, ANN201
+        def on_batch_completed(self, progress):
             if progress["num_input_rows"]:
                 print(f"COMMITTED {progress['batch_id']}", flush=True)
 

@@ -129,7 +129,7 @@ class Running(KeyedProcessor):
 
     state_schema = "s DOUBLE, c BIGINT"
 
-    def process(self, key, rows, ctx):  # noqa: ANN001, ANN201
+    def process(self, key, rows, ctx):
         s = ctx.value("s")
         c = ctx.value("c")
         total = (s.get() or 0.0) + float(rows["value"].sum())
@@ -144,7 +144,7 @@ class RunningVec(VectorizedProcessor):
 
     state_schema = "s DOUBLE, c BIGINT"
 
-    def process_batch(self, batch):  # noqa: ANN001, ANN201
+    def process_batch(self, batch):
         import numpy as np
         import pandas as pd
 
@@ -155,7 +155,7 @@ class RunningVec(VectorizedProcessor):
                       emit=batch.keys.assign(n=n, total=total))
 
 
-def running_with_state(key, pdfs, state):  # noqa: ANN001, ANN201
+def running_with_state(key, pdfs, state):
     """Structured Streaming ``applyInPandasWithState``: the same running count and sum."""
     import pandas as pd
 
@@ -167,15 +167,15 @@ def running_with_state(key, pdfs, state):  # noqa: ANN001, ANN201
     yield pd.DataFrame({"key": [key[0]], "n": [n], "total": [total]})
 
 
-def running_tws_processor():  # noqa: ANN201 - built in the child (imports pyspark there)
+def running_tws_processor():  # built in the child (imports pyspark there)
     import pandas as pd
     from pyspark.sql.streaming import StatefulProcessor
 
     class RunningTWS(StatefulProcessor):
-        def init(self, handle):  # noqa: ANN001, ANN202
+        def init(self, handle):
             self.state = handle.getValueState("s", "n LONG, total DOUBLE")
 
-        def handleInputRows(self, key, rows, timerValues):  # noqa: ANN001, ANN202, N802, N803
+        def handleInputRows(self, key, rows, timerValues):
             n, total = (0, 0.0)
             if self.state.exists():
                 n, total = self.state.get()
@@ -185,14 +185,14 @@ def running_tws_processor():  # noqa: ANN201 - built in the child (imports pyspa
             self.state.update((n, total))
             yield pd.DataFrame({"key": [key[0]], "n": [n], "total": [total]})
 
-        def close(self):  # noqa: ANN202
+        def close(self):
             pass
 
     return RunningTWS()
 
 
 # -- child drivers ---------------------------------------------------------------------------
-def session(name: str):  # noqa: ANN201
+def session(name: str):
     import logging
 
     from spark_ckpt import get_or_create_session
@@ -206,7 +206,7 @@ def session(name: str):  # noqa: ANN201
     return spark
 
 
-def generated(spark, start: int, end: int, keys: int):  # noqa: ANN001, ANN201
+def generated(spark, start: int, end: int, keys: int):
     """The generator source's rows ``[start, end)``."""
     from pyspark.sql import functions as F
 
@@ -259,7 +259,7 @@ def child_generate(args: argparse.Namespace) -> dict:
     return {}
 
 
-def check_output(spark, out_dir: str, expected_dir: str) -> dict:  # noqa: ANN001
+def check_output(spark, out_dir: str, expected_dir: str) -> dict:
     """The newest row per key (largest n) of an update output against the expected totals."""
     from pyspark.sql import functions as F
 
@@ -298,21 +298,21 @@ def check_delta(out_dir: str, expected_dir: str) -> dict:
             "examples": bad.head(3).astype(str).to_dict("records")}
 
 
-def ckpt_settings(interval_ms: int):  # noqa: ANN201
+def ckpt_settings(interval_ms: int):
     from spark_ckpt import Settings
 
     return Settings(progress="never", checkpoint_interval_ms=interval_ms, state_parallelism=2,
                     state_backend="memory")
 
 
-def ss_conf(spark) -> None:  # noqa: ANN001
+def ss_conf(spark) -> None:
     spark.conf.set("spark.sql.streaming.stateStore.providerClass",
                    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
     spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
                    "true")
 
 
-def child_ckpt(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001, C901
+def child_ckpt(args: argparse.Namespace, spark) -> dict:
     from spark_ckpt import StreamingContext
     from spark_ckpt.state.aggregates import count, max_, sum_
 
@@ -375,7 +375,7 @@ def _task_cache(progress: list[dict]) -> dict[str, int]:
     return counts
 
 
-def child_ss(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001
+def child_ss(args: argparse.Namespace, spark) -> dict:
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -400,10 +400,10 @@ def child_ss(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001
         result = stream.groupBy("key").transformWithStateInPandas(
             running_tws_processor(), OUT_SCHEMA, "Update", "None")
 
-    def append(df, batch_id: int) -> None:  # noqa: ANN001
+    def append(df, batch_id: int) -> None:
         df.write.mode("append").parquet(out)
 
-    def merge(df, batch_id: int) -> None:  # noqa: ANN001
+    def merge(df, batch_id: int) -> None:
         """What a careful user writes: the batch's rows to Arrow, a delta-rs merge by key, the
         batch id as the table's app transaction (a replayed batch is not merged twice)."""
         from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -468,14 +468,14 @@ def code_version() -> str:
     return f"{head}+{digest.hexdigest()[:12]}"
 
 
-def child_floor(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001
+def child_floor(args: argparse.Namespace, spark) -> dict:
     """What one Spark job with a Python task costs on this machine now: per input file, the
     smallest job a stateful batch could be (one stage: read, pre-aggregate by key, one
     ``mapInArrow`` task that passes the partials through, collect), with no state at all."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 
-    def passthrough(batches):  # noqa: ANN001, ANN202
+    def passthrough(batches):
         n = 0
         for b in batches:
             n += b.num_rows
@@ -492,11 +492,11 @@ def child_floor(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001
     return {"batches": len(files), "batch_ms": batch_ms}
 
 
-def child_cold_floor(args: argparse.Namespace, spark) -> dict:  # noqa: ANN001
+def child_cold_floor(args: argparse.Namespace, spark) -> dict:
     """The least a restarted driver does before its first output, in a fresh process: one
     Spark job with a Python task over one input file, writing one Parquet file (no state, no
     checkpoint). The parent times it from the process's start to the file."""
-    def passthrough(batches):  # noqa: ANN001, ANN202
+    def passthrough(batches):
         yield from batches
 
     first = sorted(str(p) for p in Path(args.input).glob("*.parquet"))[0]
@@ -1118,7 +1118,7 @@ class Bench:
                         checkpoint_ms=self.sizes["restart_checkpoint_ms"], batch_interval=0.5)
 
         def start(log: str) -> tuple[subprocess.Popen, Any]:
-            fh = open(work / log, "w")  # noqa: SIM115 - closed below
+            fh = open(work / log, "w")  # closed below
             return subprocess.Popen(cmd, env=child_env(), stdout=fh, stderr=subprocess.STDOUT,
                                     cwd=ROOT, start_new_session=True), fh
 

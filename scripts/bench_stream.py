@@ -37,7 +37,7 @@ TINY_BATCHES = 12
 WARMUP = 2
 
 
-def pipeline(df, customers):  # noqa: ANN001, ANN201 - the same DataFrame code for both
+def pipeline(df, customers):  # the same DataFrame code for both
     from pyspark.sql import functions as F
 
     return (df.where(F.col("amount") > 0)

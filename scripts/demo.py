@@ -24,7 +24,6 @@ Streaming:
 
 from __future__ import annotations
 
-from spark_ckpt.storage.delta_reader import read_delta
 import argparse
 import os
 import shutil
@@ -33,6 +32,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from spark_ckpt.storage.delta_reader import read_delta
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "jobs"))
@@ -73,7 +74,7 @@ def durable_partitions(work: Path) -> int:
         return 0
     try:
         frame = read_delta(str(events), columns=["event_type"]).to_pandas()
-    except Exception:  # a commit being written right now
+    except Exception:  # noqa: BLE001 - a commit being written right now
         return 0
     return int((frame.event_type == "ExecutionVertexFinished").sum())
 

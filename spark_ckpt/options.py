@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from spark_ckpt.errors import ConfigurationError, InternalError
 
@@ -520,6 +520,12 @@ def defaults_from_options(prefix: str = "", *, every: bool = False) -> Callable[
     return apply
 
 
+class _RuntimeConf(Protocol):
+    """A SparkSession's ``spark.conf`` (classic or Connect): read one key."""
+
+    def get(self, key: str, default: Any = ..., /) -> Any: ...
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 @defaults_from_options(every=True)
 class Settings:
@@ -575,8 +581,8 @@ class Settings:
     progress: str = FROM_OPTIONS
 
     @classmethod
-    def from_conf(cls, conf: Mapping[str, Any] | Callable[[str], Any] | None = None,
-                  **overrides: Any) -> Settings:
+    def from_conf(cls, conf: Mapping[str, Any] | Callable[[str], Any] | _RuntimeConf | None
+                  = None, **overrides: Any) -> Settings:
         """Read every declared key from ``conf`` and apply keyword ``overrides``.
 
         Args:
@@ -609,7 +615,7 @@ class Settings:
                 getter = every.get  # one round trip to the server, not one per option
             else:
                 def getter(key: str) -> Any:
-                    return runtime.get(key, None)  # type: ignore[union-attr]
+                    return runtime.get(key, None)
         else:
             getter = conf
         for option in OPTIONS:

@@ -22,7 +22,7 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 from helpers import CDS_ENV, make_class_archive, test_java_options  # noqa: E402 - after the path
 
 
-def pytest_sessionstart(session):  # noqa: ANN001, ARG001
+def pytest_sessionstart(session):
     """One archive of Spark's classes for every JVM of the run (helpers.test_java_options);
     a child pytest (tests/test_connect.py) inherits it through the environment."""
     if os.environ.get(CDS_ENV):

@@ -111,7 +111,7 @@ class GatedSequencer(KeyedProcessor):
             if callback == where and seen >= after:
                 gate(self.gate_dir, name)
 
-    def process(self, key, rows, ctx):  # noqa: ANN001, ANN201
+    def process(self, key, rows, ctx):
         seen = ctx.value("seen")
         last = ctx.value("last_id")
         n, prev = seen.get() or 0, last.get()
@@ -125,6 +125,6 @@ class GatedSequencer(KeyedProcessor):
         seen.update(n)
         last.update(prev)
 
-    def on_timer(self, key, timer_ms, ctx):  # noqa: ANN001, ANN201
+    def on_timer(self, key, timer_ms, ctx):
         self._gates("on_timer", ctx.value("seen").get() or 0)
         return None

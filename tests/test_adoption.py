@@ -105,7 +105,7 @@ def _await_with(monkeypatch, streams, statuses=(), clock=None):
     streams, statuses = list(streams), list(statuses)
 
     class Stub:
-        def ReattachExecute(self, request, metadata=None, timeout=None):  # noqa: N802
+        def ReattachExecute(self, request, metadata=None, timeout=None):
             assert request.operation_id == "op-1" and request.session_id == "old-session"
             assert timeout is not None and timeout > 0
             calls["reattach"] += 1

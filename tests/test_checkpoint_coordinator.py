@@ -56,7 +56,7 @@ def task_acks(batch: int, files: list[str], token: str) -> list[TaskAck]:
 class Harness:
     """A coordinator with one source and one two-task operator, acknowledged by hand."""
 
-    def __init__(self, tmp_path, *, fence=None, pre_commit=None, **config) -> None:  # noqa: ANN001
+    def __init__(self, tmp_path, *, fence=None, pre_commit=None, **config) -> None:
         self.clock = ManualClock()
         self.storage = CheckpointStorage(str(tmp_path / "checkpoints"))
         self.listener = Recorder()
@@ -298,7 +298,7 @@ class BoundaryHarness(Harness):
     """The coordinator as the JobScheduler drives it: boundaries published after batches, one
     two-phase sink pre-committed by the coordinator itself."""
 
-    def __init__(self, tmp_path, *, decline: bool = False, **config) -> None:  # noqa: ANN001
+    def __init__(self, tmp_path, *, decline: bool = False, **config) -> None:
         self.pre_commits: list[tuple[int, int]] = []
         self.decline = decline
         super().__init__(tmp_path, pre_commit=lambda cid, batch: self.pre_commit(cid, batch),

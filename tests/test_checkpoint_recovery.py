@@ -51,7 +51,7 @@ def run(tmp_path, total: int, fault: str | None = None,
 
 
 def assert_exactly_once(spark, tmp_path, total: int) -> None:
-    TOTAL = total  # noqa: N806
+    TOTAL = total
     events = read_delta(str(tmp_path / "out" / "events")).to_pandas()
     assert len(events) == TOTAL, f"{len(events)} events for {TOTAL} ids"
     assert sorted(events.id) == list(range(TOTAL)), "an id is missing or shows twice"

@@ -158,7 +158,7 @@ def test_the_same_commands_on_the_good_directories_answer(dirs, tmp_path, comman
     assert result.exit_code == 0, result.output
 
 
-@pytest.mark.parametrize(("record", "damage", "found"), [
+@pytest.mark.parametrize("record,damage,found", [
     ("metadata.json", b"{not json", "expected a JSON pipeline-metadata record, found "
                                     "unparseable data"),
     ("runs/00000001.json", b'{"kind": "pipeline-run", "format_version": 1, "pipeline": '

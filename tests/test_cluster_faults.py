@@ -236,7 +236,7 @@ def _finished_events(work: Path) -> pd.DataFrame:
     return events[events["event_type"] == "ExecutionVertexFinished"]
 
 
-def _check_batch(run: dict, plain: dict[str, pd.DataFrame], spark) -> None:  # noqa: ANN001
+def _check_batch(run: dict, plain: dict[str, pd.DataFrame], spark) -> None:
     where, output = run["where"], run["output"]
     result = run["result"]  # Spark retried the task within the run: one driver attempt
     assert result["status"] == "succeeded" and result["attempt"] == 1, result
@@ -352,7 +352,7 @@ print("RESULT " + json.dumps({{"batches": len(progress),
 """
 
 
-def _plain_stream(spark) -> dict[str, pd.DataFrame]:  # noqa: ANN001
+def _plain_stream(spark) -> dict[str, pd.DataFrame]:
     """What the pipeline must produce, by plain Spark: the generator's rows are a pure function
     of id (key = id % keys, value from xxhash64(id, seed 42)), numbered per key in id order."""
     from pyspark.sql import functions as F

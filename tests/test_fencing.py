@@ -81,8 +81,8 @@ def test_two_drivers_that_both_got_run_one_as_on_an_object_store_the_older_is_fe
         # what a lost race on an object store looks like: the same run number, "created"
         monkeypatch.setattr(second, "_runs", lambda: [])
         monkeypatch.setattr(second.storage, "create_exclusive", lambda path, data: True)
-        second._metadata()  # noqa: SLF001
-        assert second._claim_run() == 1  # noqa: SLF001 - the same number as the first
+        second._metadata()
+        assert second._claim_run() == 1  # the same number as the first
         with pytest.raises(JobFencedError, match="newer driver"):
             first.await_termination(timeout=60)
     finally:

@@ -149,7 +149,7 @@ def test_function_identity_ignores_module_but_sees_the_body():
     f.__module__ = "__main__"
     assert _function_identity(f) == same
 
-    def f(df):  # noqa: F811 - same name, other body
+    def f(df):  # same name, other body
         return df.where("x > 2")
 
     assert _function_identity(f) != same

@@ -549,7 +549,7 @@ def test_a_pipeline_checkpointed_before_its_first_batch_restarts(spark, tmp_path
     landing = tmp_path / "landing"
     landing.mkdir()
 
-    def build():  # noqa: ANN202
+    def build():
         ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "empty",
                                settings=settings())
         rows = ctx.file_stream("rows", str(landing), "json", schema="key BIGINT, value DOUBLE")

@@ -88,7 +88,7 @@ def test_parquet_two_phase_commit_moves_each_file_to_its_name(stores, kind, reco
     store = sink.store
     pieces = []
     for batch in (0, 1):
-        directory = sink._staging_dir(batch)  # noqa: SLF001
+        directory = sink._staging_dir(batch)
         store.makedirs(directory)
         name = f"part-0000{batch}-abc.c000.snappy.parquet"
         with store.fs.open_output_stream(join(directory, name)) as out:

@@ -51,7 +51,7 @@ def test_lifecycle_moves_only_along_its_table():
     with pytest.raises(JobDefinitionError, match="a context starts once"):
         life.begin_start()
     with pytest.raises(IllegalStateTransition, match="STOPPED -> RUNNING"):
-        life._set(PipelineState.RUNNING)  # noqa: SLF001
+        life._set(PipelineState.RUNNING)
 
 
 def test_stop_before_start_stops_and_a_failed_start_cannot_start_again():
@@ -454,12 +454,12 @@ def test_a_stop_while_start_is_restoring_stops_the_pipeline_once_it_is_up(spark,
     assert restoring.wait(60)
     stopper = threading.Thread(target=ctx.stop, kwargs={"timeout": 60})
     stopper.start()
-    assert wait_for(lambda: ctx._lifecycle._stop_requested, 60, 0.02)  # noqa: SLF001
+    assert wait_for(lambda: ctx._lifecycle._stop_requested, 60, 0.02)
     release.set()
     starter.join(60)
     stopper.join(60)
     assert ctx.await_termination(0)  # stopped on request, no error
-    assert ctx._lifecycle.state is PipelineState.STOPPED  # noqa: SLF001
+    assert ctx._lifecycle.state is PipelineState.STOPPED
     ctx.loop.thread.join(10)  # it sets the termination as its last act
     assert not ctx.loop.thread.is_alive() and not ctx.scheduler.thread.is_alive()
 

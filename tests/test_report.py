@@ -92,7 +92,7 @@ def test_job_report_shows_its_attempts_and_cuts(spark, tmp_path, orders_input, m
 
     # attempt 1 fails (its storage fails) after two vertices; attempt 2 reuses them
     monkeypatch.setenv("SPARK_CKPT_FAULT", "vertex.finished:2:fail")
-    with pytest.raises(Exception):  # noqa: B017 - the injected storage failure
+    with pytest.raises(OSError, match="injected storage failure"):
         job().run()
     monkeypatch.delenv("SPARK_CKPT_FAULT")
     job().run()

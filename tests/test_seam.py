@@ -168,7 +168,7 @@ def test_classic_plan_as_plain_data(spark):
     assert "Exchange" in api.executed_plan(spark.range(10).repartition(3))
 
 
-def _sleep_per_batch(batches):  # noqa: ANN001, ANN202 - a mapInArrow function
+def _sleep_per_batch(batches):  # a mapInArrow function
     import time
 
     for batch in batches:

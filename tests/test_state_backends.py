@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute
+import pyarrow.compute  # pa.compute
 import pytest
 
 from spark_ckpt.errors import StateTooLargeError

@@ -359,11 +359,11 @@ I8, I16, I32, I64 = pa.int8(), pa.int16(), pa.int32(), pa.int64()
 F32, F64, S = pa.float32(), pa.float64(), pa.string()
 
 
-def D(p, s):  # noqa: N802 - DECIMAL(p, s)
+def D(p, s):  # DECIMAL(p, s)
     return pa.decimal128(p, s)
 
 
-def ST(**fields):  # noqa: N802 - STRUCT<...>
+def ST(**fields):  # STRUCT<...>
     return pa.struct(list(fields.items()))
 
 

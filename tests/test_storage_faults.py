@@ -95,7 +95,7 @@ def test_the_fault_file_system_does_what_its_rules_say(tmp_path, monkeypatch):
     assert failed.value.errno == errno.EIO
     store.write_atomic(store.path("a/3"), b"three")
     assert sorted(os.listdir(tmp_path / "a")) == ["1", "3"]  # nothing published by the failure
-    with pytest.raises(OSError) as full:
+    with pytest.raises(OSError, match="no space left") as full:
         store.create_exclusive(store.path("c/x"), b"xxxx")
     assert full.value.errno == errno.ENOSPC and os.listdir(tmp_path / "c") == []
     assert store.create_exclusive(store.path("c/x"), b"xxxx")  # the disk has room again
@@ -104,10 +104,10 @@ def test_the_fault_file_system_does_what_its_rules_say(tmp_path, monkeypatch):
     assert store.read_bytes(store.path("r.json")) == b"abcdefgh"
     store.write_atomic(store.path("m/1"), b"1")
     store.move(store.path("m/1"), store.path("m/2"))
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="injected I/O error"):
         store.fs.move(store.path("m/2"), store.path("m/3"))  # direct fs calls meet the rules
     store.write_atomic(store.path("d/f"), b"1")
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="injected I/O error"):
         store.fs.delete_file(store.path("d/f"))
     monkeypatch.delenv(faultfs.ENV)
     assert Storage(str(tmp_path)).fs.type_name == "local"  # unset: pyarrow's own, unwrapped
@@ -153,7 +153,7 @@ def test_a_receiver_block_that_cannot_be_written_is_not_acknowledged_nor_half_ke
         {"op": "write", "path": "*/receivedData/q/*", "nth": "2", "action": action}))
     source = bound(QueueSource("q", "id BIGINT"), tmp_path)
     source.push([(i,) for i in range(0, 5)])
-    with pytest.raises(OSError) as failed:
+    with pytest.raises(OSError, match="injected") as failed:
         source.push([(i,) for i in range(5, 10)])
     assert failed.value.errno == (errno.EIO if action == "fail" else errno.ENOSPC)
     source.push([(i,) for i in range(10, 15)])
@@ -192,7 +192,7 @@ def test_stream_storage_failure_stops_clearly_and_a_restart_is_exactly_once(
     rule = {"action": "fail", **STREAM_FAULTS[fault]}
     monkeypatch.setenv(faultfs.ENV, rules(rule))
     ctx = pipeline(spark, stream_input, tmp_path)
-    with pytest.raises(Exception) as stopped:  # noqa: B017 - which error is checked below
+    with pytest.raises(Exception) as stopped:  # noqa: PT011 - which error is checked below
         ctx.process_available(timeout=300)
     text = "".join(str(e) for e in _chain(stopped.value))
     assert "injected" in text, text  # the storage error itself is reported, not lost
@@ -222,7 +222,7 @@ def test_a_commit_record_that_cannot_be_read_on_restart_stops_before_any_batch_r
     version = DeltaTable(str(tmp_path / "out" / "enriched")).version()
     monkeypatch.setenv(faultfs.ENV, rules(
         {"op": "read", "path": "*/ckpt/commits/*", "action": "fail"}))
-    with pytest.raises(Exception) as stopped:  # noqa: B017
+    with pytest.raises(Exception) as stopped:  # noqa: PT011 - its chain is checked below
         pipeline(spark, stream_input, tmp_path).process_available(timeout=300)
     assert "injected" in "".join(str(e) for e in _chain(stopped.value))
     assert sorted(os.listdir(tmp_path / "ckpt" / "allocations")) == allocations  # nothing ran
@@ -273,7 +273,7 @@ def tear_at(monkeypatch, spark, stream_input, tmp_path, pattern: str, nth: int) 
     ``pattern`` fails (the pipeline stops there), then half its record is put in its place."""
     monkeypatch.setenv(faultfs.ENV, rules(
         {"op": "create", "path": pattern, "nth": str(nth), "action": "fail"}))
-    with pytest.raises(Exception) as stopped:  # noqa: B017
+    with pytest.raises(Exception) as stopped:  # noqa: PT011 - its chain is read below
         pipeline(spark, stream_input, tmp_path).process_available(timeout=300)
     monkeypatch.delenv(faultfs.ENV)
     path = Path(re.search(r"injected I/O error \(\S+: create (\S+)\)",
@@ -386,14 +386,14 @@ def test_batch_storage_failure_then_resubmit_commits_exactly_once(
         spark, orders_input, expected_daily, tmp_path, monkeypatch, fault):
     import orders_report
 
-    def run():  # noqa: ANN202
+    def run():
         job = orders_report.build_job("orders", orders_input, str(tmp_path / "out"),
                                       parallelism=4, agg_parallelism=2,
                                       work_dir=str(tmp_path / "work"), spark=spark)
         return job.run()
 
     monkeypatch.setenv(faultfs.ENV, rules({"action": "fail", **BATCH_FAULTS[fault]}))
-    with pytest.raises(Exception) as failed:  # noqa: B017
+    with pytest.raises(Exception) as failed:  # noqa: PT011 - its chain is checked below
         run()
     assert "injected" in "".join(str(e) for e in _chain(failed.value))
     monkeypatch.delenv(faultfs.ENV)

@@ -337,7 +337,7 @@ def test_second_driver_starting_mid_batch_fences_the_first(spark, orders_input, 
 
 
 # -- 3. a stale driver wakes after a long pause ---------------------------------------------------
-@pytest.mark.parametrize(("pipeline", "point"), [
+@pytest.mark.parametrize("pipeline,point", [
     pytest.param("orders", "stream.batch.allocated:2", marks=LONG),  # batch 1 recorded, not run
     pytest.param("orders", "stream.batch.staged:2", marks=LONG),  # staged, none committed
     ("orders", "stream.output.committed:3"),  # batch 1: Delta committed, Parquet not

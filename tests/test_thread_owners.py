@@ -53,7 +53,7 @@ def test_neither_the_scheduler_nor_any_template_node_holds_the_streaming_context
     assert [f for n in nodes for f in _holds_context(n)] == []
     # and the operator's runtime state is not on the node: it is the scheduler's
     assert not {"live", "metrics", "evolution", "live_files"} & set(vars(agg))
-    assert isinstance(ctx.scheduler._operators, OperatorStates)  # noqa: SLF001
+    assert isinstance(ctx.scheduler._operators, OperatorStates)
 
 
 def test_the_scheduler_and_the_template_name_no_context_in_their_source():

@@ -456,13 +456,14 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                 # that reduce the input to cutMaxRatio are a cut
                 if ratio <= max_ratio:
                     bucketed = exchanges is not None and exchanges()
-                    pid = _insert_partial(graph, vertex, consumer_id, plan, (split, partial),
-                                          bucketed)
-                    assert pid is not None
-                    plan.cuts[pid].ratio, plan.cuts[pid].est_bytes = ratio, est
-                    plan.cuts[pid].reason += f" ({ratio:.2%} of the input on a sample split)"
+                    inserted = _insert_partial(graph, vertex, consumer_id, plan,
+                                               (split, partial), bucketed)
+                    assert inserted is not None
+                    plan.cuts[inserted].ratio, plan.cuts[inserted].est_bytes = ratio, est
+                    plan.cuts[inserted].reason += \
+                        f" ({ratio:.2%} of the input on a sample split)"
                     return Cut(vid, False, f"{consumer_id} aggregates it, so its map-side "
-                               f"partial aggregates ({pid}) are the cut, not these rows",
+                               f"partial aggregates ({inserted}) are the cut, not these rows",
                                ratio=ratio, partial=True, source=vertex.is_source)
                 why = (f"they are {ratio:.1%} of the input on a sample split (more than "
                        f"{max_ratio:.0%}: writing them would cost more than a re-run saves)")

@@ -154,7 +154,7 @@ class FileWatcher:
         while not stop.wait(interval):
             try:
                 self.record_visible()
-            except Exception as exc:  # e.g. fenced: the write thread reports it too
+            except Exception as exc:  # noqa: BLE001 - e.g. fenced: the write thread reports it too
                 log.error("Job %s: recording finished partitions of %s failed: %s",
                           self.job.run_id, self.vertex.id, exc)
                 return

@@ -57,6 +57,7 @@ class VertexRef:
 
     @property
     def parallelism(self) -> int:
+        """How many partitions the vertex runs."""
         return self.job.graph.vertices[self.id].parallelism
 
     def by(self, *columns: str) -> Input:
@@ -252,7 +253,7 @@ class BatchJob:
         self.graph.vertices[vertex.id].sinks.append(spec)
 
     # -- running ---------------------------------------------------------------------------
-    def _runner(self):  # noqa: ANN202
+    def _runner(self):
         from spark_ckpt.session import get_or_create_session
 
         spark = self._spark or get_or_create_session(f"spark_ckpt:{self.run_id}")

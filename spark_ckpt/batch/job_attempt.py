@@ -27,7 +27,9 @@ class Attempt(Protocol):
 
     run_id: str
     attempt: int
-    owner_tag: str  # tags every Spark operation of the attempt (Spark Connect)
+    @property
+    def owner_tag(self) -> str:
+        """Tags every Spark operation of the attempt (Spark Connect)."""
     graph: JobGraph
     spark: SparkSession
     settings: Settings

@@ -69,6 +69,9 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class VertexSummary:
+    """One vertex in a :class:`JobResult`: its partitions, how many this attempt reused from
+    earlier attempts and how many it ran."""
+
     partitions: int
     reused: int
     ran: int
@@ -100,14 +103,17 @@ class JobResult:
 
     @property
     def ran(self) -> int:
+        """Partitions this attempt computed, over all vertices."""
         return sum(v.ran for v in self.vertices.values())
 
     @property
     def reused(self) -> int:
+        """Partitions this attempt took from earlier attempts' output, over all vertices."""
         return sum(v.reused for v in self.vertices.values())
 
     @property
     def adopted(self) -> int:
+        """Partitions a killed Spark Connect client's writes finished on the server."""
         return sum(v.adopted for v in self.vertices.values())
 
 
@@ -386,7 +392,7 @@ class JobRunner:
                 self._emit(Event(EventType.JOB_ATTEMPT_FINISHED,
                                  {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}))
                 self.writer.close()
-            except Exception as close_exc:  # the log may be what failed
+            except Exception as close_exc:  # noqa: BLE001 - the log may be what failed
                 log.warning("Job %s attempt %d: could not log the failure: %s",
                             self.run_id, self.attempt, close_exc)
         log.error("Job %s attempt %d failed: %s", self.run_id, self.attempt, exc)
@@ -682,7 +688,7 @@ class JobRunner:
             try:
                 df = runner.arranged(vertex, list(range(vertex.parallelism)))
                 cut.exchanges = exchanges(df)
-            except Exception as exc:  # a definition error shows where run() would fail
+            except Exception as exc:  # noqa: BLE001 - shows where run() would fail
                 cut.exchanges = [f"(cannot plan: {exc})"]
         runner.tables.drop_all()
         plan.order = list(self.graph.ids())

@@ -45,11 +45,12 @@ class CheckpointStorage:
         # the checkpoint directory: recorded state file paths are relative to it
         self.base = self.store.spark_path(self.root.rsplit("/", 1)[0] or "/")
 
-    def _dir(self, checkpoint_id: int) -> str:
+    def directory(self, checkpoint_id: int) -> str:
+        """The directory of checkpoint ``checkpoint_id`` (it holds its ``_metadata.json``)."""
         return join(self.root, f"chk-{checkpoint_id:08d}")
 
     def metadata_path(self, checkpoint_id: int) -> str:
-        return join(self._dir(checkpoint_id), "_metadata.json")
+        return join(self.directory(checkpoint_id), "_metadata.json")
 
     def write_metadata(self, checkpoint_id: int, body: dict[str, Any]) -> int:
         """Write a completed checkpoint's metadata atomically; return its size in bytes."""
@@ -133,7 +134,7 @@ class CheckpointStorage:
             self.store.move(path, path.replace("_metadata.json", "_metadata.abandoned.json"))
 
     def discard(self, checkpoint_id: int) -> None:
-        self.store.delete_dir(self._dir(checkpoint_id))
+        self.store.delete_dir(self.directory(checkpoint_id))
 
     def write_stats(self, checkpoint_id: int, stats: dict[str, Any]) -> None:
         try:

@@ -26,7 +26,7 @@ class CompletedCheckpoint:
 
     def state_files(self) -> list[str]:
         """Every state file this checkpoint references, by absolute path (as read)."""
-        files = []
+        files: list[str] = []
         for op in self.metadata.get("operators", {}).values():
             for handle in op.get("handles", {}).values():
                 files.extend(f["path"] for f in handle.get("files", []))
@@ -81,7 +81,7 @@ class CompletedCheckpointStore:
             subsumed.append(old)
             try:
                 self.discard(old, unreferenced)
-            except Exception as exc:  # a failed cleanup never fails the pipeline
+            except Exception as exc:  # noqa: BLE001 - a failed cleanup never fails the pipeline
                 log.warning("Discarding checkpoint %d failed: %s", old.checkpoint_id, exc)
         return subsumed
 

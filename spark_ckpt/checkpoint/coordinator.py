@@ -225,7 +225,7 @@ class CheckpointCoordinator:
                 if event is not None:
                     self._handle(event)
                 self._tick()
-            except BaseException as exc:  # noqa: BLE001 - the pipeline must learn of it
+            except BaseException as exc:  # the pipeline must learn of it
                 log.exception("Checkpoint coordinator of pipeline %s failed", self.pipeline)
                 for future in self._forced:
                     future.set_exception(exc)
@@ -243,9 +243,9 @@ class CheckpointCoordinator:
         kind = event[0]
         if kind == "boundary":
             self._boundary = event[1]
-            for pending in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
-                if pending.waiting is None:  # triggered before the first boundary
-                    self._place(pending, event[1])
+            for early in sorted(self.pending.values(), key=lambda p: p.checkpoint_id):
+                if early.waiting is None:  # triggered before the first boundary
+                    self._place(early, event[1])
         elif kind == "barrier":
             _, cid, batch, tasks = event
             pending = self.pending.get(cid)

@@ -11,6 +11,9 @@ __all__ = ["CheckpointListener"]
 
 
 class CheckpointListener:
+    """Told when a checkpoint completes or is aborted (Flink's CheckpointListener); both
+    methods do nothing by default."""
+
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` (and so every earlier one) is complete."""
 

@@ -75,7 +75,7 @@ def _load_newest(storage: Storage, path: str, problems: list[str], repair: bool,
     uri = storage.spark_path(path)
     try:
         return DeltaTable(uri)
-    except Exception as exc:  # delta-rs raises several types; which one says little
+    except Exception as exc:  # noqa: BLE001 - delta-rs raises several types; which one says little
         first_error = exc
     versions = _commit_versions(storage, path)
     torn = []

@@ -130,7 +130,7 @@ class EventLogWriter:
             self._wake.clear()
             try:
                 self._flush_once()
-            except BaseException as exc:  # kept and re-raised on the driver's next call
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the driver's next call
                 self._error = exc
                 log.error("Job %s attempt %d: event log flush failed: %s",
                           self.job_id, self.job_attempt, exc)

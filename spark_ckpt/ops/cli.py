@@ -108,7 +108,7 @@ def main() -> None:
     """Inspect spark_ckpt jobs and their event logs."""
 
 
-def _load(work_dir: str | None, job_id: str):  # noqa: ANN202
+def _load(work_dir: str | None, job_id: str):
     """JOB_ID's events, or a refusal (no event log, a work directory that is none, a log that
     does not load)."""
     return open_job(work_dir or _default_work_dir(), job_id)
@@ -323,7 +323,7 @@ def checkpoints() -> None:
     """A streaming pipeline's checkpoints (CKPT_DIR: its checkpoint directory)."""
 
 
-def _checkpoint_storage(checkpoint_dir: str, storage_dir: str | None):  # noqa: ANN202
+def _checkpoint_storage(checkpoint_dir: str, storage_dir: str | None):
     """The checkpoints of the pipeline on CHECKPOINT_DIR, once it is opened (or refused)."""
     from spark_ckpt.checkpoint.checkpoint_storage import CheckpointStorage
     from spark_ckpt.streaming.runtime.pipeline_dir import open_pipeline_dir

@@ -353,7 +353,7 @@ def cleanup_candidates(checkpoint_dir: str, *, checkpoint_storage: str | None = 
     if abandoned:
         for cid, status in dirs.items():
             if status == "abandoned":
-                directories.append((checkpoints._dir(cid),
+                directories.append((checkpoints.directory(cid),
                                     "abandoned checkpoint (a restore by id chose an older one)"))
     return Cleanup(files, directories, newest, kept, checkpoints.uri)
 

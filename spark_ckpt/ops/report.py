@@ -18,6 +18,7 @@ import html
 import io
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from spark_ckpt.clock import Clock, SystemClock
@@ -79,7 +80,7 @@ def _figure(width: float = 7.0, height: float = 2.6) -> tuple[Any, Any]:
 
 
 def _line_chart(series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str,
-                marks: list[tuple[float, str]] = (), bad: tuple[list[float], list[float]]
+                marks: Sequence[tuple[float, str]] = (), bad: tuple[list[float], list[float]]
                 | None = None) -> str:
     fig, ax = _figure()
     for i, (name, (xs, ys)) in enumerate(series.items()):

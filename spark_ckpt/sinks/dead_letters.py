@@ -79,8 +79,9 @@ class DeadLetters:
         if not DeltaTable.is_deltatable(self.uri):
             return False
         rows = DeltaTable(self.uri).to_pyarrow_dataset()
-        return rows.count_rows(filter=(ds.field("source") == source)
-                               & (ds.field("batch_id") == batch_id)) > 0
+        found: int = rows.count_rows(filter=(ds.field("source") == source)
+                                     & (ds.field("batch_id") == batch_id))
+        return found > 0
 
     def write(self, batch_id: int, source: str, rows: DataFrame) -> None:
         from pyspark.sql import functions as F

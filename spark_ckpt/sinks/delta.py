@@ -21,6 +21,8 @@ from spark_ckpt.sinks.stats import file_stats
 from spark_ckpt.storage import Storage, join
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from pyspark.sql.types import StructType
 
 __all__ = ["DeltaSink"]
@@ -179,7 +181,7 @@ class DeltaSink(Sink):
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        def batches():  # noqa: ANN202
+        def batches() -> Iterator[pa.RecordBatch]:
             for f in files:
                 store = Storage(f.path)
                 data = pq.read_table(store.root, filesystem=store.fs)
@@ -219,7 +221,8 @@ def _partition_text(value: Any) -> str | None:
     if value is None:
         return None
     if hasattr(value, "isoformat"):
-        return value.isoformat(sep=" ") if hasattr(value, "hour") else value.isoformat()
+        text: str = value.isoformat(sep=" ") if hasattr(value, "hour") else value.isoformat()
+        return text
     return str(value)
 
 

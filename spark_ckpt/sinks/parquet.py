@@ -45,7 +45,7 @@ class ParquetSink(Sink):
     def _finish_half_done(self) -> None:
         """Complete any commit of this job that a crash left half done, before a new one."""
         for version in self.versions():
-            marker = self._read_marker(version)
+            marker = self.read_marker(version)
             if marker is not None and marker["status"] == "committing":
                 log.warning("Parquet sink %s: finishing commit v%d of job %s, begun before",
                             self.spec.name, version, self.job_id)
@@ -61,7 +61,7 @@ class ParquetSink(Sink):
             if moved is None:
                 moved = {}
                 for version in self.versions():
-                    marker = self._read_marker(version)
+                    marker = self.read_marker(version)
                     if marker is not None:
                         moved.update({src: dst for src, dst, _ in marker["moves"]})
             dst = moved.get(self.store.fs_path(path))
@@ -92,7 +92,9 @@ class ParquetSink(Sink):
             gone += 1
         return gone
 
-    def _read_marker(self, version: int) -> dict[str, Any] | None:
+    def read_marker(self, version: int) -> dict[str, Any] | None:
+        """The commit marker of ``version`` (None when there is none); a torn one stops
+        the commit with a RecordError naming the file."""
         path = self._marker(version)
         if not self.store.exists(path):
             return None
@@ -112,11 +114,11 @@ class ParquetSink(Sink):
             ) from exc
 
     def is_committed(self, version: int) -> bool:
-        marker = self._read_marker(version)
+        marker = self.read_marker(version)
         return marker is not None and marker["status"] == "committed"
 
     def commit(self, files: list[OutputFile], version: int) -> dict[str, Any]:
-        existing = self._read_marker(version)
+        existing = self.read_marker(version)
         if existing is None:
             check_files(self.spec.name, files)  # before the marker: a refused commit leaves none
             moves = []
@@ -130,7 +132,7 @@ class ParquetSink(Sink):
             if self.store.create_exclusive(self._marker(version),
                                            dump_record("parquet-sink-commit", 1, body)):
                 return self._move(version, body)
-            existing = self._read_marker(version)
+            existing = self.read_marker(version)
             if existing is None:
                 raise CommitError(
                     f"Parquet sink {self.spec.name}: commit marker v{version} existed when "

@@ -126,7 +126,8 @@ class _FileSink(BatchSink):
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": self.path, "partition_by": list(self.partition_by)}
 
-    def _check_columns(self, df: DataFrame) -> None:
+    def check_columns(self, df: DataFrame) -> None:
+        """Refuse a stream that lacks a ``partition_by`` column."""
         missing = [c for c in self.partition_by if c not in df.columns]
         if missing:
             raise JobDefinitionError(
@@ -140,7 +141,8 @@ class _FileSink(BatchSink):
         it would still run a job and leave an empty file."""
         return frame_api(df).provably_empty(df)
 
-    def _write(self, df: DataFrame, directory: str) -> None:
+    def write_parquet(self, df: DataFrame, directory: str) -> None:
+        """Write the batch as Parquet files into ``directory`` (replacing what is there)."""
         writer = df.write.mode("overwrite")
         if self.partition_by:
             writer = writer.partitionBy(*self.partition_by)
@@ -163,7 +165,7 @@ class DeltaBatchSink(_FileSink):
         return self._delta
 
     def prepare(self, df: DataFrame) -> None:
-        self._check_columns(df)
+        self.check_columns(df)
         schema = df.schema.json()
         if self._prepared != schema:
             self._sink().prepare(df.schema)
@@ -191,7 +193,7 @@ class DeltaBatchSink(_FileSink):
                          f"{self.ctx.name}-{self.name}-b{batch_id}-{uuid.uuid4().hex[:12]}")
         if self.provably_empty(df):
             return []
-        self._write(df, directory)
+        self.write_parquet(df, directory)
         return staged_files(self.store, directory, self.name)
 
     def commit(self, batch_id: int, staged: Any) -> dict[str, Any]:
@@ -216,7 +218,7 @@ class ParquetBatchSink(_FileSink):
         return self._sink
 
     def prepare(self, df: DataFrame) -> None:
-        self._check_columns(df)
+        self.check_columns(df)
 
     def is_committed(self, batch_id: int) -> bool:
         return self._parquet.is_committed(batch_id + 1)
@@ -232,7 +234,7 @@ class ParquetBatchSink(_FileSink):
         self._parquet.purge_markers(below + 1)
 
     def finish_pending(self, batch_id: int) -> dict[str, Any] | None:
-        if self._parquet._read_marker(batch_id + 1) is None:  # noqa: SLF001
+        if self._parquet.read_marker(batch_id + 1) is None:
             return None
         return self._parquet.commit([], batch_id + 1)
 
@@ -243,7 +245,7 @@ class ParquetBatchSink(_FileSink):
         staging = join(self._parquet.staging, f"b{batch_id}-{uuid.uuid4().hex[:12]}")
         if self.provably_empty(df):
             return []
-        self._write(df, staging)
+        self.write_parquet(df, staging)
         return staged_files(self.store, staging, self.name)
 
     def commit(self, batch_id: int, staged: Any) -> dict[str, Any]:

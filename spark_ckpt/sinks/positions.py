@@ -102,6 +102,7 @@ def refuse_if_ahead(pipeline: str, directory: str, positions: dict[str, SinkPosi
         return
     known = f"batches through {known_batch}" if known_batch >= 0 else "no batch"
     first = ahead[0]
+    newest = max(p.batch for p in ahead if p.batch is not None)
     raise SinkAheadError(
         f"pipeline {pipeline}: expected its sinks to hold no batch past what the checkpoint "
         f"directory {directory} knows ({known}), found "
@@ -109,7 +110,7 @@ def refuse_if_ahead(pipeline: str, directory: str, positions: dict[str, SinkPosi
         + ". The directory was restored from an older copy, or lost its records: running on "
         f"would give new input to batches {known_batch + 1}..{first.batch}, which the sink "
         "takes as already written, and skip it. Nothing ran. Restore a newer copy of the "
-        f"checkpoint directory (one that knows batch {max(p.batch for p in ahead)}), or start "
+        f"checkpoint directory (one that knows batch {newest}), or start "
         "the pipeline on a new checkpoint directory with its sources past what the sinks hold "
         "(a file source over the files not yet written, a Delta source's starting_version); "
         "see 'A lost or damaged checkpoint directory' in docs/operations.md"

@@ -11,11 +11,17 @@ from spark_ckpt.storage import join
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
+    from spark_ckpt.storage import Storage
+
 __all__ = ["Sink"]
 
 
 class Sink:
     """Stages files invisibly, then commits one version of them (idempotently)."""
+
+    #: the target's storage and its staging directory (set by each kind of sink)
+    store: Storage
+    staging: str
 
     def __init__(self, spec: SinkSpec, job_id: str) -> None:
         self.spec = spec

@@ -69,18 +69,25 @@ class TwoPhaseCommitSink:
         self.claimed_at: Any = None
 
     def describe(self) -> dict[str, Any]:
+        """What the pipeline records of the sink (its kind; a subclass adds its target)."""
         return {"kind": self.kind}
 
     def prepare(self, df: DataFrame) -> None:
         """Check or create the target for the batch's schema."""
 
     def write(self, df: DataFrame, batch_id: int) -> dict[str, Any] | None:
+        """Stage batch ``batch_id``'s rows where no reader sees them; return the piece (JSON)
+        that names what was staged, or None when nothing was."""
         raise NotImplementedError
 
     def pre_commit(self, checkpoint_id: int, pieces: list[dict[str, Any]]) -> dict[str, Any]:
+        """At checkpoint ``checkpoint_id``'s barrier: the transaction (JSON, kept in the
+        checkpoint) made of the pieces staged since the last one."""
         return {"pieces": pieces}
 
     def commit(self, checkpoint_id: int, txn: dict[str, Any]) -> None:
+        """Make transaction ``txn`` visible once checkpoint ``checkpoint_id`` completed.
+        Idempotent: it runs again after a crash between completion and commit."""
         raise NotImplementedError
 
     def abort(self, pieces: list[dict[str, Any]]) -> None:
@@ -210,7 +217,7 @@ class _FileTwoPhaseSink(TwoPhaseCommitSink):
         return {"kind": self.kind, "path": self.path, "partition_by": list(self.partition_by)}
 
     def prepare(self, df: DataFrame) -> None:
-        self._writer._check_columns(df)  # noqa: SLF001
+        self._writer.check_columns(df)
 
     def _staging_dir(self, batch_id: int) -> str:
         return join(self.store.root, "_spark_ckpt_staging", self.lineage,
@@ -220,7 +227,7 @@ class _FileTwoPhaseSink(TwoPhaseCommitSink):
         if _FileSink.provably_empty(df):
             return None
         directory = self._staging_dir(batch_id)
-        self._writer._write(df, directory)  # noqa: SLF001
+        self._writer.write_parquet(df, directory)
         files = staged_files(self.store, directory, self.name)
         return {"batch": batch_id, "dir": directory, "files": [f.to_json() for f in files]}
 
@@ -284,7 +291,7 @@ class DeltaTwoPhaseSink(_FileTwoPhaseSink):
         return self._delta
 
     def prepare(self, df: DataFrame) -> None:
-        self._writer._check_columns(df)  # noqa: SLF001
+        self._writer.check_columns(df)
         missing = [k for k in self.merge_keys if k not in df.columns]
         if missing:
             raise JobDefinitionError(

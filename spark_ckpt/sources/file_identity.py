@@ -90,7 +90,7 @@ def identify(fs: pafs.FileSystem, infos: Sequence[pafs.FileInfo], *,
     """The identity of each listed file: its size and time from the listing, and on object
     stores (with ``versions``) the object's version, asked of the store for each file (one
     metadata request each, a few at a time)."""
-    found = [None] * len(infos)
+    found: list[str | None] = [None] * len(infos)
     if versions and fs.type_name in _VERSIONED and infos:
         with concurrent.futures.ThreadPoolExecutor(min(_LOOKUPS, len(infos))) as pool:
             found = list(pool.map(lambda i: _object_version(fs, i.path), infos))

@@ -5,7 +5,7 @@ and the recorded schema; malformed rows go to the dead-letter table."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from spark_ckpt.errors import JobDefinitionError, RecordError, SourceError
 from spark_ckpt.formats import PATH, ListOf, Opt, Row, integer
@@ -99,7 +99,7 @@ class FileStreamSource(Source):
         if self._schema is None:
             declared = self._declared
             if isinstance(declared, str):
-                declared = StructType.fromDDL(declared)
+                declared = cast(StructType, StructType.fromDDL(declared))
             if declared is None:  # Parquet: the first file's, recorded by the pipeline
                 declared = self.pipeline.recorded_schema(self.name) or self._infer()
             self._schema = declared
@@ -366,6 +366,7 @@ class FileStreamSource(Source):
         run.on_cleanup(parsed.unpersist)
         counts = parsed.agg(F.count(F.lit(1)).alias("rows"),
                             F.count(CORRUPT_COLUMN).alias("bad")).first()
+        assert counts is not None  # an aggregate without grouping has one row
         rows, bad = int(counts["rows"]), int(counts["bad"])
         if run.batch_id == run.stats.batch_id:
             run.stats.input_rows[self.name] = rows

@@ -3,7 +3,7 @@ numbers at a rate on the pipeline's clock, the rows a function of the number."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from spark_ckpt.errors import JobDefinitionError, RecordError
 from spark_ckpt.formats import integer
@@ -60,7 +60,7 @@ class GeneratorSource(Source):
     def schema(self) -> StructType:
         from pyspark.sql.types import StructType
 
-        return StructType.fromDDL(self.SCHEMA)
+        return cast(StructType, StructType.fromDDL(self.SCHEMA))
 
     def _check_places(self, piece: dict[str, Any], field: str) -> None:
         if piece["end"] < piece["start"]:

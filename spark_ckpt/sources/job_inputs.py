@@ -279,7 +279,7 @@ def _conf_or_option(spark: SparkSession | None, options: dict[str, str], option:
     return spark is not None and str(spark.conf.get(conf, "false")).lower() == "true"
 
 
-def ignore_missing_files(spark: SparkSession, options: dict[str, str]) -> bool:
+def ignore_missing_files(spark: SparkSession | None, options: dict[str, str]) -> bool:
     """Spark's rule: the ``ignoreMissingFiles`` option, else spark.sql.files.ignoreMissingFiles."""
     return _conf_or_option(spark, options, "ignoreMissingFiles",
                            "spark.sql.files.ignoreMissingFiles")

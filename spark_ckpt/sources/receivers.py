@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from spark_ckpt.errors import JobDefinitionError, RecordError, SourceError
 from spark_ckpt.formats import PATH, ListOf, Row, integer
@@ -112,7 +112,8 @@ class ReceiverSource(Source):
         from pyspark.sql.types import StructType
 
         super().__init__(name)
-        self._schema = StructType.fromDDL(schema) if isinstance(schema, str) else schema
+        self._schema = cast(StructType, StructType.fromDDL(schema)) if isinstance(schema, str) \
+            else schema
         self.store: BlockStore | None = None
         # Thread ownership: receivers and push() (any thread) add blocks, the generator plans
         # and advances, restore runs before any of them; ``_lock`` guards the block store's

@@ -93,7 +93,7 @@ class ConnectSpark:
         self.spark.interruptTag(group)
 
     def executed_plan(self, df: DataFrame) -> str:
-        text = df._explain_string(mode="simple")
+        text = df._explain_string(mode="simple")  # type: ignore[operator]
         lines = _section(text, "Physical Plan")
         if not lines:  # never read an unknown format as "no exchanges"
             raise EnvironmentError_("expected a '== Physical Plan ==' section in the Spark "
@@ -114,7 +114,7 @@ class ConnectSpark:
         try:
             before = plan if plan is not None else self.executed_plan(df)
             after = self.executed_plan(df.repartition(n, *key))
-        except Exception as exc:  # an analysis error names a missing column elsewhere
+        except Exception as exc:  # noqa: BLE001 - e.g. an analysis error (a missing column)
             log.debug("Spark Connect: cannot compare plans for partitioning: %s", exc)
             return False
         for text in (before, after):
@@ -130,14 +130,14 @@ class ConnectSpark:
         return None
 
     def size_estimate(self, df: DataFrame) -> int | None:
-        lines = _section(df._explain_string(mode="cost"), "Optimized Logical Plan")
+        lines = _section(df._explain_string(mode="cost"), "Optimized Logical Plan")  # type: ignore[operator]
         found = _SIZE.search(lines[0]) if lines else None
         if not found:
             return None
         return int(float(found.group(1)) * _UNITS[found.group(2)])
 
     def provably_empty(self, df: DataFrame) -> bool:
-        lines = _section(df._explain_string(mode="extended"), "Optimized Logical Plan")
+        lines = _section(df._explain_string(mode="extended"), "Optimized Logical Plan")  # type: ignore[operator]
         return bool(lines) and lines[0].startswith("LocalRelation <empty>")
 
     def analyzed_plan(self, df: DataFrame) -> PlanNode | None:
@@ -147,7 +147,7 @@ class ConnectSpark:
         return None
 
     def session_id(self) -> str | None:
-        return str(self.spark.session_id)
+        return str(self.spark.session_id)  # type: ignore[attr-defined]
 
     def session_user(self) -> str | None:
         user = getattr(self.spark.client, "_user_id", None)
@@ -207,9 +207,9 @@ class ConnectSpark:
                 finally:
                     _PENDING.armed = None
 
-            client._execute_plan_request_with_metadata = build_with_id
-            client.execute_command = execute_with_id
-            client._spark_ckpt_operation_ids = True
+            client._execute_plan_request_with_metadata = build_with_id  # type: ignore[method-assign]
+            client.execute_command = execute_with_id  # type: ignore[method-assign]
+            client._spark_ckpt_operation_ids = True  # type: ignore[attr-defined]
         _PENDING.ids = [operation_id]
         try:
             yield

@@ -167,9 +167,9 @@ class AggSpec:
         cols: list[Column] = []
         for o in self.outputs:
             a = o.agg
-            c = F.col(a.column) if a.column else None
+            c = F.col(a.column) if a.column else F.lit(1)  # only count() has no column
             if a.func == "count":
-                cols.append((F.count(c) if c is not None else F.count(F.lit(1))).alias(o.name))
+                cols.append(F.count(c).alias(o.name))
             elif a.func == "sum":
                 cols.append(F.sum(c).cast(o.value_type).alias(o.name))
             elif a.func in ("min", "max"):
@@ -179,7 +179,7 @@ class AggSpec:
                 cols.append(F.count(c).alias(f"{o.name}__count"))
             else:
                 by, pick = (F.min_by, F.min) if a.func == "first" else (F.max_by, F.max)
-                ts = F.col(a.time_column)  # type: ignore[arg-type]
+                ts = F.col(str(a.time_column))  # first() and last() have one
                 cols.append(by(c, ts).alias(o.name))
                 cols.append(pick(ts).alias(f"{o.name}__ts"))
         return cols
@@ -201,7 +201,7 @@ class AggSpec:
                 out.append((f"{o.name}__sum", "add", DoubleType()))
                 out.append((f"{o.name}__count", "add", LongType()))
             else:
-                ttype = self.time_types[o.agg.time_column]
+                ttype = self.time_types[str(o.agg.time_column)]
                 out.append((o.name, f"{f}_value", o.value_type))
                 out.append((f"{o.name}__ts", f"{f}_ts", ttype))
         return out

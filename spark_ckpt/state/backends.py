@@ -50,7 +50,7 @@ def _key_arrays(keys: list[Any], names: Sequence[str],
                 types: Sequence[pa.DataType]) -> list[pa.Array]:
     if len(names) == 1:
         return [pa.array(keys, type=types[0])]
-    cols = list(zip(*keys, strict=True)) if keys else [[] for _ in names]
+    cols: list[Sequence[Any]] = list(zip(*keys, strict=True)) if keys else [[] for _ in names]
     return [pa.array(list(c), type=t) for c, t in zip(cols, types, strict=True)]
 
 
@@ -305,7 +305,8 @@ _KG = struct.Struct(">H").pack
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 _ENCODE = _ENCODER.encode
 _ITERENCODE = _ENCODER.iterencode
-_SCAN = json.JSONDecoder().scan_once  # the C scanner: our values have no surrounding space
+# the C scanner (not in typeshed): our values have no surrounding space
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _encode_row(row: tuple[Any, ...]) -> bytes:

@@ -67,7 +67,8 @@ def _spark_type(t: pa.DataType) -> str:
             return f"MAP<{sql(dt.keyType)}, {sql(dt.valueType)}>"
         if isinstance(dt, DecimalType):
             return f"DECIMAL({dt.precision},{dt.scale})"
-        return dt.simpleString().upper()
+        name: str = dt.simpleString()
+        return name.upper()
 
     if pa.types.is_null(t):
         return "VOID"
@@ -301,7 +302,7 @@ def _renamed_deadlines(column: pa.ChunkedArray, sources: Mapping[str, str], decl
     """Each key's deadlines by declared name: an old name's under its new one, a removed
     variable's dropped."""
     renamed = {old: new for new, old in sources.items()}
-    values = []
+    values: list[Any] = []
     for deadlines in column.to_pylist():
         if deadlines is None:
             values.append(None)

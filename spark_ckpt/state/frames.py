@@ -11,13 +11,13 @@ directory by operator name (``spark_ckpt.read_state``) is the state processor's,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.state.chain import StateHandle
 from spark_ckpt.state.keygroups import KG_COLUMN
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 __all__ = ["read_handles", "read_processor_state"]
@@ -27,7 +27,7 @@ def read_handles(spark: SparkSession, handles: Sequence[StateHandle], schema: St
                  keys: list[str]) -> DataFrame:
     from pyspark.sql import functions as F
 
-    order = []
+    order: list[tuple[str, int, int, int]] = []
     for handle in handles:
         rng = handle.key_group_range
         for f in handle.files:
@@ -46,7 +46,7 @@ def read_handles(spark: SparkSession, handles: Sequence[StateHandle], schema: St
 
 
 def read_processor_state(spark: SparkSession, handles: Sequence[StateHandle],
-                         describe: dict, keys: list[str]) -> DataFrame:
+                         describe: dict[str, Any], keys: list[str]) -> DataFrame:
     """A processor's state: the key columns and one column per declared variable; keys
     with timers but no variable are left out."""
     import json
@@ -61,13 +61,14 @@ def read_processor_state(spark: SparkSession, handles: Sequence[StateHandle],
     df = read_handles(spark, handles, schema, keys)
     if not state.fields:
         return df.select(*keys).limit(0)
-    present = None
+    present: Column | None = None
     for f in state.fields:
         col = F.col(f"`{f.name}`")
         name = type(f.dataType).__name__
         test = col.isNotNull() & (F.size(col) > 0) if name in ("ArrayType", "MapType") \
             else col.isNotNull()
         present = test if present is None else present | test
+    assert present is not None  # there is a state field
     return df.where(present).select(*[F.col(f"`{k}`") for k in keys],
                                     *[F.col(f"`{f.name}`") for f in state.fields])
 

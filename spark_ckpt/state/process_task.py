@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -52,6 +52,9 @@ from spark_ckpt.state.task import (
     _user_call,
     _write,
 )
+
+if TYPE_CHECKING:
+    from spark_ckpt.state.processor import KeyData
 
 __all__ = ["processor_task", "schema_id"]
 
@@ -153,7 +156,7 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             return MemoryStore(file_schema, key_names, state_names,
                                max_rows=int(params["memory_max_rows"]))
 
-        store = task.cached()
+        store: MemoryStore | RocksStore | None = task.cached()
         ready = store is not None
         if store is None and params["backend"] == "memory":
             t0 = time.perf_counter()
@@ -173,10 +176,11 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
                                      expires_of=expires_of)
                         for f in task.chain])
             store.token = task.plan["token"]
-            if store.backend == "rocksdb":
+            if isinstance(store, RocksStore):
                 store.set_token(task.plan["token"] or "")
             task.metrics.update(restored=bool(task.chain),
                                 restore_ms=int((time.perf_counter() - t0) * 1000))
+        assert store is not None  # ready: a cached, spilled or opened store
         run = _Batch(params, task, store, processor, schema, file_schema, out_schema,
                      key_names, vectorized)
         t0 = time.perf_counter()
@@ -192,7 +196,7 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
         fired = run.fire_timers()
         apply_ms = int((time.perf_counter() - t0) * 1000)
         t1 = time.perf_counter()
-        if store.backend == "rocksdb":
+        if isinstance(store, RocksStore):
             store.set_token(task.token)
         else:
             store.token = task.token
@@ -264,7 +268,7 @@ class _Batch:
         self.vectorized = vectorized
         self.now = int(params["processing_time_ms"])
         self.watermark = params.get("watermark_ms")
-        self.ttl = params.get("ttl_ms")
+        self.ttl: int | None = params.get("ttl_ms")
         self.changes: list[pa.Table] = []
         self.dicts_out: list[dict[str, Any]] = []
         self.tuples_out: list[tuple[Any, ...]] = []
@@ -384,17 +388,17 @@ class _Batch:
                    [(e["ms"], e["kind"]) for e in t] if t else [],
                    dict(expires[i]) if expires is not None and expires[i] else {})
 
-    def _record(self, out: dict[str, list[Any]], ctx: Any) -> None:
+    def _record(self, out: dict[str, list[Any]], data: KeyData) -> None:
         for name in self.schema.names:
-            value = ctx._values.get(name)  # noqa: SLF001
+            value = data.values.get(name)
             out[name].append(None if isinstance(value, list | dict) and not value else value)
-        out[TIMERS_COLUMN].append([{"ms": int(m), "kind": k} for m, k in ctx._timers]  # noqa: SLF001
+        out[TIMERS_COLUMN].append([{"ms": int(m), "kind": k} for m, k in data.timers]
                                   or None)
         if EXPIRES_COLUMN in out:
-            out[EXPIRES_COLUMN].append(ctx._expires or None)  # noqa: SLF001
+            out[EXPIRES_COLUMN].append(data.expires or None)
 
     def _per_key(self, grouped: _Grouped, rows: pa.Table, state: pa.Table) -> None:
-        from spark_ckpt.state.processor import KeyContext, KeyRows, _BatchColumns
+        from spark_ckpt.state.processor import KeyContext, KeyData, KeyRows, _BatchColumns
 
         offsets = grouped.offsets.tolist()
         if getattr(self.processor, "rows_format", "numpy") == "pandas":
@@ -417,13 +421,13 @@ class _Batch:
         with _user_call(self.params, self.task, "process", lambda: key):
             for i, (values, timers, expires) in enumerate(self._contexts(state)):
                 key = user_key(grouped.keys[i])
-                ctx = KeyContext(self.schema, values, timers, expires,
-                                 processing_time_ms=self.now, watermark_ms=self.watermark,
-                                 ttl_ms=self.ttl)
+                data = KeyData(self.schema, values, timers, expires,
+                               processing_time_ms=self.now, ttl_ms=self.ttl)
+                ctx = KeyContext(self.schema, data, watermark_ms=self.watermark)
                 emit(process(key, rows_of(i), ctx))
-                if ctx._dirty:  # noqa: SLF001
+                if data.dirty:
                     changed.append(i)
-                    self._record(out, ctx)
+                    self._record(out, data)
         self.user_s += time.perf_counter() - t0
         keys = [grouped.keys[i] for i in changed]
         self._put(grouped.key_table.take(pa.array(changed, pa.int64())),
@@ -445,17 +449,18 @@ class _Batch:
         if self.vectorized:
             return self._vectorized_timers(key_table, values)
         keys = key_tuples(due, self.key_names)
-        from spark_ckpt.state.processor import KeyContext
+        from spark_ckpt.state.processor import KeyContext, KeyData
 
         fired = 0
         changed: list[int] = []
         out: dict[str, list[Any]] = {n: [] for n in self.value_names}
         for i, (vals, timers, expires) in enumerate(self._contexts(values)):
             key = user_key(keys[i])
-            ctx = KeyContext(self.schema, vals, timers, expires, processing_time_ms=self.now,
-                             watermark_ms=self.watermark, ttl_ms=self.ttl)
+            data = KeyData(self.schema, vals, timers, expires, processing_time_ms=self.now,
+                           ttl_ms=self.ttl)
+            ctx = KeyContext(self.schema, data, watermark_ms=self.watermark)
             for ms, kind in sorted(timers):
-                if not self._due(ms, kind) or (ms, kind) not in ctx._timers:  # noqa: SLF001
+                if not self._due(ms, kind) or (ms, kind) not in data.timers:
                     continue  # not yet due, or deleted by an earlier callback of this key
                 ctx.timers.delete(ms, kind)
                 if kind != "ttl":
@@ -465,10 +470,10 @@ class _Batch:
                         self._emit(self.processor.on_timer(key, ms, ctx))
                     self.user_s += time.perf_counter() - t0
                     fired += 1
-                ctx._dirty = True  # noqa: SLF001
-            if ctx._dirty:  # noqa: SLF001
+                data.dirty = True
+            if data.dirty:
                 changed.append(i)
-                self._record(out, ctx)
+                self._record(out, data)
         ks = [keys[i] for i in changed]
         self._put(key_table.take(pa.array(changed, pa.int64())), self._values_table(out, ks))
         return fired
@@ -643,6 +648,7 @@ class _Batch:
         """The variables a call wrote (non-null in a changed row's ``Result.state`` columns)
         expire ``ttl_ms`` from now; the others keep their deadline. One TTL timer per key, at
         its earliest deadline."""
+        assert self.ttl is not None  # called only when the operator has a TTL
         deadline = self.now + int(self.ttl)
         expires = columns[EXPIRES_COLUMN].to_pylist()
         timers = columns[TIMERS_COLUMN].to_pylist()

@@ -80,39 +80,99 @@ class KeyedProcessor:
         return None
 
 
+class KeyData:
+    """One key's state as its task holds it during a call: the variables' values, the timers,
+    the TTL deadlines, and whether the call changed any of them (the task then writes the key
+    back). A processor reaches it only through its :class:`KeyContext`."""
+
+    def __init__(self, schema: StateSchema, values: dict[str, Any],
+                 timers: list[tuple[int, str]], expires: dict[str, int], *,
+                 processing_time_ms: int, ttl_ms: int | None) -> None:
+        self.json = schema.json_flags
+        self.kinds = schema.kinds
+        self.values = values
+        self.timers = timers
+        self.expires = expires
+        self.dirty = False
+        self.processing_time_ms = processing_time_ms
+        self.ttl_ms = ttl_ms
+        self.expire()
+
+    def clear(self) -> None:
+        """Forget every state and timer of the key."""
+        if any(v is not None for v in self.values.values()) or self.timers:
+            self.dirty = True
+        self.values = dict.fromkeys(self.values)
+        self.timers = []
+        self.expires = {}
+
+    # -- TTL: a state expires ttl_ms of processing time after its last update --------------
+    def touched(self, name: str) -> None:
+        """Variable ``name`` was written: the key changed, and its TTL deadline moves."""
+        self.dirty = True
+        if self.ttl_ms is not None:
+            self.expires[name] = self.processing_time_ms + self.ttl_ms
+            self.ttl_timer()
+
+    def ttl_timer(self) -> None:
+        """One TTL clean-up timer per key, at its earliest deadline."""
+        self.timers = [t for t in self.timers if t[1] != "ttl"]
+        if self.expires:
+            self.timers.append((min(self.expires.values()), "ttl"))
+            self.timers.sort()
+
+    def expire(self) -> None:
+        """Clear the variables whose deadline has passed (and re-set the TTL timer)."""
+        expired = [n for n, deadline in self.expires.items()
+                   if deadline <= self.processing_time_ms]
+        for name in expired:
+            self.values[name] = None
+            del self.expires[name]
+        due_ttl = any(k == "ttl" and m <= self.processing_time_ms for m, k in self.timers)
+        if expired or due_ttl:
+            self.ttl_timer()
+            self.dirty = True
+
+
 class _Var:
-    def __init__(self, ctx: KeyContext, name: str) -> None:
-        self._ctx = ctx
+    def __init__(self, data: KeyData, name: str) -> None:
+        self._data = data
         self._name = name
 
     def exists(self) -> bool:
-        value = self._ctx._values.get(self._name)  # noqa: SLF001
+        """Whether the variable has a value (a list or map state: a non-empty one)."""
+        value = self._data.values.get(self._name)
         return value is not None and (not isinstance(value, list | dict) or bool(value))
 
     def clear(self) -> None:
-        ctx = self._ctx
-        if ctx._values.get(self._name) is not None:  # noqa: SLF001
-            ctx._values[self._name] = None  # noqa: SLF001
-            ctx._dirty = True  # noqa: SLF001
-        ctx._expires.pop(self._name, None)  # noqa: SLF001
+        """Forget the variable's value (and its TTL deadline)."""
+        data = self._data
+        if data.values.get(self._name) is not None:
+            data.values[self._name] = None
+            data.dirty = True
+        data.expires.pop(self._name, None)
 
     def _set(self, value: Any) -> None:
-        self._ctx._values[self._name] = value  # noqa: SLF001
-        self._ctx._touched(self._name)  # noqa: SLF001
+        self._data.values[self._name] = value
+        self._data.touched(self._name)
 
 
 class ValueState(_Var):
+    """A value state variable of the current key (``ctx.value(name)``)."""
+
     def get(self) -> Any:
-        value = self._ctx._values.get(self._name)  # noqa: SLF001
-        if value is not None and self._ctx._json.get(self._name):  # noqa: SLF001
+        """The value (None when the key has none)."""
+        value = self._data.values.get(self._name)
+        if value is not None and self._data.json.get(self._name):
             return json.loads(value)
         if isinstance(value, list) and value and isinstance(value[0], tuple) and \
-                self._ctx._kinds.get(self._name) == "map":  # noqa: SLF001
+                self._data.kinds.get(self._name) == "map":
             return dict(value)
         return value
 
     def update(self, value: Any) -> None:
-        if value is not None and self._ctx._json.get(self._name):  # noqa: SLF001
+        """Set the value (a JSON variable takes any JSON-serializable value)."""
+        if value is not None and self._data.json.get(self._name):
             try:
                 value = json.dumps(value, separators=(",", ":"))
             except (TypeError, ValueError) as exc:
@@ -124,103 +184,112 @@ class ValueState(_Var):
 
 
 class ListState(_Var):
+    """A list state variable of the current key (``ctx.list(name)``)."""
+
     def get(self) -> list[Any]:
-        return list(self._ctx._values.get(self._name) or [])  # noqa: SLF001
+        """The elements (a copy; empty when the key has none)."""
+        return list(self._data.values.get(self._name) or [])
 
     def append(self, value: Any) -> None:
+        """Add one element at the end."""
         self._set([*self.get(), value])
 
     def extend(self, values: Iterable[Any]) -> None:
+        """Add elements at the end."""
         self._set([*self.get(), *values])
 
     def put(self, values: Iterable[Any]) -> None:
+        """Replace the elements."""
         self._set(list(values))
 
 
 class MapState(_Var):
+    """A map state variable of the current key (``ctx.map(name)``)."""
+
     def _map(self) -> dict[Any, Any]:
-        raw = self._ctx._values.get(self._name)  # noqa: SLF001
+        raw = self._data.values.get(self._name)
         if raw is None:
             return {}
         if isinstance(raw, list):  # as Arrow gives a map: (key, value) pairs
             raw = dict(raw)
-            self._ctx._values[self._name] = raw  # noqa: SLF001
+            self._data.values[self._name] = raw
         return raw
 
     def get(self, key: Any, default: Any = None) -> Any:
+        """The value of ``key`` (``default`` when absent)."""
         return self._map().get(key, default)
 
     def put(self, key: Any, value: Any) -> None:
+        """Set the value of ``key``."""
         items = dict(self._map())
         items[key] = value
         self._set(items)
 
     def remove(self, key: Any) -> None:
+        """Remove ``key`` (nothing when absent)."""
         items = dict(self._map())
         if key in items:
             del items[key]
             self._set(items)
 
     def contains(self, key: Any) -> bool:
+        """Whether ``key`` is in the map."""
         return key in self._map()
 
     def keys(self) -> list[Any]:
+        """The map's keys."""
         return list(self._map())
 
     def items(self) -> list[tuple[Any, Any]]:
+        """The map's (key, value) pairs."""
         return list(self._map().items())
 
 
 class TimerService:
     """Timers of the current key: ``(time ms, "event" | "processing")`` entries."""
 
-    def __init__(self, ctx: KeyContext) -> None:
-        self._ctx = ctx
+    def __init__(self, data: KeyData) -> None:
+        self._data = data
 
     def _add(self, ms: int, kind: str) -> None:
         entry = (int(ms), kind)
-        timers = self._ctx._timers  # noqa: SLF001
+        timers = self._data.timers
         if entry not in timers:
             timers.append(entry)
             timers.sort()
-            self._ctx._dirty = True  # noqa: SLF001
+            self._data.dirty = True
 
     def register_event_time(self, ms: int) -> None:
+        """Fire ``on_timer`` once the watermark reaches ``ms``."""
         self._add(ms, "event")
 
     def register_processing_time(self, ms: int) -> None:
+        """Fire ``on_timer`` in the first batch whose processing time reaches ``ms``."""
         self._add(ms, "processing")
 
     def delete(self, ms: int, kind: str = "event") -> None:
-        timers = self._ctx._timers  # noqa: SLF001
+        """Delete the timer at ``ms`` of clock ``kind`` (nothing when there is none)."""
+        timers = self._data.timers
         if (int(ms), kind) in timers:
             timers.remove((int(ms), kind))
-            self._ctx._dirty = True  # noqa: SLF001
+            self._data.dirty = True
 
     def list(self) -> list[tuple[int, str]]:
-        return [t for t in self._ctx._timers if t[1] != "ttl"]  # noqa: SLF001
+        """The key's timers, ``(ms, kind)``, earliest first."""
+        return [t for t in self._data.timers if t[1] != "ttl"]
 
 
 class KeyContext:
     """What a processor sees of one key: its typed states, its timers and the clocks."""
 
-    def __init__(self, schema: StateSchema, values: dict[str, Any],
-                 timers: list[tuple[int, str]], expires: dict[str, int], *,
-                 processing_time_ms: int, watermark_ms: int | None,
-                 ttl_ms: int | None) -> None:
+    def __init__(self, schema: StateSchema, data: KeyData, *, watermark_ms: int | None) -> None:
         self._schema = schema
-        self._json = schema.json_flags
         self._kinds = schema.kinds
-        self._values = values
-        self._timers = timers
-        self._expires = expires
-        self._dirty = False
-        self._ttl_ms = ttl_ms
-        self.processing_time_ms = processing_time_ms
+        self._data = data
+        self.processing_time_ms = data.processing_time_ms
         self.watermark_ms = watermark_ms
         self.timer_kind: str | None = None
-        self.timers = TimerService(self)
-        self._expire()
+        self.timers = TimerService(data)
 
     def _var(self, name: str, kind: str, declared: str | None) -> None:
         known = self._kinds.get(name)
@@ -244,52 +313,23 @@ class KeyContext:
                 f"as {var.type}{' (json)' if var.is_json else ''}; keep one declaration"
             )
 
-    def value(self, name: str, type: str | None = None) -> ValueState:  # noqa: A002
+    def value(self, name: str, type: str | None = None) -> ValueState:
         self._var(name, "value", type)
-        return ValueState(self, name)
+        return ValueState(self._data, name)
 
     def list(self, name: str, element_type: str | None = None) -> ListState:
         self._var(name, "list", None if element_type is None else f"ARRAY<{element_type}>")
-        return ListState(self, name)
+        return ListState(self._data, name)
 
     def map(self, name: str, key_type: str | None = None,
             value_type: str | None = None) -> MapState:
         self._var(name, "map", None if key_type is None or value_type is None
                   else f"MAP<{key_type}, {value_type}>")
-        return MapState(self, name)
+        return MapState(self._data, name)
 
     def clear(self) -> None:
         """Forget every state and timer of the key."""
-        if any(v is not None for v in self._values.values()) or self._timers:
-            self._dirty = True
-        self._values = dict.fromkeys(self._values)
-        self._timers = []
-        self._expires = {}
-
-    # -- TTL: a state expires ttl_ms of processing time after its last update --------------
-    def _touched(self, name: str) -> None:
-        self._dirty = True
-        if self._ttl_ms is not None:
-            self._expires[name] = self.processing_time_ms + self._ttl_ms
-            self._ttl_timer()
-
-    def _ttl_timer(self) -> None:
-        """One TTL clean-up timer per key, at its earliest deadline."""
-        self._timers = [t for t in self._timers if t[1] != "ttl"]
-        if self._expires:
-            self._timers.append((min(self._expires.values()), "ttl"))
-            self._timers.sort()
-
-    def _expire(self) -> None:
-        expired = [n for n, deadline in self._expires.items()
-                   if deadline <= self.processing_time_ms]
-        for name in expired:
-            self._values[name] = None
-            del self._expires[name]
-        due_ttl = any(k == "ttl" and m <= self.processing_time_ms for m, k in self._timers)
-        if expired or due_ttl:
-            self._ttl_timer()
-            self._dirty = True
+        self._data.clear()
 
 
 _SYNONYMS = {"long": "bigint", "integer": "int", "short": "smallint", "byte": "tinyint",
@@ -351,7 +391,10 @@ class KeyRows:
         return self._batch.frame().iloc[self._start:self._end]
 
     def to_pylist(self) -> list[dict[str, Any]]:
-        return self._batch.table.slice(self._start, self._end - self._start).to_pylist()
+        """The rows as a list of dicts (column name to value)."""
+        rows: list[dict[str, Any]] = \
+            self._batch.table.slice(self._start, self._end - self._start).to_pylist()
+        return rows
 
     def __repr__(self) -> str:
         return f"KeyRows({len(self)} rows: {', '.join(self._batch.names)})"
@@ -390,6 +433,8 @@ class VectorizedProcessor:
     state_schema: ClassVar[Any] = None
 
     def process_batch(self, batch: KeyedBatch) -> Result | None:
+        """Called once per task and batch with every key that has rows in it: return the new
+        state, the rows to emit and the timers as a :class:`Result` (None: nothing)."""
         raise NotImplementedError
 
     def on_timers(self, batch: KeyedBatch) -> Result | None:

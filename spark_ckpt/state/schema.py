@@ -24,7 +24,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -114,7 +114,8 @@ class StateSchema:
                     for f, a in zip(spark.fields, arrow, strict=True)])
 
     def serialize(self) -> str:
-        return self.arrow().serialize().to_pybytes().hex()
+        hexed: str = self.arrow().serialize().to_pybytes().hex()
+        return hexed
 
     @classmethod
     def deserialize(cls, hexed: str) -> StateSchema:
@@ -144,7 +145,7 @@ def _spark_type(ddl: str, spark: Any, where: str) -> Any:
 
     try:
         if spark is not None:
-            return StructType.fromDDL(f"`v` {ddl}").fields[0].dataType
+            return cast(StructType, StructType.fromDDL(f"`v` {ddl}")).fields[0].dataType
         from pyspark.sql.types import _parse_datatype_string
 
         return _parse_datatype_string(ddl)
@@ -274,7 +275,8 @@ def json_safe(array: pa.Array | pa.ChunkedArray) -> list[Any]:
         array = array.combine_chunks()
     if _has_binary(array.type):
         array = _encode_binary(array)
-    return array.cast(_safe_type(array.type)).to_pylist()
+    values: list[Any] = array.cast(_safe_type(array.type)).to_pylist()
+    return values
 
 
 def _needs_python(t: pa.DataType) -> bool:

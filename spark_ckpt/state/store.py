@@ -51,7 +51,8 @@ def _timer_key(ms: int, raw_key: bytes) -> bytes:
 
 
 def _timer_ms(raw: bytes) -> int:
-    return struct.unpack(">Q", raw[1:9])[0] - (1 << 63)
+    biased: int = struct.unpack(">Q", raw[1:9])[0]
+    return biased - (1 << 63)
 
 
 def key_tuples(table: pa.Table, names: Sequence[str]) -> list[tuple[Any, ...]]:

@@ -166,7 +166,11 @@ class _Run:
         from pyspark import TaskContext
 
         self.params = params
-        self.pid = TaskContext.get().partitionId() if pid is None else pid
+        if pid is None:
+            context = TaskContext.get()
+            assert context is not None  # run in a Spark task
+            pid = context.partitionId()
+        self.pid = pid
         self.plan = plans[self.pid]
         self.range = KeyGroupRange.parse(self.plan["range"])
         self.chain = [StateFile.from_json(f) for f in self.plan["files"]]
@@ -407,7 +411,7 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
             changes = []
             for i, part in enumerate(parts):
                 data = _internal(part.select(file_schema.names))
-                if state.backend == "rocksdb":
+                if isinstance(state, RocksAggState):
                     last = i == len(parts) - 1
                     # an earlier input's changes without the token: no version (see below)
                     changes.append(state.apply(data, token=task.token if last else ""))
@@ -475,7 +479,7 @@ def _user_call(params: dict[str, Any], task: _Run, method: str,
 
     try:
         yield
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - user code; re-raised with its traceback
         if callable(key):
             key = key()
         trace = "".join(traceback.format_exception(exc)).rstrip()

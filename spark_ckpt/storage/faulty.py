@@ -89,7 +89,11 @@ def _rules() -> list[Rule]:
         return []
     with _lock:
         if raw != _state["raw"]:  # new rules: passes are counted afresh
-            text = open(raw[1:]).read() if raw.startswith("@") else raw  # noqa: SIM115
+            if raw.startswith("@"):
+                with open(raw[1:]) as fh:
+                    text = fh.read()
+            else:
+                text = raw
             _state.update(raw=raw, rules=[Rule.parse(r) for r in json.loads(text)], counts={})
         return _state["rules"]
 

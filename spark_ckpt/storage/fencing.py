@@ -66,7 +66,7 @@ class Fence:
             try:
                 DeltaTable.create(self._uri, _SCHEMA, mode="ignore", name="spark_ckpt_fence",
                                   configuration=_CONFIG)
-            except Exception:  # noqa: BLE001 - another driver created it at the same moment
+            except Exception:  # another driver created it at the same moment
                 if not DeltaTable.is_deltatable(self._uri):
                     raise
         claim_id = uuid.uuid4().hex

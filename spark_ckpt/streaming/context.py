@@ -201,7 +201,7 @@ class StreamingContext:
         self._sources.append(source)
         return stream
 
-    def file_stream(self, name: str, path: str, format: str = "parquet",  # noqa: A002
+    def file_stream(self, name: str, path: str, format: str = "parquet",
                     schema: StructType | str | None = None, *,
                     max_files_per_batch: int | None = None,
                     max_bytes_per_batch: int | None = None,
@@ -268,6 +268,7 @@ class StreamingContext:
         return self._input(SocketSource(name, host, port))
 
     def add_listener(self, listener: StreamingListener) -> None:
+        """Tell ``listener`` of every batch and checkpoint from now on."""
         self.listeners.append(listener)
 
     def keyed(self, parent: Stream, keys: Sequence[str], *, parallelism: int | None,
@@ -279,6 +280,7 @@ class StreamingContext:
 
     # -- recorded state ------------------------------------------------------------------
     def recorded_schema(self, source: str) -> StructType | None:
+        """The schema recorded for ``source`` (None when none is)."""
         return self._definition.recorded_schema(source)
 
     def allocation(self, batch_id: int) -> BatchAllocation:
@@ -300,6 +302,7 @@ class StreamingContext:
         return self._checkpoint_history.snapshot()
 
     def positions(self) -> dict[str, Any]:
+        """Each source's current position, by source name."""
         return {s.name: s.position() for s in self._sources}
 
     def _metadata(self) -> None:
@@ -709,7 +712,8 @@ class StreamingContext:
 
     @property
     def last_progress(self) -> dict[str, Any] | None:
-        """The newest batch's progress (a copy)."""
+        """The progress of the last batch this context completed (a copy; None before the
+        first)."""
         return copy.deepcopy(self._progress.last())
 
     def _checkpoint_stats(self, stats: dict[str, Any]) -> None:

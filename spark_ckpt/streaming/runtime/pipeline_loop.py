@@ -214,7 +214,7 @@ class PipelineLoop:
                     self._poll_stop_requests()
                 if self._ticking:
                     self._generate_if_due()
-        except BaseException as exc:  # noqa: BLE001 - a bug here must still end the pipeline
+        except BaseException as exc:  # a bug here must still end the pipeline
             log.exception("Pipeline %s: the pipeline loop failed", self.pipeline)
             self._finish(exc)
             self._drain_until_scheduler_exits()
@@ -384,7 +384,7 @@ class PipelineLoop:
             try:
                 if isinstance(event, BatchCompleted):  # committed: keep its records
                     self._housekeeping.batch_completed(event.progress)
-            except Exception:  # noqa: BLE001 - the loop already failed; keep draining
+            except Exception:  # the loop already failed; keep draining
                 log.exception("Pipeline %s: housekeeping after a loop failure failed",
                               self.pipeline)
 

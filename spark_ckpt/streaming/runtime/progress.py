@@ -61,7 +61,7 @@ class ProgressLog:
             self._rotate_if_full(len(line))
             with self.storage.fs.open_append_stream(self.path) as out:
                 out.write(line)
-        except Exception:  # object stores cannot append: one file per batch instead
+        except Exception:  # noqa: BLE001 - object stores cannot append: one file per batch instead
             name = f"progress-{progress['batch_id']:012d}.json"
             self.storage.write_atomic(join(self.directory, name), line)
             self._per_batch += 1
@@ -91,6 +91,6 @@ def notify(listeners: list[StreamingListener], method: str, *args: Any) -> None:
     for listener in listeners:
         try:
             getattr(listener, method)(*args)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a listener's failure must not stop the pipeline
             log.warning("Streaming listener %s.%s failed: %s", type(listener).__name__,
                         method, exc)

@@ -39,8 +39,13 @@ class BatchInputs(Protocol):
     """What a batch run reads from the pipeline: the session, the recorded allocations (a
     window reads earlier batches'), and where malformed records go."""
 
-    spark: SparkSession
-    dead_letters: DeadLetterTable
+    @property
+    def spark(self) -> SparkSession:
+        """The pipeline's session."""
+
+    @property
+    def dead_letters(self) -> DeadLetterTable:
+        """Where malformed records go."""
 
     def allocation(self, batch_id: int) -> BatchAllocation:
         """The recorded allocation of ``batch_id``."""
@@ -148,7 +153,7 @@ class BatchRun:
         for fn in self.stats.cleanups:
             try:
                 fn()
-            except Exception as exc:  # never hide the batch's own outcome
+            except Exception as exc:  # noqa: BLE001 - never hide the batch's own outcome
                 log.warning("Batch %d: cleanup failed: %s", self.batch_id, exc)
         self.stats.cleanups.clear()
         self.memo.clear()

@@ -82,6 +82,7 @@ class Stream:
         return f"{type(self).__name__}({self.name})"
 
     def compute(self, run: BatchRun) -> DataFrame | None:
+        """This stream's DataFrame in batch ``run`` (None: nothing in this batch)."""
         raise NotImplementedError
 
     # -- transformations -----------------------------------------------------------------
@@ -91,14 +92,17 @@ class Stream:
         return Transformed(self.pipeline, (self, *others), fn, name or _fn_name(fn))
 
     def filter(self, condition: Column | str) -> Stream:
+        """The rows where ``condition`` holds (``where`` is the same)."""
         return self.transform(lambda df: df.where(condition), name=f"{self.name}.filter")
 
     where = filter
 
     def select(self, *columns: Column | str) -> Stream:
+        """The given columns or expressions of each batch."""
         return self.transform(lambda df: df.select(*columns), name=f"{self.name}.select")
 
     def with_column(self, name: str, column: Column) -> Stream:
+        """Each batch with column ``name`` added or replaced."""
         return self.transform(lambda df: df.withColumn(name, column),
                               name=f"{self.name}.with_column({name})")
 

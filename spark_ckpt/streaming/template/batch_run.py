@@ -37,10 +37,13 @@ class DeadLetterTable(Protocol):
 
 class BatchInputs(Protocol):
     """What a batch run reads from the pipeline: the session, the recorded allocations (a
-    window reads earlier batches'), and where malformed records go."""
+    window reads earlier batches'), and where malformed records go (read-only)."""
 
-    spark: SparkSession
-    dead_letters: DeadLetterTable
+    @property
+    def spark(self) -> SparkSession: ...
+
+    @property
+    def dead_letters(self) -> DeadLetterTable: ...
 
     def allocation(self, batch_id: int) -> BatchAllocation:
         """The recorded allocation of ``batch_id``."""

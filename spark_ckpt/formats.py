@@ -168,15 +168,15 @@ RECORDS: dict[tuple[str, int], Any] = {
                         "pieces": MapOf(OBJECT), "allocated_ms?": MILLIS},
     ("batch-commit", 1): {"batch_id": BATCH_ID, "outputs": MapOf(OBJECT),
                           "finished_ms?": MILLIS, "two_phase?": BOOL},
-    # streaming/context.py writes it at every start; the start reads name, sources, schemas
+    # streaming/runtime/run_claim.py writes it at every start; the start reads name, sources, schemas
     # and pipeline_id, the tools (spark-ckpt, shell) the rest
     ("pipeline-metadata", 1): {"name": STR, "sources": MapOf(OBJECT),
                                "schemas?": MapOf(STR), "pipeline_id?": STR,
                                "outputs?": MapOf(ANY),  # a sink's describe(), any JSON
                                "operators?": MapOf({"kind": STR, "keys": ListOf(STR)}),
                                "batch_interval_s?": NUMBER, "checkpoints?": STR},
-    # runs/<n>.json: a driver's claim of the directory (streaming/context.py, and
-    # ops/state_processor.py's offline runs, which name their purpose)
+    # runs/<n>.json: a driver's claim of the directory (streaming/runtime/run_claim.py, and
+    # streaming/runtime/bootstrap.py's offline runs, which name their purpose)
     ("pipeline-run", 1): {"pipeline": STR, "started_ms": MILLIS, "purpose?": STR,
                           "connect_session?": STR, "connect_user?": STR, "connect_tag?": STR},
     ("checkpoint-metadata", 1): {

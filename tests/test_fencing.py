@@ -79,10 +79,10 @@ def test_two_drivers_that_both_got_run_one_as_on_an_object_store_the_older_is_fe
         assert wait_for(lambda: first.last_progress is not None, 60, 0.05)
         second = make()
         # what a lost race on an object store looks like: the same run number, "created"
-        monkeypatch.setattr(second, "_runs", lambda: [])
+        monkeypatch.setattr(second._claim, "runs", lambda: [])
         monkeypatch.setattr(second.storage, "create_exclusive", lambda path, data: True)
-        second._metadata()
-        assert second._claim_run() == 1  # the same number as the first
+        second._claim.write_metadata()
+        assert second._claim.claim() == 1  # the same number as the first
         with pytest.raises(JobFencedError, match="newer driver"):
             first.await_termination(timeout=60)
     finally:

@@ -417,8 +417,8 @@ def test_a_second_driver_on_the_same_checkpoint_is_fenced(spark, tmp_path):
     assert _wait(lambda: first.last_progress is not None, 60)
     second = make_ctx(spark, tmp_path, interval=3600)  # claims a newer run
     second.generator_stream("g", rows_per_batch=5).foreach_batch(lambda df, b: None, name="o")
-    second._metadata()
-    second._run = second._claim_run()
+    second._claim.write_metadata()
+    second._claim.claim()
     with pytest.raises(JobFencedError, match="newer driver"):
         first.await_termination(timeout=60)
 

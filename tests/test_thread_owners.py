@@ -56,11 +56,17 @@ def test_neither_the_scheduler_nor_any_template_node_holds_the_streaming_context
     assert isinstance(ctx.scheduler._operators, OperatorStates)
 
 
+# the runtime modules a start wires the pipeline with (taken out of the context)
+START_MODULES = ("start.py", "run_claim.py", "checkpoint_setup.py", "output_positions.py",
+                 "bootstrap.py")
+
+
 def test_the_scheduler_and_the_template_name_no_context_in_their_source():
-    """No module of the template or the scheduler imports the StreamingContext or keeps a
-    ``ctx`` attribute (they get narrow collaborators)."""
+    """No module of the template, the scheduler or the start imports the StreamingContext or
+    keeps a ``ctx`` attribute or parameter (they get narrow collaborators)."""
     paths = [*sorted((STREAMING / "template").glob("*.py")),
-             STREAMING / "runtime" / "scheduler.py", STREAMING / "runtime" / "operators.py"]
+             STREAMING / "runtime" / "scheduler.py", STREAMING / "runtime" / "operators.py",
+             *(STREAMING / "runtime" / m for m in START_MODULES)]
     wrong = []
     for path in paths:
         tree = ast.parse(path.read_text())
@@ -70,7 +76,24 @@ def test_the_scheduler_and_the_template_name_no_context_in_their_source():
                 wrong.append(f"{path.name}:{node.lineno}: self.{node.attr}")
             if isinstance(node, ast.ImportFrom) and node.module == "spark_ckpt.streaming.context":
                 wrong.append(f"{path.name}:{node.lineno}: imports the context")
+            if isinstance(node, ast.arg) and node.arg in ("ctx", "context"):
+                wrong.append(f"{path.name}:{node.lineno}: takes {node.arg}")
+            if isinstance(node, ast.Name) and node.id == "StreamingContext":
+                wrong.append(f"{path.name}:{node.lineno}: names StreamingContext")
     assert wrong == []
+
+
+def test_what_a_start_wires_holds_no_context(spark, tmp_path):
+    """The objects the start built (the run claim, the start and what it wired) hold no
+    StreamingContext."""
+    ctx = make_ctx(spark, tmp_path, name="wired")
+    ctx.generator_stream("g", rows_per_batch=5, total_rows=10).key_by("key") \
+        .agg("totals", n=count()).foreach_batch(lambda df, b: None, name="o")
+    ctx.process_available(timeout=180)
+    start = ctx._start
+    wired = [ctx._claim, start, ctx.loop, ctx.generator, ctx.tracker, ctx.coordinator]
+    assert all(w is not None for w in wired)
+    assert [f for w in wired for f in _holds_context(w)] == []
 
 
 class _Watcher(StreamingListener):

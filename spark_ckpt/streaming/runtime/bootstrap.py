@@ -17,7 +17,11 @@ from spark_ckpt.state.schema import TIMERS_COLUMN as TIMERS
 from spark_ckpt.storage import Storage, join
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import DataFrame, SparkSession
+
+    from spark_ckpt.streaming.template.definition import PipelineDefinition
 
 
 __all__ = ["bootstrap_state", "check_state_frame", "claim_run", "file_schema", "spark_schema",
@@ -61,8 +65,8 @@ def claim_run(storage: Storage, root: str, pipeline: str, what: str, now_ms: int
            clock: Clock) -> int:
     """A run marker and a fence claim, as a driver's start makes: the next run number."""
     from spark_ckpt.formats import dump_record
-    from spark_ckpt.streaming.runtime.runs import run_numbers
     from spark_ckpt.storage.fencing import Fence
+    from spark_ckpt.streaming.runtime.runs import run_numbers
 
     storage.makedirs(join(root, "runs"))
     while True:
@@ -172,9 +176,11 @@ def _writer(plans: dict[int, dict[str, Any]], schema_hex: str, fmt: bytes, batch
     return run
 
 
-def bootstrap_state(ctx: Any, frames: dict[str, DataFrame]) -> int:
+def bootstrap_state(pipeline: PipelineDefinition, frames: dict[str, DataFrame], *,
+                    write_metadata: Callable[[], None]) -> int:
     """Write ``frames`` (operator name -> its state, raw layout) as the first checkpoint of
-    ``ctx``'s pipeline, which has not run yet; return its id. ``start()`` restores it."""
+    ``pipeline``, which has not run yet; return its id. ``start()`` restores it.
+    ``write_metadata`` checks and writes its ``metadata.json`` (the run's claim)."""
     from pyspark.sql.types import DoubleType, StructField, StructType
 
     from spark_ckpt.arrowtypes import to_arrow, to_spark
@@ -184,35 +190,35 @@ def bootstrap_state(ctx: Any, frames: dict[str, DataFrame]) -> int:
     from spark_ckpt.streaming.runtime.stop_control import StopControl
     from spark_ckpt.streaming.template.keyed import agg_file_schema
 
-    ops = {op.operator: op for op in ctx.graph.stateful}
+    ops = {op.operator: op for op in pipeline.graph.stateful}
     unknown = sorted(set(frames) - set(ops))
     if unknown:
         raise JobDefinitionError(f"bootstrap_state: no stateful operator {unknown}; the "
                                  f"pipeline has {sorted(ops)}")
-    ctx.graph.validate()
-    ctx.storage.makedirs(ctx.root)
-    ctx._metadata()
-    s = ctx.settings
-    uri = s.checkpoint_dir or ctx.storage.spark_path(join(ctx.root, "checkpoints"))
+    pipeline.graph.validate()
+    pipeline.storage.makedirs(pipeline.root)
+    write_metadata()
+    s = pipeline.settings
+    uri = s.checkpoint_dir or pipeline.storage.spark_path(join(pipeline.root, "checkpoints"))
     store = CheckpointStorage(uri)
     from spark_ckpt.streaming.runtime.runs import run_numbers
 
-    allocations = join(ctx.root, "allocations")
-    ran = ctx.storage.exists(allocations) and any(
-        True for _ in ctx.storage.list_files(allocations, recursive=False))
+    allocations = join(pipeline.root, "allocations")
+    ran = pipeline.storage.exists(allocations) and any(
+        True for _ in pipeline.storage.list_files(allocations, recursive=False))
     del run_numbers
     if store.highest_id() > 0 or ran:
         raise CheckpointError(
-            f"pipeline {ctx.name}: bootstrap_state writes a pipeline's first checkpoint, "
-            f"before it ever runs; {ctx.storage.uri} has run before (use rewrite_state on a "
+            f"pipeline {pipeline.name}: bootstrap_state writes a pipeline's first checkpoint, "
+            f"before it ever runs; {pipeline.storage.uri} has run before (use rewrite_state on a "
             "completed checkpoint, or a new checkpoint directory)")
-    now_ms = ctx.clock.now_ms()
+    now_ms = pipeline.clock.now_ms()
     planned = []
     for name, df in frames.items():
         op = ops[name]
         keys = list(op.keys)
         parallelism = op.requested_parallelism or s.state_parallelism or \
-            spark_api(ctx.spark).default_parallelism()
+            spark_api(pipeline.spark).default_parallelism()
         max_parallelism = op.requested_max or s.state_max_parallelism
         types = {f.name: f.dataType for f in df.schema.fields}
         if op.kind == "agg":
@@ -244,24 +250,26 @@ def bootstrap_state(ctx: Any, frames: dict[str, DataFrame]) -> int:
         check_state_frame(df, keys=keys, file_schema=schema, operator=name)
         planned.append((name, op, df, keys, schema, fmt, parallelism, max_parallelism,
                         describe))
-    run = claim_run(ctx.storage, ctx.root, ctx.name, "state bootstrap", now_ms, ctx.clock)
+    run = claim_run(pipeline.storage, pipeline.root, pipeline.name, "state bootstrap", now_ms,
+                    pipeline.clock)
     operators: dict[str, Any] = {}
     for name, op, df, keys, schema, fmt, parallelism, max_parallelism, describe in planned:
         handles = write_state_files(
-            ctx.spark, df, state_dir=op.state_dir(), keys=keys, file_schema=schema, fmt=fmt,
+            pipeline.spark, df, state_dir=op.state_dir(), keys=keys, file_schema=schema, fmt=fmt,
             parallelism=parallelism, max_parallelism=max_parallelism, batch=0, operator=name)
         operators[name] = {"handles": handles, "kind": op.kind, "parallelism": parallelism,
                            "max_parallelism": max_parallelism, "keys": keys, "extra": {},
                            **describe}
     checkpoint_id = store.highest_id() + 1
     store.write_metadata(checkpoint_id, {
-        "checkpoint_id": checkpoint_id, "pipeline": ctx.name, "pipeline_id": ctx.pipeline_id,
-        "barrier_batch": -1, "trigger_ms": now_ms, "completed_ms": ctx.clock.now_ms(),
+        "checkpoint_id": checkpoint_id, "pipeline": pipeline.name,
+        "pipeline_id": pipeline.pipeline_id,
+        "barrier_batch": -1, "trigger_ms": now_ms, "completed_ms": pipeline.clock.now_ms(),
         "mode": s.checkpoint_mode, "sources": {}, "operators": operators, "sinks": {},
         "bootstrapped": True})
-    StopControl(ctx.storage, ctx.root, ctx.name, run).record_end(
+    StopControl(pipeline.storage, pipeline.root, pipeline.name, run).record_end(
         "stopped", f"state bootstrap of {sorted(frames)} into checkpoint {checkpoint_id}",
-        checkpoint_id, -1, ctx.clock.now_ms())
-    log.info("Pipeline %s: bootstrapped the state of %s into checkpoint %d", ctx.name,
+        checkpoint_id, -1, pipeline.clock.now_ms())
+    log.info("Pipeline %s: bootstrapped the state of %s into checkpoint %d", pipeline.name,
              sorted(frames), checkpoint_id)
     return checkpoint_id

@@ -1,6 +1,6 @@
 """A pipeline's checkpoint directory, as a start reads it and as the tools open it.
 
-What a start writes there (streaming/context.py)::
+What a start writes there (streaming/runtime/start.py, run_claim.py)::
 
     metadata.json        pipeline-metadata: name, id, sources, schemas, outputs, operators
     runs/<n>.json        pipeline-run: each driver's claim (runs/ended/<n>.json: how it ended)

@@ -1,5 +1,5 @@
 """The runs of a pipeline: each driver's start claims ``runs/<n>.json`` in its checkpoint
-directory (the newest run owns it; see StreamingContext._claim_run)."""
+directory (the newest run owns it; see :class:`~.run_claim.RunClaim`)."""
 
 from __future__ import annotations
 

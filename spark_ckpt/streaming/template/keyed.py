@@ -441,7 +441,7 @@ class _SchemaRun:
         if isinstance(stream, ProcessedStream):
             from pyspark.sql.types import StructType
 
-            schema = stream.output_schema or StructType.fromDDL(str(stream._declared))
+            schema = stream.output_schema or StructType.fromDDL(str(stream.declared_schema))
             return empty_frame(self.spark, schema)  # type: ignore[arg-type]  # DDL: a struct
         raise InternalError(f"stream {stream.name}: expected a stream kind the schema dry run "
                             f"knows, found a {type(stream).__name__}")
@@ -745,7 +745,7 @@ class ProcessedStream(StatefulStream):
                 "state_schema; expected its state variables with Spark types, for example "
                 "state_schema = \"n BIGINT, total DOUBLE\""
             )
-        self._declared = output_schema
+        self.declared_schema = output_schema
         # the declared output schema when given as a StructType (a DDL string is parsed by
         # Spark at the first batch, into the operator's state)
         self.output_schema: StructType | None = output_schema \
@@ -784,7 +784,7 @@ class ProcessedStream(StatefulStream):
             return None
         spark = self.pipeline.spark
         if state.output_schema is None:
-            state.output_schema = StructType.fromDDL(self._declared)  # type: ignore[arg-type]
+            state.output_schema = StructType.fromDDL(self.declared_schema)  # type: ignore[arg-type]
         output_schema = state.output_schema
         self._parse_state_schema(state)
         key_schema = to_arrow(StructType([df.schema[k] for k in self.keys]))

@@ -168,8 +168,8 @@ RECORDS: dict[tuple[str, int], Any] = {
                         "pieces": MapOf(OBJECT), "allocated_ms?": MILLIS},
     ("batch-commit", 1): {"batch_id": BATCH_ID, "outputs": MapOf(OBJECT),
                           "finished_ms?": MILLIS, "two_phase?": BOOL},
-    # streaming/runtime/run_claim.py writes it at every start; the start reads name, sources, schemas
-    # and pipeline_id, the tools (spark-ckpt, shell) the rest
+    # streaming/runtime/run_claim.py writes it at every start; the start reads name, sources,
+    # schemas and pipeline_id, the tools (spark-ckpt, shell) the rest
     ("pipeline-metadata", 1): {"name": STR, "sources": MapOf(OBJECT),
                                "schemas?": MapOf(STR), "pipeline_id?": STR,
                                "outputs?": MapOf(ANY),  # a sink's describe(), any JSON

@@ -44,6 +44,8 @@ def test_concurrent_claims_from_processes_leave_exactly_one_owner(tmp_path):
         answer = json.loads(p.stdout.readline())
         fenced[answer["name"]] = answer["fenced"]
         p.wait(60)
+        p.stdin.close()
+        p.stdout.close()
     assert len(set(versions.values())) == 6  # distinct: each commit won its own version
     owner = max(versions, key=versions.get)
     assert [n for n, f in fenced.items() if not f] == [owner]

@@ -154,38 +154,49 @@ class StreamingContext:
     # -- the definition (fixed once start() runs; any thread may read it) -------------------
     @property
     def spark(self) -> SparkSession:
+        """The SparkSession the pipeline runs on."""
         return self._definition.spark
 
     @property
     def name(self) -> str:
+        """The pipeline's name."""
         return self._definition.name
 
     @property
     def settings(self) -> Settings:
+        """The pipeline's ``spark.ckpt.*`` options, read once when it was built."""
         return self._definition.settings
 
     @property
     def storage(self) -> Storage:
+        """The storage of the checkpoint directory."""
         return self._definition.storage
 
     @property
     def root(self) -> str:
+        """The checkpoint directory's path on its storage."""
         return self._definition.root
 
     @property
     def clock(self) -> Clock:
+        """The clock the pipeline reads time from (injected; the system clock by default)."""
         return self._definition.clock
 
     @property
     def graph(self) -> StreamGraph:
+        """The template's graph: its inputs and outputs."""
         return self._definition.graph
 
     @property
     def pipeline_id(self) -> str:
+        """The id the checkpoint directory keeps across runs (fixed by ``start()``; empty
+        before)."""
         return self._definition.pipeline_id
 
     @property
     def lineage(self) -> str:
+        """What keys every sink transaction: ``<name>-<pipeline id>`` (``<name>`` for a
+        directory made before pipeline ids existed); fixed by ``start()``."""
         return self._definition.lineage
 
     # -- sources -------------------------------------------------------------------------

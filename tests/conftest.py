@@ -24,18 +24,56 @@ from helpers import CDS_ENV, make_class_archive, test_java_options  # noqa: E402
 
 def pytest_sessionstart(session):
     """One archive of Spark's classes for every JVM of the run (helpers.test_java_options);
-    a child pytest (tests/test_connect.py) inherits it through the environment."""
+    a child pytest (tests/test_connect.py) inherits it through the environment. The archive
+    is kept between runs (it takes a Spark job to make) under ``$SPARK_CKPT_TEST_CACHE`` or
+    ``~/.cache/spark-ckpt-tests``, named after the JVM and the jars it was made from: a JVM
+    that does not match an archive ignores it."""
     if os.environ.get(CDS_ENV):
         return
     import atexit
     import shutil
     import tempfile
 
-    directory = Path(tempfile.mkdtemp(prefix="spark-ckpt-test-classes-"))
+    cache = Path(os.environ.get("SPARK_CKPT_TEST_CACHE")
+                 or Path.home() / ".cache" / "spark-ckpt-tests")
+    kept = cache / f"classes-{_archive_key()}.jsa"
+    if kept.is_file() and kept.stat().st_size > 0:
+        os.environ[CDS_ENV] = str(kept)
+        return
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        directory = Path(tempfile.mkdtemp(prefix="spark-ckpt-test-classes-", dir=cache))
+    except OSError:  # no cache: an archive for this run only
+        directory = Path(tempfile.mkdtemp(prefix="spark-ckpt-test-classes-"))
     atexit.register(shutil.rmtree, directory, True)
     archive = make_class_archive(directory)
-    if archive is not None:
-        os.environ[CDS_ENV] = archive
+    if archive is None:
+        return
+    try:
+        os.replace(archive, kept)  # another run may have kept one meanwhile: either will do
+        archive = str(kept)
+    except OSError:
+        pass
+    os.environ[CDS_ENV] = archive
+
+
+def _archive_key() -> str:
+    """What a class archive depends on: the java binary, Spark's jars, the JVM options."""
+    import hashlib
+    import shutil
+
+    import pyspark
+    from helpers import BASE_JAVA_OPTIONS
+
+    home = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+    java = Path(os.environ["JAVA_HOME"]) / "bin" / "java" if os.environ.get("JAVA_HOME") \
+        else Path(shutil.which("java") or "java")
+    parts = [str(java.resolve()), BASE_JAVA_OPTIONS, pyspark.__version__]
+    if java.exists():
+        parts.append(str(java.resolve().stat().st_mtime_ns))
+    for jar in sorted((home / "jars").glob("*.jar")):
+        parts.append(f"{jar.name}:{jar.stat().st_size}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 # Set by tests/test_connect.py for the runs it starts: the same tests, on a Spark Connect

@@ -34,6 +34,7 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 from helpers import ROOT, child_env, wait_for
+from helpers import test_java_options as java_options  # not collected as a test
 
 from spark_ckpt.storage.delta_reader import read_delta
 
@@ -50,10 +51,11 @@ from pyspark.sql import SparkSession
 spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
          .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.shuffle.partitions", "4")
-         .config("spark.driver.extraJavaOptions", "-Dlog4j2.configurationFile=file:LOG4J")
+         .config("spark.driver.extraJavaOptions", "-Dlog4j2.configurationFile=file:LOG4J JAVA")
+         .config("spark.executor.extraJavaOptions", "JAVA")
          .config("spark.sql.session.timeZone", "UTC").getOrCreate())
 spark.sparkContext.setLogLevel("ERROR")
-""".replace("LOG4J", str(ROOT / "conf" / "log4j2.properties"))
+""".replace("LOG4J", str(ROOT / "conf" / "log4j2.properties")).replace("JAVA", java_options())
 
 BATCH_CHILD = SESSION + """
 from pyspark import TaskContext

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from helpers import LONG_FAULTS, ROOT, child_env
+from helpers import test_java_options as java_options  # not collected as a test
 
 from spark_ckpt.storage.delta_reader import read_delta
 
@@ -45,10 +46,19 @@ DEMO_SIZE = (["--orders", "40000", "--parallelism", "16"] if LONG_FAULTS
              else ["--orders", "8000", "--parallelism", "8"])
 
 
+def demo_env() -> dict[str, str]:
+    """The tests' environment; the demo's spark-submit drivers (which read the repository's
+    spark-defaults.conf, not the tests') start with the tests' JVM options too: spark-submit
+    adds ``SPARK_SUBMIT_OPTS`` to the driver JVM it launches."""
+    env = child_env()
+    env["SPARK_SUBMIT_OPTS"] = f"{env.get('SPARK_SUBMIT_OPTS', '')} {java_options()}".strip()
+    return env
+
+
 @pytest.mark.slow
 def test_the_demo_exits_zero(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo.py"), *DEMO_SIZE,
-                           "--dir", str(tmp_path / "demo")], env=child_env(),
+                           "--dir", str(tmp_path / "demo")], env=demo_env(),
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "outputs equal" in done.stdout and "every valid order exactly once" in done.stdout

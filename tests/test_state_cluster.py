@@ -13,6 +13,7 @@ import sys
 import pandas as pd
 import pytest
 from helpers import ROOT, child_env
+from helpers import test_java_options as java_options  # not collected as a test
 from pyspark.sql import functions as F
 
 pytestmark = pytest.mark.slow
@@ -23,6 +24,8 @@ from pyspark.sql import SparkSession
 spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
          .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.shuffle.partitions", "4")
+         .config("spark.driver.extraJavaOptions", "LOG4J JAVA")
+         .config("spark.executor.extraJavaOptions", "JAVA")
          .config("spark.sql.session.timeZone", "UTC").getOrCreate())
 from spark_ckpt import Settings, StreamingContext
 from spark_ckpt.state import count, sum_
@@ -34,7 +37,8 @@ agg = gen.key_by("key").agg(name="totals", n=count(), total=sum_("value"))
 agg.write_delta(sys.argv[2], name="totals", merge_keys=["key"])
 progress = ctx.process_available(timeout=900)
 print("DONE", len(progress), spark.sparkContext.master, flush=True)
-"""
+""".replace("LOG4J", f"-Dlog4j2.configurationFile=file:{ROOT / 'conf' / 'log4j2.properties'}") \
+    .replace("JAVA", java_options())  # the tests' JVM options (helpers.test_java_options)
 
 
 def test_ranges_move_between_executors_and_results_equal_plain_spark(spark, tmp_path):

@@ -142,6 +142,7 @@ def drive(tmp_path, total: int, env: dict[str, str], kill: str | None,
         proc.wait(timeout=600)
     finally:
         kill_group(proc)
+        proc.stdout.close()
     out = "".join(lines)
     if kill is None:
         assert proc.returncode == 0, out[-5000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -79,6 +80,35 @@ def _archive_key() -> str:
 # Set by tests/test_connect.py for the runs it starts: the same tests, on a Spark Connect
 # session to that server (PySpark's parity tests run the same test classes both ways).
 REMOTE = os.environ.get("SPARK_CKPT_TEST_REMOTE")
+
+
+_TESTS = str(Path(__file__).resolve().parent)
+_RUNNING: list[subprocess.Popen] = []  # children still running when their test ended
+
+
+@pytest.fixture(autouse=True)
+def _children_pipes_closed(monkeypatch):
+    """The pipes of the children a test's own code starts (drivers killed by SIGKILL, CLI
+    runs) are closed when the test ends, as warnings are errors and an unclosed pipe is a
+    ResourceWarning. A child still running then (a server a fixture keeps) keeps its pipes
+    until the run ends. Children Spark starts (its JVM watches its stdin) are not touched."""
+    started: list[subprocess.Popen] = []
+    original = subprocess.Popen.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if sys._getframe(1).f_code.co_filename.startswith(_TESTS):
+            started.append(self)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", init)
+    yield
+    for proc in started:
+        if proc.poll() is None:
+            _RUNNING.append(proc)
+            continue
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 @pytest.fixture(scope="session")

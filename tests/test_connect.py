@@ -79,7 +79,7 @@ def test_the_same_tests_pass_on_spark_connect(connect_url):
     nodes = [node for group in PARITY.values() for node in group]
     env = {**os.environ, "SPARK_CKPT_TEST_REMOTE": connect_url}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *nodes],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rfE", *nodes],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=1700)
     tail = (done.stdout + done.stderr)[-8000:]
     assert done.returncode == 0, tail

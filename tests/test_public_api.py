@@ -69,3 +69,15 @@ def test_the_state_processors_old_names_still_work_and_warn(name):
     with pytest.warns(DeprecationWarning, match=rf"spark_ckpt\.state\.{name} is deprecated"):
         old = getattr(spark_ckpt.state, name)
     assert old is getattr(spark_ckpt, name)
+
+
+def test_the_delta_readers_old_module_still_works_and_warns():
+    import importlib
+    import sys
+
+    from spark_ckpt.storage.delta_reader import read_delta
+
+    sys.modules.pop("spark_ckpt.delta_reader", None)
+    with pytest.warns(DeprecationWarning, match=r"spark_ckpt\.delta_reader is deprecated"):
+        old = importlib.import_module("spark_ckpt.delta_reader")
+    assert old.read_delta is read_delta

@@ -111,6 +111,19 @@ def _children_pipes_closed(monkeypatch):
                 stream.close()
 
 
+# The longest test files first: xdist gives each worker a file at a time in collection order,
+# so the long ones overlap the rest instead of ending the run alone.
+LONGEST_FIRST = ["test_connect.py", "test_connect_clients.py", "test_demo.py",
+                 "test_stream_recovery.py", "test_checkpoint_recovery.py", "test_stop.py",
+                 "test_cluster_faults.py", "test_stream_drivers.py", "test_recovery_faults.py",
+                 "test_storage_faults.py", "test_relocate.py"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 @pytest.fixture(scope="session")
 def spark():
     from pyspark.sql import SparkSession

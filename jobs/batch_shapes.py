@@ -1,4 +1,4 @@
-"""Four batch job shapes, written as a new user would, with their plain-Spark twins and data.
+"""Seven batch job shapes, written as a new user would, with their plain-Spark twins and data.
 
     python jobs/batch_shapes.py --shape report --input DIR --output OUT [--plain]
 
@@ -8,7 +8,13 @@
   and to Delta;
 * ``rollup`` (c): an aggregation of an aggregation: events per (user, day), then per day,
   a small report to Delta;
-* ``cleanup`` (d): a map-only clean-up of wide raw rows to Parquet partitioned by day.
+* ``cleanup`` (d): a map-only clean-up of wide raw rows to Parquet partitioned by day;
+* ``sorted_report`` (e): the report's join, then ``groupBy`` with a distinct count, averages
+  and sums, then ``orderBy``;
+* ``ranked`` (f): the report's join, an aggregation per (carrier, city, month), then a window
+  function (the ten routes of most fares per carrier and month);
+* ``two_aggregations`` (g): the report's join, aggregated two ways (per month, per city),
+  joined on the carrier.
 
 Each shape is a function declaring its vertices (``build``) and the same DataFrame pipeline
 for plain Spark (``plain``); ``generate`` writes its input. The vertices are declared without
@@ -30,7 +36,9 @@ from pyspark.sql import functions as F
 
 from spark_ckpt import BatchJob
 
-SHAPES = ("report", "join", "rollup", "cleanup")
+SHAPES = ("report", "join", "rollup", "cleanup", "sorted_report", "ranked", "two_aggregations")
+# shapes (e)-(g) read the report's input
+INPUT_OF = {"sorted_report": "report", "ranked": "report", "two_aggregations": "report"}
 _START = dt.datetime(2025, 1, 1)
 
 
@@ -52,6 +60,7 @@ def _write(table: pa.Table, directory: str, files: int) -> None:
 def generate(shape: str, directory: str, *, rows: int, files: int, seed: int = 7) -> None:
     """Write ``shape``'s input: ``rows`` rows of its large table(s) in ``files`` files each,
     in chunks (bounded memory)."""
+    shape = INPUT_OF.get(shape, shape)
     rng = np.random.default_rng(seed)
     notes = _words(rng, 4096, 48)
     chunk_files = max(1, min(files // 8, files * 4_000_000 // max(rows, 1)))  # ~4M rows a chunk
@@ -168,6 +177,41 @@ def carrier_month(enriched: DataFrame) -> DataFrame:
     )
 
 
+# -- (e) sorted report: distinct counts, averages and sums, then an orderBy --------------------
+def carrier_month_sorted(enriched: DataFrame) -> DataFrame:
+    return enriched.groupBy("carrier", "month").agg(
+        F.count("*").alias("flights"),
+        F.avg("delay").alias("avg_delay"), F.avg("distance").alias("avg_distance"),
+        F.avg("fare").alias("avg_fare"), F.avg("revenue").alias("avg_revenue"),
+        F.sum("fare").alias("fares"), F.sum("distance").alias("miles"),
+        F.countDistinct("tail").alias("planes"),
+    ).orderBy("carrier", "month")
+
+
+# -- (f) ranked: an aggregation, then a window function (rank within a group) ------------------
+def ranked_routes(enriched: DataFrame) -> DataFrame:
+    from pyspark.sql import Window
+
+    per_route = enriched.groupBy("carrier", "city", "month").agg(
+        F.count("*").alias("flights"), F.sum("fare").alias("fares"),
+        F.max("delay").alias("worst_delay"))
+    by_carrier_month = Window.partitionBy("carrier", "month").orderBy(
+        F.desc("fares"), F.asc("city"))
+    return per_route.withColumn("rank", F.rank().over(by_carrier_month)) \
+        .where(F.col("rank") <= 10)
+
+
+# -- (g) two aggregations of one input, joined -------------------------------------------------
+def two_aggregations(enriched: DataFrame) -> DataFrame:
+    per_month = enriched.groupBy("carrier", "month").agg(
+        F.count("*").alias("flights"), F.sum("fare").alias("fares"))
+    per_city = enriched.groupBy("carrier", "city").agg(
+        F.avg("delay").alias("avg_delay"), F.max("distance").alias("longest"))
+    return per_month.join(per_city.groupBy("carrier").agg(
+        F.max("avg_delay").alias("worst_origin_delay"), F.max("longest").alias("longest")),
+        "carrier")
+
+
 # -- (b) join: two large inputs on their key -------------------------------------------------
 def join_details(orders: DataFrame, details: DataFrame) -> DataFrame:
     return orders.join(details, "order_id", "left").withColumn(
@@ -214,6 +258,16 @@ def build(shape: str, job: BatchJob, input_dir: str, output: str, *,
         report = job.vertex("report", carrier_month, enriched.by("carrier", "month"),
                             parallelism=parallelism)
         job.write_delta(report, f"{output}/report", mode="append")
+    elif shape in INPUT_OF:
+        flights = job.read_files("flights", f"{input_dir}/flights")
+        carriers = job.read_files("carriers", f"{input_dir}/carriers", parallelism=1)
+        airports = job.read_files("airports", f"{input_dir}/airports", parallelism=1)
+        enriched = job.vertex("enriched", enrich_flights, flights, carriers.broadcast(),
+                              airports.broadcast())
+        key = ("carrier",) if shape == "two_aggregations" else ("carrier", "month")
+        report = job.vertex(shape, FUNCTIONS[shape], enriched.by(*key),
+                            parallelism=parallelism)
+        job.write_delta(report, f"{output}/{shape}", mode="append")
     elif shape == "join":
         orders = job.read_files("orders", f"{input_dir}/orders")
         details = job.read_files("details", f"{input_dir}/details")
@@ -248,6 +302,10 @@ def plain(shape: str, spark: SparkSession, input_dir: str, output: str) -> None:
         report = carrier_month(enrich_flights(read("flights"), F.broadcast(read("carriers")),
                                               F.broadcast(read("airports"))))
         write_deltalake(f"{output}/report", report.toArrow(), mode="append")
+    elif shape in INPUT_OF:
+        out = FUNCTIONS[shape](enrich_flights(read("flights"), F.broadcast(read("carriers")),
+                                              F.broadcast(read("airports"))))
+        write_deltalake(f"{output}/{shape}", out.toArrow(), mode="append")
     elif shape == "join":
         join_details(read("orders"), read("details")).write.parquet(f"{output}/joined")
         # the Delta table holds the same rows: copy them, then make the directory a table
@@ -260,6 +318,10 @@ def plain(shape: str, spark: SparkSession, input_dir: str, output: str) -> None:
         clean(read("raw")).write.partitionBy("dt").parquet(f"{output}/cleaned")
     else:
         raise ValueError(f"expected a shape in {SHAPES}, found {shape!r}")
+
+
+FUNCTIONS = {"sorted_report": carrier_month_sorted, "ranked": ranked_routes,
+             "two_aggregations": two_aggregations}
 
 
 def main() -> None:

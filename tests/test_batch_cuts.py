@@ -62,7 +62,7 @@ def assert_same_rows(got: pd.DataFrame, want: pd.DataFrame) -> None:
 
 def plain_output(spark, shape: str, shape_input, tmp_path) -> str:
     out = str(tmp_path / "plain")
-    shapes.plain(shape, spark, str(shape_input / shape), out)
+    shapes.plain(shape, spark, str(shape_input / shapes.INPUT_OF.get(shape, shape)), out)
     return out
 
 
@@ -116,9 +116,77 @@ def test_split_aggregate_gives_plain_sparks_answer(spark):
     assert split.final_frame(waves[-1]).count() == 0 == fn(df.where("id < 0")).count()
 
 
+def test_an_aggregation_is_split_whatever_the_function_does_after_it(spark):
+    """The aggregation inside the function is split (its distinct, holistic and plain
+    aggregates) and the rest of the function (a join with a small table, a window function,
+    a filter, a sort, a second aggregation) runs over the merged partials: plain Spark's
+    rows, from partials of any number of waves."""
+    from pyspark.sql import Window
+
+    from spark_ckpt.sparkapi import empty_frame
+
+    df = spark.range(3000).select(
+        F.when(F.col("id") % 11 == 0, None).otherwise((F.col("id") % 4).cast("int")).alias("k"),
+        F.when(F.col("id") % 5 == 0, None).otherwise(F.col("id") * 1.5).alias("d"),
+        (F.col("id") % 97).cast("decimal(12,2)").alias("dec"),
+        F.when(F.col("id") % 7 == 0, None)
+        .otherwise(F.concat(F.lit("s"), (F.col("id") % 13).cast("string"))).alias("s"),
+        F.col("id"))
+    small = spark.createDataFrame([(0, "a"), (1, "b"), (2, "c")], "k int, name string")
+
+    def report(x, names):
+        per_k = x.where("id > 3").groupBy("k").agg(
+            F.count("*").alias("n"), F.countDistinct("s").alias("distinct_s"),
+            F.expr("max(DISTINCT s)").alias("max_distinct_s"), F.avg("d").alias("avg_d"),
+            F.sum("dec").alias("sum_dec"), F.sort_array(F.collect_set("s")).alias("set_s"),
+            F.min("id").alias("first_id"))
+        w = Window.partitionBy(F.col("k") % 2).orderBy(F.desc("n"), "k")
+        return per_k.join(F.broadcast(names), "k", "left") \
+            .withColumn("rank", F.rank().over(w)).where("n > 0").orderBy("k")
+
+    def percentiles(x, names):
+        return x.groupBy("k").agg(F.median("d").alias("median_d"),
+                                  F.percentile("d", [0.1, 0.9]).alias("p"),
+                                  F.count("*").alias("n")).select("k", "median_d", "p")
+
+    def second_aggregation(x, names):
+        return x.groupBy("k", "s").agg(F.sum("id").alias("t")) \
+            .groupBy("k").agg(F.max("t").alias("top"), F.count("*").alias("values"))
+
+    leaf = empty_frame(spark, df.schema)
+    for fn, after in ((report, {"Sort", "Window", "Join"}), (percentiles, {"Project"}),
+                      (second_aggregation, {"Aggregate"})):
+        over_leaf = fn(leaf, small)
+        split = split_aggregate(over_leaf, leaf)
+        check_split(split, over_leaf)
+        assert after <= set(split.after), split.after
+        waves = [split.partial_frame(fn(df.where(f"id % 3 = {i}"), small)) for i in range(3)]
+        waves.append(split.partial_frame(fn(df.where("id < 0"), small)))  # an empty wave
+        partials = waves[0]
+        for wave in waves[1:]:
+            partials = partials.unionByName(wave)
+        got = split.final_fn(fn, df.schema)(partials, small)
+        want = fn(df, small)
+        assert got.schema.simpleString() == want.schema.simpleString()
+        assert_same_rows(_arrays_as_text(got.toPandas()), _arrays_as_text(want.toPandas()))
+        if fn is report:  # sorted by k: the same order too
+            assert [r.k for r in got.collect()] == [r.k for r in want.collect()]
+
+
+def _arrays_as_text(frame: pd.DataFrame) -> pd.DataFrame:
+    for column in frame.columns:
+        if frame[column].map(lambda v: isinstance(v, np.ndarray)).any():
+            frame[column] = frame[column].map(lambda v: str(list(v)))
+    return frame
+
+
 @pytest.mark.parametrize("fn, why", [
-    (lambda x: x.groupBy("k").agg(F.countDistinct("id")), "DISTINCT"),
-    (lambda x: x.groupBy("k").agg(F.sum("id").alias("t")).where("t > 0"), "a Filter"),
+    (lambda x: x.groupBy("k").agg(F.countDistinct("id"), F.countDistinct("k2")),
+     "another distinct"),
+    (lambda x: x.groupBy("k").agg(F.sum("id").alias("t")).join(x, "k"), "its input 2 times"),
+    (lambda x: x.groupBy("k").agg(F.sum("id").alias("t")).join(
+        x.groupBy("k").agg(F.max("id").alias("m")), "k"), "its input 2 times"),
+    (lambda x: x.groupBy("k").agg(F.percentile_approx("id", 0.5)), "no partial form"),
     (lambda x: x.groupBy((F.col("k") + 1).alias("k1")).agg(F.sum("id")), "not a column"),
     (lambda x: x.groupBy("k").agg(F.avg(F.col("id").cast("decimal(10,2)"))), "decimal"),
     (lambda x: x.groupBy("k").agg(F.collect_list("id")), "no partial form"),
@@ -133,9 +201,15 @@ def test_split_aggregate_gives_plain_sparks_answer(spark):
     (lambda x: x.groupBy("k").agg(F.format_string("sum(id)=%d", F.sum("id"))), "elsewhere"),
 ])
 def test_aggregations_without_a_partial_form_are_refused_naming_why(spark, fn, why):
-    df = spark.range(10).withColumn("k", F.col("id") % 2)
+    from spark_ckpt.sparkapi import empty_frame
+
+    df = spark.range(10).withColumn("k", F.col("id") % 2).withColumn("k2", F.col("id") % 3)
+    if "input" not in why:  # (without a leaf, the input cannot be told from other frames)
+        with pytest.raises(NotSplittable, match=why):
+            split_aggregate(fn(df))
+    leaf = empty_frame(spark, df.schema)  # as the planner asks: the function over a leaf
     with pytest.raises(NotSplittable, match=why):
-        split_aggregate(fn(df))
+        split_aggregate(fn(leaf), leaf)
 
 
 # -- the default cuts --------------------------------------------------------------------------
@@ -178,6 +252,39 @@ def test_default_cuts_chain_the_join_and_make_partial_aggregates_durable(
     assert rows["report-partial"]["finished_partitions"] == 8
     table = CliRunner().invoke(cli, ["plan", "report", "--work-dir", work])
     assert "map-side partial aggregates" in table.output
+
+
+@pytest.mark.parametrize("shape, after", [("sorted_report", "Sort"), ("ranked", "Window")])
+def test_the_cut_is_the_aggregations_exchange_whatever_follows_it(
+        spark, shape_input, tmp_path, shape, after):
+    """Shapes (e) and (f): the report's function sorts its aggregation (with a distinct count)
+    or ranks it with a window function; the cut is still the aggregation's partials, per wave
+    of enriched's splits, and the output is plain Spark's."""
+    out, work = str(tmp_path / "out"), str(tmp_path / "work")
+    # 5,000 rows a split here: a wave's partials hardly reduce it (millions of rows would)
+    settings = dataclasses.replace(SETTINGS, batch_cut_max_percent=400)
+    job = shapes.build(shape, BatchJob(shape, spark=spark, work_dir=work, settings=settings),
+                       str(shape_input / "report"), out, parallelism=4)
+    plan = job.explain(show=False)
+    partial = plan.cuts[f"{shape}-partial"]
+    assert partial.durable and plan.cuts["enriched"].partial, str(plan)
+    assert f"{shape} then runs {after}" in partial.reason or after in partial.reason, str(plan)
+    result = job.run()
+    assert {v: s.ran for v, s in result.vertices.items()} == {f"{shape}-partial": 8, shape: 4}
+    assert_same_rows(_load(f"{out}/{shape}"),
+                     _load(f"{plain_output(spark, shape, shape_input, tmp_path)}/{shape}"))
+
+
+def test_two_aggregations_of_one_input_are_kept_whole_saying_why(spark, shape_input, tmp_path):
+    """Shape (g) reads its input twice (two aggregations, joined): not split, and explain()
+    says so."""
+    job = shapes.build("two_aggregations", BatchJob("g", spark=spark,
+                                                    work_dir=str(tmp_path / "work"),
+                                                    settings=SETTINGS),
+                       str(shape_input / "report"), str(tmp_path / "out"), parallelism=4)
+    plan = job.explain(show=False)
+    assert "two_aggregations-partial" not in plan.cuts
+    assert "reads its input 2 times" in plan.cuts["enriched"].reason, str(plan)
 
 
 def test_cut_rules_and_settings_by_hand(spark, shape_input, tmp_path):

@@ -37,7 +37,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from spark_ckpt.batch.aggsplit import AggSplit, NotSplittable, check_split, split_aggregate
 from spark_ckpt.execution.job_graph import Edge, JobGraph, JobVertex
@@ -443,7 +443,8 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
         consumer = graph.vertices[consumer_id]
         if _partial_candidate(vertex, consumer, edge) is None:
             try:
-                split, partial = _split_over_sample(graph, vertex, consumer_id, sampler)
+                split, partial, schema = _split_over_sample(graph, vertex, consumer_id,
+                                                           sampler)
             except NotSplittable as exc:
                 why = f"{consumer_id}'s function: {exc}"
             else:
@@ -457,7 +458,7 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                 if ratio <= max_ratio:
                     bucketed = exchanges is not None and exchanges()
                     inserted = _insert_partial(graph, vertex, consumer_id, plan,
-                                               (split, partial), bucketed)
+                                               Split(split, partial, schema), bucketed)
                     assert inserted is not None
                     plan.cuts[inserted].ratio, plan.cuts[inserted].est_bytes = ratio, est
                     plan.cuts[inserted].reason += \
@@ -501,43 +502,60 @@ def _partial_candidate(vertex: JobVertex, consumer: JobVertex, edge: Edge) -> st
     """Why the consumer's partial aggregates cannot be the cut (None: they may be)."""
     if consumer.declared_durable is False:
         return f"{consumer.id} is chained by hand"
-    if len(consumer.inputs) != 1:
-        return f"{consumer.id} has {len(consumer.inputs)} inputs"
+    main = [e for e in consumer.inputs if e.kind != "broadcast"]
+    if len(main) != 1:
+        return f"{consumer.id} has {len(main)} inputs besides broadcast ones"
     if edge.kind != "hash" or not consumer.key:
         return f"{consumer.id} does not read {vertex.id} hashed by a key"
     return None
 
 
 def _split_over_sample(graph: JobGraph, vertex: JobVertex, consumer_id: str,
-                       sampler: Sampler) -> tuple[AggSplit, DataFrame]:
+                       sampler: Sampler) -> Split:
     """The consumer's aggregation split and its partial step over the vertex's first split
     (planned, not run); or NotSplittable, with why. The function is analysed over an empty
-    frame of the vertex's schema, so what it runs before aggregating is its own (checked to
-    be row by row), then applied to the sample."""
+    frame of the vertex's schema (its other, broadcast, inputs empty too), so what it runs
+    before aggregating is its own (checked to be row by row) and the aggregation is found
+    wherever it is in the function's plan; then applied to the sample."""
     consumer = graph.vertices[consumer_id]
     assert consumer.fn is not None
-    edge = next(e for e in consumer.inputs if e.upstream == vertex.id)
+    main = next(i for i, e in enumerate(consumer.inputs) if e.upstream == vertex.id)
+    edge = consumer.inputs[main]
     try:
         sample = sampler.compute(vertex.id, [0])
-        leaf = empty_frame(sample.sparkSession, sample.schema)
-        aggregated = consumer.fn(leaf)
-        split = split_aggregate(aggregated)
+        spark = sample.sparkSession
+        leaf = empty_frame(spark, sample.schema)
+        others = [None if i == main else
+                  empty_frame(spark, sampler.compute(e.upstream, [0]).schema)
+                  for i, e in enumerate(consumer.inputs)]
+        aggregated = consumer.fn(*[leaf if i == main else df for i, df in enumerate(others)])
+        split = split_aggregate(aggregated, leaf)
         check_split(split, aggregated)
         missing = [c for c in edge.columns if c not in split.grouping]
         if missing:
             raise NotSplittable(f"it reads {vertex.id} hashed by {list(edge.columns)} but "
                                 f"groups by {list(split.grouping)}")
-        partial = split.partial_frame(consumer.fn(sample))
+        partial = split.partial_frame(
+            consumer.fn(*[sample if i == main else df for i, df in enumerate(others)]))
     except NotSplittable:
         raise
     except Exception as exc:  # an analysis error, a UDF: the consumer stays whole
         raise NotSplittable(f"its aggregation could not be planned in parts "
                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from exc
-    return split, partial
+    return Split(split, partial, sample.schema)
+
+
+class Split(NamedTuple):
+    """A consumer's aggregation split, its partial step over a sample split, and the schema
+    its aggregation reads (its ``fn_final`` plans the function over no rows of it)."""
+
+    split: AggSplit
+    sample: DataFrame
+    schema: StructType
 
 
 def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str, plan: CutPlan,
-                    split_and_sample: tuple[AggSplit, DataFrame] | None,
+                    split_and_sample: Split | None,
                     bucketed: bool) -> str | None:
     """Insert ``<consumer>-partial`` between ``vertex`` and its aggregating consumer; return
     its id (None: the consumer no longer splits). ``bucketed``: its waves are written
@@ -553,8 +571,13 @@ def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str, plan: 
     pid = f"{consumer_id}{PARTIAL_SUFFIX}"
     while pid in graph.vertices:
         pid += "_"
+    main = next(i for i, e in enumerate(consumer.inputs) if e.upstream == vertex.id)
     partial = JobVertex(
-        pid, vertex.parallelism, inputs=(Edge(vertex.id, "forward"),),
+        pid, vertex.parallelism,
+        # the consumer's inputs, its main one read split by split (a broadcast one is read
+        # whole by every wave, as the consumer's function reads it)
+        inputs=tuple(Edge(vertex.id, "forward") if i == main else e
+                     for i, e in enumerate(consumer.inputs)),
         fn=split.partial_fn(consumer.fn), key=(),
         # what it computes is the consumer's function's partial form: its identity
         version=f"{_function_identity(consumer.fn)}|{consumer.version}|"
@@ -566,16 +589,21 @@ def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str, plan: 
     partial.partial_of = consumer_id
     partial.declared_durable = True
     graph.insert_before(consumer_id, partial)
-    edge = consumer.inputs[0]
-    consumer.inputs = (Edge(pid, "hash", edge.columns),)
-    consumer.fn_final = split.final_frame
+    edge = consumer.inputs[main]
+    consumer.inputs = tuple(Edge(pid, "hash", edge.columns) if i == main else e
+                            for i, e in enumerate(consumer.inputs))
+    consumer.fn_final = split.final_fn(consumer.fn, split_and_sample.schema, main)
     plan.splits[consumer_id] = split
     how = ""
     if bucketed:
         partial.bucket_for, partial.bucket_by = consumer_id, tuple(edge.columns)
         how = (f", bucketed by {list(edge.columns)} into {consumer_id}'s partitions (Spark's "
                f"exchange of the aggregation, made durable)")
-    plan.cuts[pid] = Cut(pid, True, f"the map-side partial aggregates of {consumer_id}, per "
-                         f"wave of {vertex.id}'s splits{how}", partial_of=consumer_id,
-                         bucket_for=partial.bucket_for)
+    grouped = list(split.grouping + split.distinct)
+    after = f"; {consumer_id} then runs {', '.join(dict.fromkeys(split.after))} over the " \
+        "merged aggregates" if split.after else ""
+    plan.cuts[pid] = Cut(pid, True, f"the map-side partial aggregates of {consumer_id} "
+                         f"(what enters Spark's exchange of its aggregation, grouped by "
+                         f"{grouped}), per wave of {vertex.id}'s splits{how}{after}",
+                         partial_of=consumer_id, bucket_for=partial.bucket_for)
     return pid

@@ -55,7 +55,7 @@ def _expr(e: Any) -> Expr:
                 filtered=filtered, function=function, pretty_name=pretty)
 
 
-def _node(plan: Any) -> PlanNode:
+def _node(plan: Any, mark: Any = None) -> PlanNode:
     kind = _kind(plan)
     grouping: tuple[Expr, ...] = ()
     aggregates: tuple[Expr, ...] = ()
@@ -63,8 +63,15 @@ def _node(plan: Any) -> PlanNode:
         grouping = tuple(_expr(e) for e in _seq(plan.groupingExpressions()))
         aggregates = tuple(_expr(e) for e in _seq(plan.aggregateExpressions()))
     return PlanNode(kind=kind, name=plan.nodeName(), deterministic=bool(plan.deterministic()),
-                    children=tuple(_node(c) for c in _seq(plan.children())),
-                    grouping=grouping, aggregates=aggregates)
+                    children=tuple(_node(c, mark) for c in _seq(plan.children())),
+                    grouping=grouping, aggregates=aggregates,
+                    marked=mark is not None and bool(plan.sameResult(mark)))
+
+
+def _at(plan: Any, path: tuple[int, ...]) -> Any:
+    for index in path:
+        plan = _seq(plan.children())[index]
+    return plan
 
 
 class ClassicSpark:
@@ -149,20 +156,62 @@ class ClassicSpark:
         plan = df._jdf.queryExecution().optimizedPlan()
         return _kind(plan) == "LocalRelation" and bool(plan.data().isEmpty())
 
-    def analyzed_plan(self, df: DataFrame) -> PlanNode | None:
-        return _node(df._jdf.queryExecution().analyzed())
+    def analyzed_plan(self, df: DataFrame, mark: DataFrame | None = None) -> PlanNode | None:
+        marked = None if mark is None else mark._jdf.queryExecution().analyzed()
+        return _node(df._jdf.queryExecution().analyzed(), marked)
 
     def plan_child_frame(self, df: DataFrame) -> DataFrame | None:
+        plan = df._jdf.queryExecution().analyzed()
+        if len(_seq(plan.children())) != 1:
+            return None
+        return self.plan_frame(df, (0,))
+
+    def _frame(self, plan: Any) -> DataFrame:
         from pyspark.sql import DataFrame as PyDataFrame
 
-        plan = df._jdf.queryExecution().analyzed()
-        children = _seq(plan.children())
-        if len(children) != 1:
-            return None
-        spark = df.sparkSession
+        spark = self.spark
         jdf = spark._jvm.org.apache.spark.sql.classic.Dataset.ofRows(  # type: ignore[union-attr]
-            spark._jsparkSession, children[0])
+            spark._jsparkSession, plan)
         return PyDataFrame(jdf, spark)
+
+    def plan_frame(self, df: DataFrame, path: tuple[int, ...]) -> DataFrame | None:
+        return self._frame(_at(df._jdf.queryExecution().analyzed(), path))
+
+    def replace_plan(self, df: DataFrame, path: tuple[int, ...],
+                     replacement: DataFrame) -> DataFrame | None:
+        jvm = self.spark._jvm
+        assert jvm is not None
+        expressions = jvm.org.apache.spark.sql.catalyst.expressions
+        logical = jvm.org.apache.spark.sql.catalyst.plans.logical
+        root = df._jdf.queryExecution().analyzed()
+        old = _at(root, path)
+        new = replacement._jdf.queryExecution().analyzed()
+        old_out, new_out = _seq(old.output()), _seq(new.output())
+        if len(old_out) != len(new_out):
+            return None
+        # the replacement's columns under the replaced node's attribute ids (what the plan
+        # above it refers to), names and qualifiers
+        aliases = [expressions.Alias(n, o.name(), o.exprId(), o.qualifier(),
+                                     jvm.scala.Option.apply(None), self._scala_seq([]))
+                   for o, n in zip(old_out, new_out, strict=True)]
+        replaced = logical.Project(self._scala_seq(aliases), new)
+
+        def rebuild(plan: Any, rest: tuple[int, ...]) -> Any:
+            if not rest:
+                return replaced
+            children = _seq(plan.children())
+            children[rest[0]] = rebuild(children[rest[0]], rest[1:])
+            return plan.withNewChildren(self._scala_seq(children))
+
+        return self._frame(rebuild(root, path))
+
+    def _scala_seq(self, items: list[Any]) -> Any:
+        jvm = self.spark._jvm
+        assert jvm is not None
+        java_list = jvm.java.util.ArrayList()
+        for item in items:
+            java_list.add(item)
+        return jvm.scala.jdk.javaapi.CollectionConverters.asScala(java_list).toSeq()
 
     def session_id(self) -> str | None:
         return None

@@ -140,10 +140,17 @@ class ConnectSpark:
         lines = _section(df._explain_string(mode="extended"), "Optimized Logical Plan")  # type: ignore[operator]
         return bool(lines) and lines[0].startswith("LocalRelation <empty>")
 
-    def analyzed_plan(self, df: DataFrame) -> PlanNode | None:
+    def analyzed_plan(self, df: DataFrame, mark: DataFrame | None = None) -> PlanNode | None:
         return None
 
     def plan_child_frame(self, df: DataFrame) -> DataFrame | None:
+        return None
+
+    def plan_frame(self, df: DataFrame, path: tuple[int, ...]) -> DataFrame | None:
+        return None
+
+    def replace_plan(self, df: DataFrame, path: tuple[int, ...],
+                     replacement: DataFrame) -> DataFrame | None:
         return None
 
     def session_id(self) -> str | None:

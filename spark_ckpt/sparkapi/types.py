@@ -45,6 +45,7 @@ class PlanNode:
     children: tuple[PlanNode, ...] = ()
     grouping: tuple[Expr, ...] = ()  # an Aggregate's grouping expressions
     aggregates: tuple[Expr, ...] = ()  # an Aggregate's output expressions
+    marked: bool = False  # it is the plan of the frame analyzed_plan was asked to mark
 
 
 class SparkApi(Protocol):
@@ -95,12 +96,23 @@ class SparkApi(Protocol):
     def provably_empty(self, df: DataFrame) -> bool:
         """True when the optimizer reduced ``df`` to no rows."""
 
-    def analyzed_plan(self, df: DataFrame) -> PlanNode | None:
-        """``df``'s analysed logical plan as plain data; None: cannot tell."""
+    def analyzed_plan(self, df: DataFrame, mark: DataFrame | None = None) -> PlanNode | None:
+        """``df``'s analysed logical plan as plain data; None: cannot tell. Nodes that are
+        ``mark``'s own analysed plan (where ``df`` was built over ``mark``) are ``marked``."""
 
     def plan_child_frame(self, df: DataFrame) -> DataFrame | None:
         """A DataFrame of the analysed plan's single child (what an aggregation reads);
         None: cannot tell."""
+
+    def plan_frame(self, df: DataFrame, path: tuple[int, ...]) -> DataFrame | None:
+        """A DataFrame of the node of ``df``'s analysed plan at ``path`` (child indices from
+        the root; ``()`` is ``df`` itself); None: cannot tell."""
+
+    def replace_plan(self, df: DataFrame, path: tuple[int, ...],
+                     replacement: DataFrame) -> DataFrame | None:
+        """``df`` with the node of its analysed plan at ``path`` replaced by ``replacement``,
+        whose columns are that node's, by position, of the same types: everything above the
+        node reads ``replacement``'s rows as it read the node's. None: cannot tell."""
 
     def session_id(self) -> str | None:
         """The Spark Connect session this client works in; None on a classic session (whose

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from pyspark.sql import functions as F
 
 import batch_shapes as shapes
-from helpers import ROOT, child_env, defaults_text
+from helpers import LONG_FAULTS, ROOT, child_env, defaults_text
 from spark_ckpt import BatchJob, Settings
 from spark_ckpt.batch.aggsplit import NotSplittable, check_split, split_aggregate
 from spark_ckpt.ops.cli import main as cli
@@ -185,7 +185,7 @@ def _arrays_as_text(frame: pd.DataFrame) -> pd.DataFrame:
      "another distinct"),
     (lambda x: x.groupBy("k").agg(F.sum("id").alias("t")).join(x, "k"), "its input 2 times"),
     (lambda x: x.groupBy("k").agg(F.sum("id").alias("t")).join(
-        x.groupBy("k").agg(F.max("id").alias("m")), "k"), "its input 2 times"),
+        x.groupBy("k").agg(F.max("id").alias("m")), "k").join(x, "k"), "input 3 times, once without"),
     (lambda x: x.groupBy("k").agg(F.percentile_approx("id", 0.5)), "no partial form"),
     (lambda x: x.groupBy((F.col("k") + 1).alias("k1")).agg(F.sum("id")), "not a column"),
     (lambda x: x.groupBy("k").agg(F.avg(F.col("id").cast("decimal(10,2)"))), "decimal"),
@@ -254,12 +254,14 @@ def test_default_cuts_chain_the_join_and_make_partial_aggregates_durable(
     assert "map-side partial aggregates" in table.output
 
 
-@pytest.mark.parametrize("shape, after", [("sorted_report", "Sort"), ("ranked", "Window")])
+@pytest.mark.parametrize("shape, after", [("sorted_report", "Sort"), ("ranked", "Window"),
+                                          ("two_aggregations", "Join")])
 def test_the_cut_is_the_aggregations_exchange_whatever_follows_it(
         spark, shape_input, tmp_path, shape, after):
-    """Shapes (e) and (f): the report's function sorts its aggregation (with a distinct count)
-    or ranks it with a window function; the cut is still the aggregation's partials, per wave
-    of enriched's splits, and the output is plain Spark's."""
+    """Shapes (e), (f) and (g): the report's function sorts its aggregation (with a distinct
+    count), ranks it with a window function, or aggregates its input two ways and joins them;
+    the cut is still the aggregations' partials, per wave of enriched's splits (both
+    aggregations' in one unit for (g)), and the output is plain Spark's."""
     out, work = str(tmp_path / "out"), str(tmp_path / "work")
     # 5,000 rows a split here: a wave's partials hardly reduce it (millions of rows would)
     settings = dataclasses.replace(SETTINGS, batch_cut_max_percent=400)
@@ -273,18 +275,6 @@ def test_the_cut_is_the_aggregations_exchange_whatever_follows_it(
     assert {v: s.ran for v, s in result.vertices.items()} == {f"{shape}-partial": 8, shape: 4}
     assert_same_rows(_load(f"{out}/{shape}"),
                      _load(f"{plain_output(spark, shape, shape_input, tmp_path)}/{shape}"))
-
-
-def test_two_aggregations_of_one_input_are_kept_whole_saying_why(spark, shape_input, tmp_path):
-    """Shape (g) reads its input twice (two aggregations, joined): not split, and explain()
-    says so."""
-    job = shapes.build("two_aggregations", BatchJob("g", spark=spark,
-                                                    work_dir=str(tmp_path / "work"),
-                                                    settings=SETTINGS),
-                       str(shape_input / "report"), str(tmp_path / "out"), parallelism=4)
-    plan = job.explain(show=False)
-    assert "two_aggregations-partial" not in plan.cuts
-    assert "reads its input 2 times" in plan.cuts["enriched"].reason, str(plan)
 
 
 def test_cut_rules_and_settings_by_hand(spark, shape_input, tmp_path):
@@ -449,37 +439,47 @@ def test_bucket_layout_accepts_only_files_written_for_the_count():
 def _shape_driver(shape: str, shape_input, out: str, work: str, fault: str,
                   **env: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, str(ROOT / "jobs" / "batch_shapes.py"), "--shape", shape,
-           "--input", str(shape_input / shape), "--output", out, "--work-dir", work,
-           "--parallelism", "4"]
+           "--input", str(shape_input / shapes.INPUT_OF.get(shape, shape)), "--output", out,
+           "--work-dir", work, "--parallelism", "4"]
     return subprocess.run(cmd, env=child_env(fault, **env), capture_output=True, text=True,
                           timeout=300, start_new_session=True, cwd=ROOT)
 
 
 @pytest.mark.slow
-def test_killed_during_partial_waves_resumes_from_them(spark, shape_input, tmp_path):
+@pytest.mark.parametrize("shape", [
+    # (the report's plain groupBy().agg() runs through the same cut as (e), which sorts
+    # after aggregating and counts distinct values: the long run kills both)
+    pytest.param("report", marks=pytest.mark.skipif(
+        not LONG_FAULTS, reason="the same cut as sorted_report; SPARK_CKPT_LONG_FAULTS=1")),
+    "sorted_report"])
+def test_killed_during_partial_waves_resumes_from_them(spark, shape_input, tmp_path, shape):
     """SIGKILL after the second flush of finished partial waves; the resubmission (another
     PYTHONHASHSEED, and settings that would no longer choose this cut) keeps the recorded
-    decision, reuses the partial waves and gives plain Spark's rows, committed once."""
+    decision, reuses the partial waves and gives plain Spark's rows, committed once. Shape
+    (e) sorts its aggregation and counts distinct tails: the partials are grouped by the tail
+    too, and the sort runs over the merged partials."""
     out, work = str(tmp_path / "out"), str(tmp_path / "work")
     defaults = tmp_path / "defaults.conf"  # one event a flush: the kill lands after 2 waves
     defaults.write_text(defaults_text()
-                        + "\nspark.ckpt.eventLog.flushMaxEvents 1\n")
-    proc = _shape_driver("report", shape_input, out, work, "partition.finished:2",
+                        + "\nspark.ckpt.eventLog.flushMaxEvents 1\n"
+                        # 5,000 rows a split: (e)'s partials hardly reduce so few
+                        + "spark.ckpt.batch.cutMaxPercent 400\n")
+    proc = _shape_driver(shape, shape_input, out, work, "partition.finished:2",
                          PYTHONHASHSEED="3", SPARK_CKPT_DEFAULTS=str(defaults))
     assert proc.returncode == KILLED, proc.stderr[-3000:]
     settings = dataclasses.replace(SETTINGS, batch_cut_max_percent=0)
-    job = shapes.build("report", BatchJob("report", spark=spark, work_dir=work,
-                                          settings=settings),
+    job = shapes.build(shape, BatchJob(shape, spark=spark, work_dir=work,
+                                       settings=settings),
                        str(shape_input / "report"), out, parallelism=4)
     result = job.run()
-    partial = result.vertices["report-partial"]
+    partial = result.vertices[f"{shape}-partial"]
     assert 0 < partial.reused < partial.partitions
     assert partial.reused + partial.ran == partial.partitions
-    assert_same_rows(_load(f"{out}/report"),
-                     _load(f"{plain_output(spark, 'report', shape_input, tmp_path)}/report"))
+    assert_same_rows(_load(f"{out}/{shape}"),
+                     _load(f"{plain_output(spark, shape, shape_input, tmp_path)}/{shape}"))
     from deltalake import DeltaTable
 
-    assert sum(1 for h in DeltaTable(f"{out}/report").history()
+    assert sum(1 for h in DeltaTable(f"{out}/{shape}").history()
                if h.get("operation") != "CREATE TABLE") == 1
 
 

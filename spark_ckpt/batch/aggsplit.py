@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-__all__ = ["AggSplit", "NotSplittable", "split_aggregate"]
+__all__ = ["AggSplit", "NotSplittable", "SplitSet", "split_aggregate"]
 
 _PREFIX = "__sck_"
 
@@ -145,6 +145,68 @@ class AggSplit:
         return final
 
 
+_PART = f"{_PREFIX}aggregation"  # which aggregation of a SplitSet a partial row belongs to
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitSet:
+    """The splits of a function that aggregates its input in several places (two
+    aggregations of one input, joined): a wave's partials are every aggregation's, each row
+    tagged with its aggregation's number, and the final step replaces each aggregation in the
+    function's plan with its merged partials."""
+
+    parts: tuple[AggSplit, ...]
+
+    @property
+    def grouping(self) -> tuple[str, ...]:
+        """The grouping columns every aggregation has."""
+        return tuple(c for c in self.parts[0].grouping
+                     if all(c in p.grouping for p in self.parts[1:]))
+
+    @property
+    def distinct(self) -> tuple[str, ...]:
+        return ()
+
+    @property
+    def after(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name for p in self.parts for name in p.after))
+
+    def describe(self) -> dict[str, object]:
+        return {"aggregations": [p.describe() for p in self.parts]}
+
+    def partial_frame(self, aggregated: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        frames = [p.partial_frame(aggregated).withColumn(_PART, F.lit(i))
+                  for i, p in enumerate(self.parts)]
+        out = frames[0]
+        for frame in frames[1:]:
+            out = out.unionByName(frame, allowMissingColumns=True)
+        return out
+
+    def partial_fn(self, fn: Callable[..., DataFrame]) -> Callable[..., DataFrame]:
+        def partial(*inputs: DataFrame) -> DataFrame:
+            return self.partial_frame(fn(*inputs))
+        return partial
+
+    def result_frame(self, whole: DataFrame, partials: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        for i, part in enumerate(self.parts):
+            columns = [*part.grouping, *part.distinct, *(name for name, _ in part.partial)]
+            mine = partials.where(F.col(_PART) == i).select(*[F.col(_quote(c)) for c in columns])
+            whole = part.result_frame(whole, mine)
+        return whole
+
+    def final_fn(self, fn: Callable[..., DataFrame], schema: StructType,
+                 main: int = 0) -> Callable[..., DataFrame]:
+        def final(*inputs: DataFrame) -> DataFrame:
+            leaf = empty_frame(inputs[main].sparkSession, schema)
+            whole = fn(*[leaf if i == main else df for i, df in enumerate(inputs)])
+            return self.result_frame(whole, inputs[main])
+        return final
+
+
 def _grouped(df: DataFrame, columns: tuple[str, ...],
              aggregates: tuple[tuple[str, str], ...]) -> DataFrame:
     from pyspark.sql import functions as F
@@ -200,20 +262,31 @@ def _at(plan: PlanNode, path: tuple[int, ...]) -> PlanNode:
     return plan
 
 
-def _locate(plan: PlanNode, marked: bool) -> tuple[int, ...]:
-    """Where the aggregation to split is: the innermost ``Aggregate`` above the input (the
-    ``marked`` node, when the function was planned over a leaf of its own), which the
-    function must read nowhere else."""
+def _locate(plan: PlanNode, marked: bool) -> list[tuple[int, ...]]:
+    """Where the aggregations to split are: the innermost ``Aggregate`` above each read of
+    the input (the ``marked`` nodes, when the function was planned over a leaf of its own;
+    every read must be aggregated, each by an aggregation of its own)."""
     nodes = _nodes(plan)
     if marked:
         leaves = [path for path, node in nodes if node.marked]
         if not leaves:
             raise NotSplittable("its result does not read its input")
-        if len(leaves) > 1:
-            raise NotSplittable(f"it reads its input {len(leaves)} times (an aggregation "
-                                "split in waves must be the only reader of its input)")
-        on_path = [leaves[0][:i] for i in range(len(leaves[0]))]
-        aggregates = [p for p in on_path if _at(plan, p).kind == "Aggregate"]
+        found = []
+        for leaf in leaves:
+            on_path = [leaf[:i] for i in range(len(leaf))]
+            inner = [p for p in on_path if _at(plan, p).kind == "Aggregate"]
+            if not inner:
+                if len(leaves) == 1:
+                    break
+                raise NotSplittable(
+                    f"it reads its input {len(leaves)} times, once without aggregating it "
+                    "(an aggregation split in waves must be the only reader of its input)")
+            found.append(inner[-1])  # the innermost: Spark's first exchange
+        if len(set(found)) != len(found):
+            raise NotSplittable(f"it reads its input {len(leaves)} times in one aggregation")
+        if found:
+            return found
+        aggregates: list[tuple[int, ...]] = []
     else:
         aggregates = [path for path, node in nodes if node.kind == "Aggregate"]
         inner = [p for p in aggregates
@@ -224,18 +297,28 @@ def _locate(plan: PlanNode, marked: bool) -> tuple[int, ...]:
     if not aggregates:
         raise NotSplittable(f"its result is a {plan.name} that does not aggregate its input "
                             "(no groupBy(...).agg(...))")
-    return aggregates[-1]  # the innermost: Spark's first exchange
+    return aggregates
 
 
-def split_aggregate(df: DataFrame, leaf: DataFrame | None = None) -> AggSplit:
+def split_aggregate(df: DataFrame, leaf: DataFrame | None = None) -> AggSplit | SplitSet:
     """The partial and final steps of the aggregation in ``df``, or NotSplittable (why).
     ``df`` is best the function over ``leaf`` (an empty frame of its input's schema), so what
     runs before the aggregation is the function's own and the input is found as ``leaf``;
-    without it, ``df`` must aggregate in one place."""
+    without it, ``df`` must aggregate in one place. A function that aggregates its input in
+    several places (two aggregations joined) gets a :class:`SplitSet`: every aggregation's
+    partials, in one durable unit."""
     root = frame_api(df).analyzed_plan(df, mark=leaf)
     if root is None:
         raise NotSplittable("this session cannot show Spark's analysed plan (Spark Connect)")
-    path = _locate(root, leaf is not None)
+    paths = _locate(root, leaf is not None)
+    if len(paths) == 1:
+        return _split_at(root, paths[0], "")
+    return SplitSet(tuple(_split_at(root, path, f"a{i}_") for i, path in enumerate(paths)))
+
+
+def _split_at(root: PlanNode, path: tuple[int, ...], prefix: str) -> AggSplit:
+    """The split of the aggregation at ``path``; its partial and merged columns are named
+    with ``prefix`` (one per aggregation of a SplitSet)."""
     plan = _at(root, path)
     _check_row_by_row(plan.children[0])
     if not plan.deterministic:
@@ -252,7 +335,7 @@ def split_aggregate(df: DataFrame, leaf: DataFrame | None = None) -> AggSplit:
         raise NotSplittable("it aggregates without grouping columns")
     if len(set(grouping)) != len(grouping):
         raise NotSplittable(f"its grouping columns {grouping} repeat a name")
-    parts = _Parts(tuple(grouping))
+    parts = _Parts(tuple(grouping), prefix)
     merged_of: dict[str, str] = {}  # an aggregate's SQL -> its merged column
 
     found: list[str] = []  # the aggregates of the output expression being visited
@@ -306,8 +389,9 @@ class _Parts:
     """The partial, rollup and merge columns of one aggregation, added aggregate by
     aggregate."""
 
-    def __init__(self, grouping: tuple[str, ...]) -> None:
+    def __init__(self, grouping: tuple[str, ...], prefix: str) -> None:
         self.grouping = grouping
+        self.prefix = _PREFIX + prefix
         self.partial: list[tuple[str, str]] = []
         self.rollup: list[tuple[str, str]] = []  # re-merges a partial per distinct value
         self.merge: list[tuple[str, str]] = []
@@ -346,8 +430,8 @@ class _Parts:
             raise NotSplittable(f"{agg.sql} is a try_ aggregate (its null on overflow would "
                                 "be lost in a merge)")
         result_type = agg.data_type
-        p = f"{_PREFIX}p{number}"
-        m = f"{_PREFIX}m{number}"
+        p = f"{self.prefix}p{number}"
+        m = f"{self.prefix}m{number}"
         if agg.distinct:
             if kind not in ("Count", "Sum", "Average", "Min", "Max"):
                 raise NotSplittable(f"{agg.sql} is a DISTINCT {fn.pretty_name}, which has no "
@@ -381,7 +465,7 @@ class _Parts:
         if kind == "Sum":
             # A wave's sum is null with rows only when it overflowed (ANSI off): the total is
             # null then, as Spark's; otherwise the sum of the waves' sums.
-            c = f"{_PREFIX}c{number}"
+            c = f"{self.prefix}c{number}"
             child = fn.children[0]
             self.partial.append((p, agg.sql))
             self.partial.append((c, f"count({child.sql})"))
@@ -404,7 +488,7 @@ class _Parts:
             if child.data_type.startswith("DECIMAL") or result_type != "DOUBLE":
                 raise NotSplittable(f"{agg.sql} averages a {child.data_type}; only "
                                     "non-decimal averages are split")
-            c = f"{_PREFIX}c{number}"
+            c = f"{self.prefix}c{number}"
             self.partial.append((p, f"sum(CAST({child.sql} AS DOUBLE))"))
             self.partial.append((c, f"count({child.sql})"))
             self.rollup.append((p, f"sum({_quote(p)})"))
@@ -419,7 +503,7 @@ class _Parts:
 
     def _percentile(self, column: str, percentage: str, result_type: str, number: int) -> str:
         """An exact percentile over one row per value, weighted by how often it was seen."""
-        c, m = f"{_PREFIX}c{number}", f"{_PREFIX}m{number}"
+        c, m = f"{self.prefix}c{number}", f"{self.prefix}m{number}"
         self.partial.append((c, f"count({_quote(column)})"))
         self.rollup.append((c, f"sum({_quote(c)})"))
         self.merge.append((m, f"CAST(percentile({_quote(column)}, {percentage}, {_quote(c)}) "
@@ -427,10 +511,16 @@ class _Parts:
         return m
 
 
-def check_split(split: AggSplit, aggregated: DataFrame) -> DataFrame:
+def check_split(split: AggSplit | SplitSet, aggregated: DataFrame) -> DataFrame:
     """Refuse a split whose final step would not give the aggregation's columns and types
     (nor, with the function's steps after it, ``aggregated``'s); return the partial step over
     ``aggregated``'s input (planned, not run)."""
+    if isinstance(split, SplitSet):
+        for part in split.parts:
+            check_split(part, aggregated)
+        partials = split.partial_frame(aggregated)
+        _same_columns(split.result_frame(aggregated, partials), aggregated)
+        return partials
     partials = split.partial_frame(aggregated)
     final = split.final_frame(partials)
     node = frame_api(aggregated).plan_frame(aggregated, split.path) if split.path \

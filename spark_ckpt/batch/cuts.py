@@ -39,7 +39,13 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from spark_ckpt.batch.aggsplit import AggSplit, NotSplittable, check_split, split_aggregate
+from spark_ckpt.batch.aggsplit import (
+    AggSplit,
+    NotSplittable,
+    SplitSet,
+    check_split,
+    split_aggregate,
+)
 from spark_ckpt.execution.job_graph import Edge, JobGraph, JobVertex
 from spark_ckpt.sparkapi import empty_frame
 from spark_ckpt.storage import human_size
@@ -97,7 +103,7 @@ class Cut:
 class CutPlan:
     job_id: str
     cuts: dict[str, Cut]
-    splits: dict[str, AggSplit] = dataclasses.field(default_factory=dict)
+    splits: dict[str, AggSplit | SplitSet] = dataclasses.field(default_factory=dict)
     order: list[str] = dataclasses.field(default_factory=list)  # the graph's, once known
 
     def __str__(self) -> str:
@@ -549,9 +555,19 @@ class Split(NamedTuple):
     """A consumer's aggregation split, its partial step over a sample split, and the schema
     its aggregation reads (its ``fn_final`` plans the function over no rows of it)."""
 
-    split: AggSplit
+    split: AggSplit | SplitSet
     sample: DataFrame
     schema: StructType
+
+
+def _exchanges(split: AggSplit | SplitSet) -> str:
+    """Which of Spark's exchanges the partials are what enters, in words."""
+    parts = split.parts if isinstance(split, SplitSet) else (split,)
+    each = [f"grouped by {list(p.grouping + p.distinct)}" for p in parts]
+    if len(each) == 1:
+        return f"what enters Spark's exchange of its aggregation, {each[0]}"
+    return (f"what enters Spark's exchanges of its {len(each)} aggregations, "
+            + "; ".join(each))
 
 
 def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str, plan: CutPlan,
@@ -599,11 +615,9 @@ def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str, plan: 
         partial.bucket_for, partial.bucket_by = consumer_id, tuple(edge.columns)
         how = (f", bucketed by {list(edge.columns)} into {consumer_id}'s partitions (Spark's "
                f"exchange of the aggregation, made durable)")
-    grouped = list(split.grouping + split.distinct)
     after = f"; {consumer_id} then runs {', '.join(dict.fromkeys(split.after))} over the " \
         "merged aggregates" if split.after else ""
     plan.cuts[pid] = Cut(pid, True, f"the map-side partial aggregates of {consumer_id} "
-                         f"(what enters Spark's exchange of its aggregation, grouped by "
-                         f"{grouped}), per wave of {vertex.id}'s splits{how}{after}",
+                         f"({_exchanges(split)}), per wave of {vertex.id}'s splits{how}{after}",
                          partial_of=consumer_id, bucket_for=partial.bucket_for)
     return pid

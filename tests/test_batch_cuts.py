@@ -185,7 +185,8 @@ def _arrays_as_text(frame: pd.DataFrame) -> pd.DataFrame:
      "another distinct"),
     (lambda x: x.groupBy("k").agg(F.sum("id").alias("t")).join(x, "k"), "its input 2 times"),
     (lambda x: x.groupBy("k").agg(F.sum("id").alias("t")).join(
-        x.groupBy("k").agg(F.max("id").alias("m")), "k").join(x, "k"), "input 3 times, once without"),
+        x.groupBy("k").agg(F.max("id").alias("m")), "k").join(x, "k"),
+     "input 3 times, once without"),
     (lambda x: x.groupBy("k").agg(F.percentile_approx("id", 0.5)), "no partial form"),
     (lambda x: x.groupBy((F.col("k") + 1).alias("k1")).agg(F.sum("id")), "not a column"),
     (lambda x: x.groupBy("k").agg(F.avg(F.col("id").cast("decimal(10,2)"))), "decimal"),

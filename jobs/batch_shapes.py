@@ -349,8 +349,7 @@ def main() -> None:
         job.explain()
         return
     result = job.run()
-    print(f"RESULT status={result.status} ran={result.ran} reused={result.reused} "
-          f"duration={result.duration_s:.1f}s")
+    print(f"RESULT {result.summary()}")
 
 
 if __name__ == "__main__":

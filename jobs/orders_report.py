@@ -106,8 +106,7 @@ def main() -> None:
                     agg_parallelism=args.agg_parallelism, work_dir=args.work_dir, spark=spark,
                     sinks_only=args.sinks_only, run_key=args.run_key)
     result = job.run(fresh=args.fresh)
-    print(f"RESULT status={result.status} attempt={result.attempt} ran={result.ran} "
-          f"reused={result.reused} duration={result.duration_s:.1f}s")
+    print(f"RESULT {result.summary()}")
     for vertex, summary in result.vertices.items():
         print(f"  {vertex}: {summary.partitions} partitions, reused {summary.reused}, "
               f"ran {summary.ran}" + (f", adopted {summary.adopted}" if summary.adopted else ""))

@@ -476,6 +476,16 @@ def test_killed_during_partial_waves_resumes_from_them(spark, shape_input, tmp_p
     partial = result.vertices[f"{shape}-partial"]
     assert 0 < partial.reused < partial.partitions
     assert partial.reused + partial.ran == partial.partitions
+    # what was reused, and how much of the work it was (the report partitions all ran)
+    assert result.reused_in_waves == partial.reused and partial.waves
+    assert 0 < result.durable_share < 1
+    shown = CliRunner().invoke(cli, ["history", shape, "--work-dir", work, "--json"])
+    assert shown.exit_code == 0, shown.output
+    import json
+
+    last = json.loads(shown.output)["attempts"][-1]
+    assert last["reused_in_waves"] == partial.reused
+    assert last["durable_share"] == pytest.approx(result.durable_share, abs=1e-4)
     assert_same_rows(_load(f"{out}/{shape}"),
                      _load(f"{plain_output(spark, shape, shape_input, tmp_path)}/{shape}"))
     from deltalake import DeltaTable

@@ -7,11 +7,13 @@ same places: where the data is smallest on each path to a sink. For every vertex
 without ``durable=`` (the default), the planner decides:
 
 1. a vertex with sinks is durable (a sink is a durable point), a source is read in place;
-2. a vertex whose consumer aggregates (``groupBy(...).agg(...)`` with a partial form, see
-   batch.aggsplit) and that runs split by split (no shuffle of its own) is chained into a
-   *partial* vertex: the consumer's map-side partial aggregates, computed per wave of input
-   splits, are the cut, not the wide rows; the consumer merges them. Chosen when a sample
-   split's partials are at most ``spark.ckpt.batch.cutMaxRatio`` of its input;
+2. a vertex whose consumer aggregates it (a ``groupBy(...).agg(...)`` with a partial form
+   anywhere in the consumer's function, whatever follows it; or several, see batch.aggsplit)
+   and that runs split by split (no shuffle of its own) is chained into a *partial* vertex:
+   the consumer's map-side partial aggregates (what enters Spark's exchange), computed per
+   wave of input splits, are the cut, not the wide rows; the consumer merges them and runs
+   the rest of its function over the result. Chosen when a sample split's partials are at
+   most ``spark.ckpt.batch.cutMaxPercent`` of its input;
 3. a vertex read by several consumers is durable (computed once, not once per consumer);
 4. a split-by-split vertex whose output is at most ``cutMaxRatio`` of its input on a sample
    split (a filter, a projection) is durable: a cheap cut;

@@ -79,6 +79,8 @@ class VertexSummary:
     # Spark Connect: partitions a killed client's write operations finished on the server
     # while this attempt waited for them (batch.adoption); not in ran
     adopted: int = 0
+    waves: bool = False  # it runs in waves of input splits (partial aggregates, exchanges)
+    mean_ms: float = 0.0  # the mean time one of its partitions took, over every attempt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +117,43 @@ class JobResult:
     def adopted(self) -> int:
         """Partitions a killed Spark Connect client's writes finished on the server."""
         return sum(v.adopted for v in self.vertices.values())
+
+    @property
+    def reused_in_waves(self) -> int:
+        """Reused partitions of vertices that run in waves of input splits (partial
+        aggregates, durable exchanges): what finished waves of a killed attempt kept."""
+        return reused_in_waves(self.vertices)
+
+    @property
+    def durable_share(self) -> float:
+        """The share of the job's work that was durable when this attempt started: its
+        reused and adopted partitions over all, each vertex's partitions weighted by the time
+        its partitions took (their mean, from the event log)."""
+        return durable_share(self.vertices)
+
+    def summary(self) -> str:
+        """One line: status, attempt, what ran and what was reused, and how."""
+        return (f"status={self.status} attempt={self.attempt} ran={self.ran} "
+                f"reused={self.reused} adopted={self.adopted} "
+                f"reused_in_waves={self.reused_in_waves} "
+                f"durable_share={self.durable_share:.2f} duration={self.duration_s:.1f}s")
+
+
+def reused_in_waves(vertices: dict[str, VertexSummary]) -> int:
+    return sum(v.reused for v in vertices.values() if v.waves)
+
+
+def durable_share(vertices: dict[str, VertexSummary]) -> float:
+    total = sum(v.partitions * v.mean_ms for v in vertices.values())
+    kept = sum((v.reused + v.adopted) * v.mean_ms for v in vertices.values())
+    if total <= 0:  # no durations (none ran): by partitions
+        whole = sum(v.partitions for v in vertices.values())
+        return sum(v.reused + v.adopted for v in vertices.values()) / whole if whole else 0.0
+    return kept / total
+
+
+def _mean_ms(durations: list[int]) -> float:
+    return sum(durations) / len(durations) if durations else 0.0
 
 
 def job_paths(storage: Storage, job_id: str) -> dict[str, str]:
@@ -479,6 +518,9 @@ class JobRunner:
                 ran=self.ran.get(v.id, 0),
                 seconds=round(self.seconds.get(v.id, 0.0), 3),
                 adopted=self.adopted.get(v.id, 0),
+                waves=bool(v.partial_of or v.exchange_of),
+                mean_ms=_mean_ms([f.duration_ms for (vid, _p), f in self.finished.items()
+                                  if vid == v.id]),
             )
             for v in self.graph.live_vertices() if not self.graph.is_virtual(v.id)
         }
@@ -486,6 +528,9 @@ class JobRunner:
         self._emit(Event(EventType.JOB_ATTEMPT_FINISHED, {
             "status": "succeeded", "ran": ran, "reused": plan.reused,
             "lost": len(plan.lost), "invalidated": len(plan.invalidated),
+            "adopted": sum(v.adopted for v in summaries.values()),
+            "reused_in_waves": reused_in_waves(summaries),
+            "durable_share": round(durable_share(summaries), 4),
         }))
         self.writer.close()
         fault_point("attempt.finished")

@@ -89,6 +89,9 @@ class AttemptSummary:
     ran: int = 0
     reused: int = 0
     error: str | None = None
+    adopted: int = 0  # from a killed Spark Connect client's writes
+    reused_in_waves: int = 0  # reused partitions of vertices run in waves
+    durable_share: float | None = None  # of the job's work, when the attempt started
 
 
 @dataclasses.dataclass
@@ -211,6 +214,10 @@ def _apply(history: JobHistory, event: Event) -> None:
         summary.status = event.payload.get("status", "?")
         summary.ran = int(event.payload.get("ran", 0))
         summary.reused = int(event.payload.get("reused", 0))
+        summary.adopted = int(event.payload.get("adopted", 0))
+        summary.reused_in_waves = int(event.payload.get("reused_in_waves", 0))
+        share = event.payload.get("durable_share")
+        summary.durable_share = None if share is None else float(share)
         summary.error = event.payload.get("error")
         if summary.status == "succeeded":
             history.completed = True

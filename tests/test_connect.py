@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT
+from helpers import LONG_FAULTS, ROOT
 
 pytestmark = [pytest.mark.connect, pytest.mark.slow]
 
@@ -28,13 +28,19 @@ PARITY = {
     ],
     "batch": [
         "tests/test_batch_job.py::test_job_output_equals_plain_spark_and_every_partition_is_logged",
-        "tests/test_batch_job.py::test_dataframe_source_and_partitioned_delta_sink",
         "tests/test_batch_job.py::"
         "test_a_few_lost_partitions_of_a_keyed_vertex_run_as_that_many_spark_partitions",
+    ],
+    "batch-long": [
+        "tests/test_batch_job.py::test_dataframe_source_and_partitioned_delta_sink",
         "tests/test_batch_job.py::"
         "test_rows_moved_out_of_the_partitions_running_are_refused_however_they_are_laid_out",
     ],
     "batch-client-killed": [
+        "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
+        "[attempt.started-14]",
+        "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
+        "[vertex.initialized-14]",
         "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
         "[vertex.finished:1-10]",
         "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
@@ -60,8 +66,13 @@ PARITY = {
         "test_the_next_client_records_what_a_killed_clients_writes_finished_on_the_server",
     ],
     "keyed-state": [
-        "tests/test_keyed_state.py::test_keyed_aggregates_equal_plain_spark_in_every_view",
+        "tests/test_keyed_state.py::test_keyed_aggregates_equal_plain_spark_in_every_view"
+        "[task-per-range]",
         "tests/test_keyed_state.py::test_rescale_4_to_2_to_8_gives_the_uninterrupted_result",
+    ],
+    "keyed-state-long": [
+        "tests/test_keyed_state.py::test_keyed_aggregates_equal_plain_spark_in_every_view"
+        "[one-task]",
         "tests/test_keyed_state.py::test_restore_by_id_replays_from_that_checkpoint",
         "tests/test_state_evolution.py::"
         "test_an_aggregation_gains_an_output_renames_one_and_widens_another",
@@ -76,6 +87,9 @@ PARITY = {
 # The batch client kills run from test_connect_clients.py: a test file runs on one xdist worker,
 # so the parity run is split in two files the two workers take at the start of the run.
 CLIENT_KILLS = ("batch-client-killed",)
+# More of the classic suite on Connect, run with SPARK_CKPT_LONG_FAULTS=1: what they check
+# on Connect, the groups above check there too (a batch job's output, keyed state, restores)
+LONG_ONLY_GROUPS = ("batch-long", "keyed-state-long")
 
 
 def run_parity(connect_url: str, groups: list[str]) -> None:
@@ -95,5 +109,7 @@ def run_parity(connect_url: str, groups: list[str]) -> None:
 
 @pytest.mark.timeout(1800)
 def test_the_same_tests_pass_on_spark_connect(connect_url):
-    """Every group but the batch client kills (test_connect_clients.py) on Connect."""
-    run_parity(connect_url, [g for g in PARITY if g not in CLIENT_KILLS])
+    """Every group but the batch client kills (test_connect_clients.py) on Connect; the long
+    groups too with SPARK_CKPT_LONG_FAULTS=1."""
+    run_parity(connect_url, [g for g in PARITY if g not in CLIENT_KILLS and
+                             (LONG_FAULTS or g not in LONG_ONLY_GROUPS)])

@@ -174,17 +174,20 @@ def history(job_id: str, work_dir: str | None, as_json: bool) -> None:
     console.print(f"[bold]Job {job_id}[/]: {'completed' if h.completed else 'not completed'}, "
                   f"{h.events} events, {h.resets} partition resets")
     attempts = Table("attempt", "mode", "started (UTC)", "status", "duration", "ran",
-                     "reused", "in waves", "adopted", "durable share", title="Attempts")
+                     "reused", title="Attempts")
+    kept = []
     for a in sorted(h.attempts.values(), key=lambda a: a.attempt):
         duration = f"{(a.finished_us - a.started_us) / 1e6:.1f} s" if a.finished_us else "-"
-        ended = a.finished_us is not None
         attempts.add_row(str(a.attempt), a.mode, _time(a.started_us), a.status, duration,
                          str(sum(c[a.attempt] for c in finished_by.values())),
-                         str(a.reused) if ended else "-",
-                         str(a.reused_in_waves) if ended else "-",
-                         str(a.adopted) if ended else "-",
-                         f"{a.durable_share:.2f}" if a.durable_share is not None else "-")
+                         str(a.reused) if a.finished_us else "-")
+        if a.durable_share is not None and (a.reused or a.adopted):
+            kept.append(f"attempt {a.attempt} started with {a.durable_share:.0%} of the work "
+                        f"durable: reused {a.reused} partitions ({a.reused_in_waves} of them "
+                        f"in waves of input splits), adopted {a.adopted}")
     console.print(attempts)
+    for line in kept:
+        console.print(line)
     vertices = Table("vertex", "partitions", "finished now", "finished per attempt",
                      "median task ms", title="Vertices")
     for vid, desc in h.vertices.items():

@@ -222,6 +222,16 @@ def _quote(name: str) -> str:
 
 
 def _aggregate_input(df: DataFrame, path: tuple[int, ...]) -> DataFrame:
+    if path:  # the function over this input must have its aggregation where it had it over
+        # the leaf it was planned on (a function that builds another plan for other rows
+        # would otherwise have some other node's rows taken for the aggregation's input)
+        root = frame_api(df).analyzed_plan(df)
+        node = None if root is None else _node_at(root, path)
+        if node is None or node.kind != "Aggregate":
+            raise NotSplittable(
+                f"its plan over this input has no aggregation where it had one over the "
+                f"input it was planned on (at {list(path)}: found "
+                f"{'nothing' if node is None else node.name})")
     child = frame_api(df).plan_frame(df, (*path, 0))
     if child is None:
         raise NotSplittable("this session cannot show what the aggregation reads")
@@ -254,6 +264,14 @@ def _nodes(plan: PlanNode, path: tuple[int, ...] = ()) -> list[tuple[tuple[int, 
     for i, child in enumerate(plan.children):
         out.extend(_nodes(child, (*path, i)))
     return out
+
+
+def _node_at(plan: PlanNode, path: tuple[int, ...]) -> PlanNode | None:
+    for i in path:
+        if i >= len(plan.children):
+            return None
+        plan = plan.children[i]
+    return plan
 
 
 def _at(plan: PlanNode, path: tuple[int, ...]) -> PlanNode:

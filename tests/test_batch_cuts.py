@@ -173,6 +173,27 @@ def test_an_aggregation_is_split_whatever_the_function_does_after_it(spark):
             assert [r.k for r in got.collect()] == [r.k for r in want.collect()]
 
 
+def test_a_function_that_plans_otherwise_over_rows_is_refused_not_misread(spark):
+    """A function whose plan depends on its rows: over the empty input it was planned on the
+    aggregation is under a sort, over a wave's rows under a projection and a limit too. The
+    wave's partial step refuses it rather than take another node's rows for the aggregation's
+    input."""
+    from spark_ckpt.sparkapi import empty_frame
+
+    df = spark.range(100).withColumn("k", F.col("id") % 3)
+
+    def fn(x):
+        per_k = x.groupBy("k").agg(F.sum("id").alias("t"))
+        if x.isEmpty():
+            return per_k.orderBy("k")
+        return per_k.select("k", (F.col("t") + 1).alias("t")).limit(10).orderBy("k")
+
+    leaf = empty_frame(spark, df.schema)
+    split = split_aggregate(fn(leaf), leaf)
+    with pytest.raises(NotSplittable, match="no aggregation where it had one"):
+        split.partial_frame(fn(df))
+
+
 def _arrays_as_text(frame: pd.DataFrame) -> pd.DataFrame:
     for column in frame.columns:
         if frame[column].map(lambda v: isinstance(v, np.ndarray)).any():

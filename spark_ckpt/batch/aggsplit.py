@@ -61,10 +61,10 @@ from spark_ckpt.errors import NotSplittable
 from spark_ckpt.sparkapi import Expr, PlanNode, empty_frame, frame_api
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["AggSplit", "NotSplittable", "SplitSet", "split_aggregate"]
+__all__ = ["AggSplit", "NotSplittable", "SplitSet", "input_leaf", "split_aggregate"]
 
 _PREFIX = "__sck_"
 
@@ -119,6 +119,7 @@ class AggSplit:
         final = self.final_frame(partials)
         if not self.path:
             return final
+        _check_aggregate_at(whole, self.path)
         replaced = frame_api(whole).replace_plan(whole, self.path, final)
         if replaced is None:
             raise NotSplittable("this session cannot replace the aggregation in its plan")
@@ -139,7 +140,7 @@ class AggSplit:
             partials = inputs[main]
             if not self.path:
                 return self.final_frame(partials)
-            leaf = empty_frame(partials.sparkSession, schema)
+            leaf = input_leaf(partials.sparkSession, schema)
             whole = fn(*[leaf if i == main else df for i, df in enumerate(inputs)])
             return self.result_frame(whole, partials)
         return final
@@ -201,7 +202,7 @@ class SplitSet:
     def final_fn(self, fn: Callable[..., DataFrame], schema: StructType,
                  main: int = 0) -> Callable[..., DataFrame]:
         def final(*inputs: DataFrame) -> DataFrame:
-            leaf = empty_frame(inputs[main].sparkSession, schema)
+            leaf = input_leaf(inputs[main].sparkSession, schema)
             whole = fn(*[leaf if i == main else df for i, df in enumerate(inputs)])
             return self.result_frame(whole, inputs[main])
         return final
@@ -217,21 +218,35 @@ def _grouped(df: DataFrame, columns: tuple[str, ...],
     return df.groupBy(*keys).agg(*[F.expr(sql).alias(name) for name, sql in aggregates])
 
 
+def input_leaf(spark: SparkSession, schema: StructType) -> DataFrame:
+    """The frame a consumer's function is planned over to find its aggregations: no rows, the
+    input's columns, and a plan no other input of the function has (an empty broadcast input
+    of the same column types must not be taken for it)."""
+    from pyspark.sql import functions as F
+
+    return empty_frame(spark, schema).where(F.lit(False))
+
+
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def _check_aggregate_at(df: DataFrame, path: tuple[int, ...]) -> None:
+    """The function over this input must have its aggregation where it had it over the leaf
+    it was planned on: a function that builds another plan for other rows would otherwise
+    have some other node's rows taken for the aggregation's input, or replaced."""
+    root = frame_api(df).analyzed_plan(df)
+    node = None if root is None else _node_at(root, path)
+    if node is None or node.kind != "Aggregate":
+        raise NotSplittable(
+            f"its plan over this input has no aggregation where it had one over the input "
+            f"it was planned on (at {list(path)}: found "
+            f"{'nothing' if node is None else node.name})")
+
+
 def _aggregate_input(df: DataFrame, path: tuple[int, ...]) -> DataFrame:
-    if path:  # the function over this input must have its aggregation where it had it over
-        # the leaf it was planned on (a function that builds another plan for other rows
-        # would otherwise have some other node's rows taken for the aggregation's input)
-        root = frame_api(df).analyzed_plan(df)
-        node = None if root is None else _node_at(root, path)
-        if node is None or node.kind != "Aggregate":
-            raise NotSplittable(
-                f"its plan over this input has no aggregation where it had one over the "
-                f"input it was planned on (at {list(path)}: found "
-                f"{'nothing' if node is None else node.name})")
+    if path:
+        _check_aggregate_at(df, path)
     child = frame_api(df).plan_frame(df, (*path, 0))
     if child is None:
         raise NotSplittable("this session cannot show what the aggregation reads")
@@ -328,6 +343,9 @@ def split_aggregate(df: DataFrame, leaf: DataFrame | None = None) -> AggSplit | 
     root = frame_api(df).analyzed_plan(df, mark=leaf)
     if root is None:
         raise NotSplittable("this session cannot show Spark's analysed plan (Spark Connect)")
+    if any(node.subquery for _path, node in _nodes(root)):
+        raise NotSplittable("it runs a subquery (a wave or the merged partials would give it "
+                            "other rows than the whole input)")
     paths = _locate(root, leaf is not None)
     if len(paths) == 1:
         return _split_at(root, paths[0], "")
@@ -450,13 +468,12 @@ class _Parts:
         result_type = agg.data_type
         p = f"{self.prefix}p{number}"
         m = f"{self.prefix}m{number}"
-        if agg.distinct:
-            if kind not in ("Count", "Sum", "Average", "Min", "Max"):
+        if agg.distinct and kind not in ("Min", "Max"):  # (a distinct min is the min)
+            if kind not in ("Count", "Sum", "Average"):
                 raise NotSplittable(f"{agg.sql} is a DISTINCT {fn.pretty_name}, which has no "
                                     "partial form here (count, sum, avg, min and max do)")
             columns = self._distinct_columns(agg, list(fn.children))
-            function = {"Count": "count", "Sum": "sum", "Average": "avg", "Min": "min",
-                        "Max": "max"}[kind]
+            function = {"Count": "count", "Sum": "sum", "Average": "avg"}[kind]
             args = ", ".join(_quote(c) for c in columns)
             # one row per group and value once rolled up: the function over those rows is the
             # function over the distinct values

@@ -15,7 +15,7 @@ without ``durable=`` (the default), the planner decides:
    the rest of its function over the result. Chosen when a sample split's partials are at
    most ``spark.ckpt.batch.cutMaxPercent`` of its input;
 3. a vertex read by several consumers is durable (computed once, not once per consumer);
-4. a split-by-split vertex whose output is at most ``cutMaxRatio`` of its input on a sample
+4. a split-by-split vertex whose output is at most ``cutMaxPercent`` of its input on a sample
    split (a filter, a projection) is durable: a cheap cut;
 5. anything else (a wide intermediate, a shuffle intermediate with one consumer) is chained
    into its consumer, as Spark pipelines it;
@@ -46,6 +46,7 @@ from spark_ckpt.batch.aggsplit import (
     NotSplittable,
     SplitSet,
     check_split,
+    input_leaf,
     split_aggregate,
 )
 from spark_ckpt.execution.job_graph import Edge, JobGraph, JobVertex
@@ -532,7 +533,7 @@ def _split_over_sample(graph: JobGraph, vertex: JobVertex, consumer_id: str,
     try:
         sample = sampler.compute(vertex.id, [0])
         spark = sample.sparkSession
-        leaf = empty_frame(spark, sample.schema)
+        leaf = input_leaf(spark, sample.schema)
         others = [None if i == main else
                   empty_frame(spark, sampler.compute(e.upstream, [0]).schema)
                   for i, e in enumerate(consumer.inputs)]

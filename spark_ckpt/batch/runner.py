@@ -126,9 +126,11 @@ class JobResult:
 
     @property
     def durable_share(self) -> float:
-        """The share of the job's work that was durable when this attempt started: its
-        reused and adopted partitions over all, each vertex's partitions weighted by the time
-        its partitions took (their mean, from the event log)."""
+        """The share of the job's work this attempt did not run: its reused partitions
+        (durable when it started) and adopted ones (a killed Spark Connect client's writes,
+        which the server finished) over all, each vertex's partitions weighted by their mean
+        recorded time (from the start of the unit that wrote a partition to when its files
+        were recorded: a latency, close to a task's time for waves of one partition a task)."""
         return durable_share(self.vertices)
 
     def summary(self) -> str:
@@ -144,12 +146,18 @@ def reused_in_waves(vertices: dict[str, VertexSummary]) -> int:
 
 
 def durable_share(vertices: dict[str, VertexSummary]) -> float:
-    total = sum(v.partitions * v.mean_ms for v in vertices.values())
-    kept = sum((v.reused + v.adopted) * v.mean_ms for v in vertices.values())
-    if total <= 0:  # no durations (none ran): by partitions
-        whole = sum(v.partitions for v in vertices.values())
-        return sum(v.reused + v.adopted for v in vertices.values()) / whole if whole else 0.0
-    return kept / total
+    """Reused and adopted partitions over all, each weighted by its vertex's mean recorded
+    partition time (a vertex with none recorded weighs as the others' mean; with none at all,
+    partitions count alike)."""
+    known = [v.mean_ms for v in vertices.values() if v.mean_ms > 0]
+    fallback = sum(known) / len(known) if known else 1.0
+
+    def weight(v: VertexSummary) -> float:
+        return v.mean_ms if v.mean_ms > 0 else fallback
+
+    total = sum(v.partitions * weight(v) for v in vertices.values())
+    kept = sum((v.reused + v.adopted) * weight(v) for v in vertices.values())
+    return kept / total if total > 0 else 0.0
 
 
 def _mean_ms(durations: list[int]) -> float:

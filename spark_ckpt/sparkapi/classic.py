@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.sparkapi.types import Expr, PlanNode
+from spark_ckpt.sparkapi.types import Expr, PlanNode, walk
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -62,10 +62,12 @@ def _node(plan: Any, mark: Any = None) -> PlanNode:
     if kind == "Aggregate":
         grouping = tuple(_expr(e) for e in _seq(plan.groupingExpressions()))
         aggregates = tuple(_expr(e) for e in _seq(plan.aggregateExpressions()))
+    children = tuple(_node(c, mark) for c in _seq(plan.children()))
+    below = any(n.marked for c in children for n in walk(c))
     return PlanNode(kind=kind, name=plan.nodeName(), deterministic=bool(plan.deterministic()),
-                    children=tuple(_node(c, mark) for c in _seq(plan.children())),
-                    grouping=grouping, aggregates=aggregates,
-                    marked=mark is not None and bool(plan.sameResult(mark)))
+                    children=children, grouping=grouping, aggregates=aggregates,
+                    marked=mark is not None and not below and bool(plan.sameResult(mark)),
+                    subquery=not bool(plan.subqueries().isEmpty()))
 
 
 def _at(plan: Any, path: tuple[int, ...]) -> Any:

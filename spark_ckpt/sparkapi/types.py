@@ -45,7 +45,10 @@ class PlanNode:
     children: tuple[PlanNode, ...] = ()
     grouping: tuple[Expr, ...] = ()  # an Aggregate's grouping expressions
     aggregates: tuple[Expr, ...] = ()  # an Aggregate's output expressions
-    marked: bool = False  # it is the plan of the frame analyzed_plan was asked to mark
+    # it is the plan of the frame analyzed_plan was asked to mark (the lowest such node: not
+    # an identity projection or alias over it)
+    marked: bool = False
+    subquery: bool = False  # its expressions hold a subquery (a plan of their own)
 
 
 class SparkApi(Protocol):

@@ -140,8 +140,10 @@ def test_the_plan_text_readers_shared_by_both_sessions():
 def test_classic_plan_as_plain_data(spark):
     from pyspark.sql import functions as F
 
-    from spark_ckpt.sparkapi import spark_api, walk
+    from spark_ckpt.sparkapi import is_connect, spark_api, walk
 
+    if is_connect(spark):
+        pytest.skip("the classic JVM's own answers (Connect's: the two tests below)")
     api = spark_api(spark)
     assert api.kind == "classic"
     df = spark.range(100).withColumn("k", F.col("id") % 3).groupBy("k").agg(
@@ -344,3 +346,162 @@ def test_operations_a_killed_client_left_running_are_interrupted_by_the_next(spa
     assert wait_for(lambda: interrupt_earlier_clients(  # and nothing is left running there
         spark, store, [str(marker)], "pipeline-run", "test") == 0, timeout=60)
     assert spark.range(0, 1000, numPartitions=2).count() == 1000  # the cores are free again
+
+
+def test_connect_expressions_are_written_as_sql_the_server_parses_back():
+    """The Connect client's expressions as the analysed plan's plain data, without a server:
+    the SQL text the split builds its steps from (an aggregate's text inside its output's), the
+    kinds it reads, and what is refused, naming why."""
+    import datetime
+    from decimal import Decimal
+
+    from pyspark.sql.connect import functions as CF
+    from pyspark.sql.connect import plan as connect_plan_nodes
+    from pyspark.sql.connect.window import Window
+    from pyspark.sql.types import (
+        ArrayType,
+        DateType,
+        DecimalType,
+        DoubleType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    from spark_ckpt.sparkapi import connect_plan as cp
+
+    def written(column):
+        return cp._Writer().expr(column._expr)
+
+    total = written(CF.sum("d"))
+    assert (total.kind, total.sql, total.function.kind) == ("AggregateExpression", "sum(`d`)",
+                                                            "Sum")
+    count = written(CF.count("*"))
+    assert (count.sql, count.function.kind) == ("count(1)", "Count")
+    distinct = written(CF.countDistinct("s"))
+    assert distinct.sql == "count(DISTINCT `s`)" and distinct.distinct
+    assert [c.name for c in distinct.function.children] == ["s"]
+    assert written(CF.round(CF.sum("d"), 2)).sql == "round(sum(`d`), 2)"
+    assert written(CF.sum("id") / CF.count("d")).sql == "(sum(`id`) / count(`d`))"
+    percentile = written(CF.percentile("d", [0.1, 0.9])).function
+    assert percentile.kind == "Percentile"
+    assert [(c.kind, c.sql) for c in percentile.children[1:]] == [
+        ("CreateArray", "array(0.1D, 0.9D)"), ("Literal", "1")]
+    assert written(CF.when(CF.col("a.b") > 1, "x").otherwise(None)).sql == \
+        "CASE WHEN (`a`.`b` > 1) THEN 'x' ELSE NULL END"
+    assert written(CF.col("x").cast("decimal(10,2)")).sql == "CAST(`x` AS decimal(10,2))"
+    # F.expr text that is one call is taken apart, its pieces verbatim
+    text = written(CF.expr("max(DISTINCT s)"))
+    assert (text.sql, text.distinct, text.function.kind) == ("max(DISTINCT s)", True, "Max")
+    assert text.function.children[0].name == "s"
+    assert written(CF.expr("try_sum(id)")).function.pretty_name == "try_sum"
+    assert written(CF.expr("count(x) FILTER (WHERE y > 0)")).filtered
+    assert written(CF.expr("percentile(x, 0.5)")).function.children[2].sql == "1L"
+    assert written(CF.expr("round(sum(x), 2)")).children[0].sql == "sum(x)"
+    assert written(CF.expr("a + 1")).sql == "(a + 1)"
+    # what cannot be written is an aggregate the split refuses, saying why
+    for column, why in ((CF.expr("sum(a) / count(b)"), "operators around its aggregates"),
+                        (CF.sum(CF.col("x")).over(Window.orderBy("y")), "window function")):
+        output = cp._named(cp._Writer(), column.alias("out")._expr)
+        inner = output.children[0]
+        assert output.kind == "Alias" and inner.kind == "AggregateExpression"
+        assert why in inner.function.kind and "cannot write as SQL" in inner.function.kind
+    assert cp._named(cp._Writer(), CF.col("k")._expr).kind == "AttributeReference"
+    # literals of each type, names, types
+    assert cp.literal_sql("it's", StringType()) == "CAST(X'69742773' AS STRING)"
+    assert cp.literal_sql("sum(id)", StringType()) == "'sum(id)'"
+    assert cp.literal_sql(-5, LongType()) == "CAST(-5 AS BIGINT)"
+    assert cp.literal_sql(7, IntegerType()) == "7"
+    assert cp.literal_sql(1.5, DoubleType()) == "1.5D"
+    assert cp.literal_sql(float("nan"), DoubleType()) == "CAST('NaN' AS DOUBLE)"
+    assert cp.literal_sql(Decimal("1.50"), DecimalType(3, 2)) == "1.50BD"
+    assert cp.literal_sql(None, LongType()) == "CAST(NULL AS BIGINT)"
+    assert cp.literal_sql(DateType().toInternal(datetime.date(2024, 2, 29)), DateType()) == \
+        "DATE '2024-02-29'"
+    assert cp.name_parts("a.`b.c`") == ["a", "b.c"] and cp.name_parts("`x``y`") == ["x`y"]
+    assert cp.sql_type(DecimalType(22, 2)) == "DECIMAL(22,2)"
+    assert cp.sql_type(ArrayType(StringType())) == "ARRAY<STRING>"
+    assert cp.sql_type(StructType([StructField("a", IntegerType())])) == "STRUCT<`a`: INT>"
+    # plan nodes: a projection with a window function is a Window (not row by row), one with
+    # rand() is not deterministic, one with an aggregate aggregates
+    source = connect_plan_nodes.Range(0, 10, 1)
+
+    def kind_of(*columns):
+        node = connect_plan_nodes.Project(source, list(columns))
+        facts = cp._expressions_facts(cp._node_expressions(node))
+        return cp._kind(node, facts), facts.nondeterministic
+
+    assert kind_of(CF.col("id")) == ("Project", False)
+    assert kind_of(CF.rank().over(Window.orderBy("id"))) == ("Window", False)
+    assert kind_of(CF.expr("sum(id) OVER (ORDER BY id)")) == ("Window", False)
+    assert kind_of(CF.rand()) == ("Project", True)
+    assert kind_of(CF.expr("uuid()")) == ("Project", True)
+    assert kind_of(CF.sum("id")) == ("Aggregate", False)
+    assert kind_of(CF.explode(CF.array(CF.col("id")))) == ("Generate", False)
+    assert cp._kind(connect_plan_nodes.Limit(source, 5), cp._Facts()) == "GlobalLimit"
+
+
+def test_an_aggregation_is_split_and_replaced_in_its_plan_on_this_kind_of_session(
+        spark, monkeypatch):
+    """Runs on the classic session here and on Spark Connect in tests/test_connect.py: the
+    plan as plain data (kinds, names, types, the marked input), and the aggregation replaced
+    by its merged partials under steps that take the aggregation's columns by reference
+    (``agg["k"]``), with plain Spark's rows."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from spark_ckpt.batch.aggsplit import NotSplittable, check_split, split_aggregate
+    from spark_ckpt.sparkapi import connect_plan, empty_frame, is_connect, spark_api, walk
+
+    api = spark_api(spark)
+    df = spark.range(300).select((F.col("id") % 5).alias("k"), F.col("id"),
+                                 (F.col("id") * 0.5).alias("x"))
+    names = spark.createDataFrame([(i, f"n{i}") for i in range(4)], "k long, name string")
+
+    def fn(x, small):
+        agg = x.where("id > 2").groupBy("k").agg(
+            F.sum("id").alias("total"), F.avg("x").alias("mean"),
+            F.countDistinct("id").alias("ids"), F.max(F.col("x") * 2).alias("top"))
+        return agg.join(small, agg["k"] == small["k"], "left") \
+            .select(agg["k"], "name", "total", "mean", "ids", "top").orderBy(agg["k"])
+
+    leaf = empty_frame(spark, df.schema)
+    over_leaf = fn(leaf, names)
+    plan = api.analyzed_plan(over_leaf, leaf)
+    assert plan is not None and plan.kind == "Sort"
+    (aggregate,) = [n for n in walk(plan) if n.kind == "Aggregate"]
+    assert [g.name for g in aggregate.grouping] == ["k"]
+    assert [e.name for e in aggregate.aggregates] == ["k", "total", "mean", "ids", "top"]
+    total, mean, ids = (e.children[0] for e in aggregate.aggregates[1:4])
+    assert (total.function.kind, total.data_type) == ("Sum", "BIGINT")
+    assert (mean.function.kind, mean.data_type) == ("Average", "DOUBLE")
+    assert mean.function.children[0].data_type == "DOUBLE"
+    assert ids.distinct and ids.function.kind == "Count"
+    assert sum(1 for n in walk(plan) if n.marked) == 1 and plan.deterministic
+    assert api.analyzed_plan(spark.range(3).select(F.rand())).deterministic is False
+    windowed = spark.range(3).withColumn("r", F.rank().over(Window.orderBy("id")))
+    assert "Window" in {n.kind for n in walk(api.analyzed_plan(windowed))}
+
+    split = split_aggregate(over_leaf, leaf)
+    check_split(split, over_leaf)
+    assert {"Sort", "Join"} <= set(split.after)
+    waves = [split.partial_frame(fn(df.where(f"id % 3 = {i}"), names)) for i in range(3)]
+    partials = waves[0].unionByName(waves[1]).unionByName(waves[2])
+    got = split.final_fn(fn, df.schema)(partials, names)
+    want = fn(df, names)
+    assert got.schema.simpleString() == want.schema.simpleString()
+    assert got.collect() == want.collect()  # sorted by k; sums of halves are exact
+    child = api.plan_frame(over_leaf, (*split.path, 0))
+    assert child is not None and child.columns == ["k", "id", "x"]
+    if is_connect(spark):
+        # an aggregate function the Connect client does not know by name is taken for a
+        # scalar one and left in the final step, whose select then does not analyse: refused,
+        # not a wrong answer
+        monkeypatch.setattr(connect_plan, "AGGREGATES", connect_plan.AGGREGATES - {"max"})
+        unknown = leaf.groupBy("k").agg(F.max("k").alias("m"), F.sum("id").alias("t"))
+        split = split_aggregate(unknown, leaf)
+        assert dict(split.outputs)["m"] == "max(`k`)"
+        with pytest.raises(NotSplittable, match="does not analyse"):
+            check_split(split, unknown)

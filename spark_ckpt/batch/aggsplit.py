@@ -47,8 +47,13 @@ the order in which floating-point sums are added, which Spark's own answer also 
 (how the input is split into tasks, the order shuffle blocks arrive). Every other result is
 exactly Spark's.
 
-The plan comes from :mod:`spark_ckpt.sparkapi` as plain data. A Spark Connect session does not
-show it: there aggregations are kept whole (docs/connect.md).
+The plan comes from :mod:`spark_ckpt.sparkapi` as plain data: a classic session's analysed
+plan, or on Spark Connect the client's own plan tree, each aggregate written as SQL and typed by
+the server (docs/connect.md). What a Connect client cannot write as SQL (a Python UDF or a window
+function among the outputs, ``F.expr`` text with operators between aggregates) is refused,
+naming it. The final step's select keeps the grouping columns beside the outputs: an output that
+still aggregates (a function the seam did not know as an aggregate) fails analysis there, and
+the split is refused, instead of aggregating the merged rows into one.
 """
 
 from __future__ import annotations
@@ -111,7 +116,13 @@ class AggSplit:
             partials = _grouped(partials, self.grouping + self.distinct, self.rollup)
         merged = partials.groupBy(*[F.col(_quote(g)) for g in self.grouping]).agg(
             *[F.expr(sql).alias(name) for name, sql in self.merge])
-        return merged.select(*[F.expr(sql).alias(name) for name, sql in self.outputs])
+        # the grouping columns beside the outputs, dropped after: an output that aggregates
+        # fails analysis here rather than aggregate the merged rows
+        keys = [f"{_PREFIX}key{i}" for i in range(len(self.grouping))]
+        return merged.select(*[F.expr(sql).alias(name) for name, sql in self.outputs],
+                             *[F.col(_quote(g)).alias(k) for g, k in zip(self.grouping, keys,
+                                                                          strict=True)]) \
+            .drop(*keys)
 
     def result_frame(self, whole: DataFrame, partials: DataFrame) -> DataFrame:
         """The function's output from partial aggregates: ``whole`` (the function over an
@@ -548,11 +559,22 @@ class _Parts:
 
 def check_split(split: AggSplit | SplitSet, aggregated: DataFrame) -> DataFrame:
     """Refuse a split whose final step would not give the aggregation's columns and types
-    (nor, with the function's steps after it, ``aggregated``'s); return the partial step over
-    ``aggregated``'s input (planned, not run)."""
+    (nor, with the function's steps after it, ``aggregated``'s), or whose steps do not
+    analyse; return the partial step over ``aggregated``'s input (planned, not run)."""
+    try:
+        return _check_split(split, aggregated)
+    except NotSplittable:
+        raise
+    except Exception as exc:  # a step Spark cannot analyse: refused, saying why
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        raise NotSplittable(f"its partial or final step does not analyse "
+                            f"({type(exc).__name__}: {first})") from exc
+
+
+def _check_split(split: AggSplit | SplitSet, aggregated: DataFrame) -> DataFrame:
     if isinstance(split, SplitSet):
         for part in split.parts:
-            check_split(part, aggregated)
+            _check_split(part, aggregated)
         partials = split.partial_frame(aggregated)
         _same_columns(split.result_frame(aggregated, partials), aggregated)
         return partials

@@ -5,8 +5,10 @@ Everything spark_ckpt needs from Spark beyond the public DataFrame API goes thro
 exchanges a job keeps, how its output is partitioned, whether it is deterministic or provably
 empty, its size estimate, an aggregation's analysed plan) and facts about the application.
 Two implementations answer: :mod:`spark_ckpt.sparkapi.classic` through the driver's JVM
-(py4j), and :mod:`spark_ckpt.sparkapi.connect` through a Spark Connect client. No other
-module touches py4j, ``_jdf``, ``_jsc``, ``_jvm`` or Connect internals (a test checks).
+(py4j), and :mod:`spark_ckpt.sparkapi.connect` through a Spark Connect client (with
+:mod:`spark_ckpt.sparkapi.connect_plan`, which reads an aggregation's plan from the client's
+own plan tree). No other module touches py4j, ``_jdf``, ``_jsc``, ``_jvm`` or Connect
+internals (a test checks).
 What both share: :mod:`spark_ckpt.sparkapi.types` (the interface and its plain data),
 :mod:`spark_ckpt.sparkapi.plans` (pure functions over the physical plan's text) and
 :mod:`spark_ckpt.sparkapi.committers` (the JVM's committer classes, the write options and file

@@ -1,9 +1,11 @@
 """The seam on a Spark Connect session: what the client protocol offers.
 
 A Connect client has no JVM: job groups become operation tags (thread-local in the client,
-interrupted with ``interruptTag``), plan facts come from the server's ``explain`` text, and
-what Connect cannot tell is answered ``None`` so callers keep their guarantee (see
-:mod:`spark_ckpt.sparkapi`). The only module of spark_ckpt that touches Connect internals.
+interrupted with ``interruptTag``), plan facts come from the server's ``explain`` text, an
+aggregation's plan from the client's own plan tree (:mod:`spark_ckpt.sparkapi.connect_plan`),
+and what Connect cannot tell is answered ``None`` so callers keep their guarantee (see
+:mod:`spark_ckpt.sparkapi`). With ``connect_plan``, the only modules of spark_ckpt that touch
+Connect internals.
 """
 # ruff: noqa: SLF001 - the Connect DataFrame's explain text is this module's purpose
 
@@ -141,17 +143,29 @@ class ConnectSpark:
         return bool(lines) and lines[0].startswith("LocalRelation <empty>")
 
     def analyzed_plan(self, df: DataFrame, mark: DataFrame | None = None) -> PlanNode | None:
-        return None
+        """From the client's plan tree, with the server asked once per aggregation for its
+        output names and types (:mod:`spark_ckpt.sparkapi.connect_plan`)."""
+        from spark_ckpt.sparkapi import connect_plan
+
+        return connect_plan.analyzed_plan(df, mark)
 
     def plan_child_frame(self, df: DataFrame) -> DataFrame | None:
-        return None
+        from spark_ckpt.sparkapi import connect_plan
+
+        if len(connect_plan.plan_children(df._plan)) != 1:  # type: ignore[attr-defined]
+            return None
+        return connect_plan.frame_at(df, (0,))
 
     def plan_frame(self, df: DataFrame, path: tuple[int, ...]) -> DataFrame | None:
-        return None
+        from spark_ckpt.sparkapi import connect_plan
+
+        return connect_plan.frame_at(df, path)
 
     def replace_plan(self, df: DataFrame, path: tuple[int, ...],
                      replacement: DataFrame) -> DataFrame | None:
-        return None
+        from spark_ckpt.sparkapi import connect_plan
+
+        return connect_plan.replaced(df, path, replacement)
 
     def session_id(self) -> str | None:
         return str(self.spark.session_id)  # type: ignore[attr-defined]

@@ -401,7 +401,9 @@ def analyzed_plan(df: DataFrame, mark: DataFrame | None = None) -> PlanNode:
                         deterministic=not facts.nondeterministic
                         and all(c.deterministic for c in children),
                         children=children, grouping=grouping, aggregates=aggregates,
-                        marked=mark_plan is not None and node is mark_plan)
+                        marked=mark_plan is not None and node is mark_plan,
+                        # a subquery's plan is held as a reference of the node that uses it
+                        subquery=bool(getattr(node, "_references", None)))
 
     return build(df._plan)  # type: ignore[attr-defined]
 

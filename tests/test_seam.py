@@ -143,7 +143,7 @@ def test_classic_plan_as_plain_data(spark):
     from spark_ckpt.sparkapi import is_connect, spark_api, walk
 
     if is_connect(spark):
-        pytest.skip("the classic JVM's own answers (Connect's: the two tests below)")
+        pytest.skip("the classic JVM's answers (Connect's: the *_on_this_kind_of_session tests)")
     api = spark_api(spark)
     assert api.kind == "classic"
     df = spark.range(100).withColumn("k", F.col("id") % 3).groupBy("k").agg(
@@ -348,7 +348,7 @@ def test_operations_a_killed_client_left_running_are_interrupted_by_the_next(spa
     assert spark.range(0, 1000, numPartitions=2).count() == 1000  # the cores are free again
 
 
-def test_connect_expressions_are_written_as_sql_the_server_parses_back():
+def test_connect_expressions_are_written_as_sql_without_a_server():
     """The Connect client's expressions as the analysed plan's plain data, without a server:
     the SQL text the split builds its steps from (an aggregate's text inside its output's), the
     kinds it reads, and what is refused, naming why."""

@@ -45,6 +45,8 @@ PARITY = {
         "test_rows_moved_out_of_the_partitions_running_are_refused_however_they_are_laid_out",
         "tests/test_batch_cuts.py::"
         "test_the_cut_is_the_aggregations_exchange_whatever_follows_it[sorted_report-Sort]",
+        "tests/test_batch_cuts.py::"
+        "test_killed_during_partial_waves_resumes_from_them[sorted_report]",
     ],
     "batch-client-killed": [
         "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"

@@ -33,6 +33,10 @@ PARITY = {
         "test_an_aggregation_is_split_whatever_the_function_does_after_it",
         "tests/test_batch_cuts.py::"
         "test_aggregations_without_a_partial_form_are_refused_naming_why",
+        "tests/test_batch_cuts.py::"
+        "test_what_reads_rows_a_split_does_not_have_is_refused_and_identities_are_not",
+        "tests/test_batch_cuts.py::"
+        "test_a_function_that_plans_otherwise_over_rows_is_refused_not_misread",
     ],
     "batch": [
         "tests/test_batch_job.py::test_job_output_equals_plain_spark_and_every_partition_is_logged",

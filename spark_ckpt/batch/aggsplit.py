@@ -108,6 +108,15 @@ class AggSplit:
         source = _aggregate_input(aggregated, self.path)
         return _grouped(source, self.grouping + self.distinct, self.partial)
 
+    def group_counts(self, aggregated: DataFrame) -> list[DataFrame]:
+        """Rows per group of the partials (``__sck_rows`` beside the grouping and distinct
+        columns): what :mod:`~spark_ckpt.batch.wave_groups` estimates a wave's groups from."""
+        from pyspark.sql import functions as F
+
+        source = _aggregate_input(aggregated, self.path)
+        keys = [F.col(_quote(c)) for c in self.grouping + self.distinct]
+        return [source.groupBy(*keys).agg(F.count(F.lit(1)).alias(f"{_PREFIX}rows"))]
+
     def final_frame(self, partials: DataFrame) -> DataFrame:
         """The aggregation's output from partial aggregates (of any number of waves)."""
         from pyspark.sql import functions as F
@@ -200,6 +209,9 @@ class SplitSet:
         def partial(*inputs: DataFrame) -> DataFrame:
             return self.partial_frame(fn(*inputs))
         return partial
+
+    def group_counts(self, aggregated: DataFrame) -> list[DataFrame]:
+        return [frame for p in self.parts for frame in p.group_counts(aggregated)]
 
     def result_frame(self, whole: DataFrame, partials: DataFrame) -> DataFrame:
         from pyspark.sql import functions as F

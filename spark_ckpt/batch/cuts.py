@@ -159,11 +159,15 @@ class Sampler:
     def __init__(self, compute: Callable[[str, list[int]], DataFrame],
                  input_bytes: Callable[[str, int | None], int | None],
                  input_rows: Callable[[str, int], int | None],
-                 limit: int | None = None) -> None:
+                 limit: int | None = None,
+                 compute_rows: Callable[[str, int, int], DataFrame] | None = None) -> None:
         self.compute = compute  # (vertex id, partitions) -> its output, computed inline
         self.input_bytes = input_bytes  # (vertex id, partition or None) -> bytes on disk
         self.input_rows = input_rows  # (source id, split) -> rows, from footers (or None)
         self.limit = limit  # compute reads at most this many rows of a source split
+        # (vertex id, split, rows) -> its output over the split's first rows (None: only
+        # ``compute``'s sample, and a wave's partials are estimated linearly from it)
+        self.compute_rows = compute_rows
 
     def ratio(self, output: DataFrame, source_id: str) -> float:
         """Estimated bytes of ``output`` (computed over ``source_id``'s split 0) over the
@@ -201,8 +205,15 @@ def planner_sampler(runner: Any, splits: dict[str, list[Any]]) -> Sampler:
             store = Storage(path)
             rows += pq.read_metadata(store.root, filesystem=store.fs).num_rows
         return rows
+    def compute_rows(vertex_id: str, split: int, rows: int) -> DataFrame:
+        runner.sample_rows = rows  # (read as its source frame is built)
+        try:
+            return runner.compute_inline(vertex_id, [split])
+        finally:
+            runner.sample_rows = SAMPLE_ROWS
+
     runner.sample_rows = SAMPLE_ROWS
-    return Sampler(runner.compute_inline, input_bytes, input_rows, SAMPLE_ROWS)
+    return Sampler(runner.compute_inline, input_bytes, input_rows, SAMPLE_ROWS, compute_rows)
 
 
 def split_mode_chain(graph: JobGraph, vertex: JobVertex) -> bool:
@@ -280,7 +291,7 @@ def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str 
             cut = Cut(vertex.id, durable, f"spark.ckpt.batch.cuts={mode}")
         else:
             cut = _decide(graph, vertex, consumers, sampler, max_ratio, recorded, plan,
-                          exchanges if mode == "auto" else None)
+                          exchanges if mode == "auto" else None, partitions_per_wave)
         plan.cuts[vertex.id] = cut
         vertex.durable = cut.durable
     for vid, cut in plan.cuts.items():  # a partial vertex re-made from a recorded decision
@@ -413,7 +424,7 @@ def _exchangeable(graph: JobGraph, vertex: JobVertex,
 
 def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[str, Edge]]],
             sampler: Sampler, max_ratio: float, records: dict[str, dict[str, Any]],
-            plan: CutPlan, exchanges: Callable[[], bool] | None) -> Cut:
+            plan: CutPlan, exchanges: Callable[[], bool] | None, per_wave: int = 0) -> Cut:
     vid = vertex.id
     recorded = records.get(vid)
     if vertex.declared_durable is not None:
@@ -458,6 +469,13 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                 why = f"{consumer_id}'s function: {exc}"
             else:
                 ratio = sampler.ratio(partial, split_source(graph, vertex))
+                measured = f"{ratio:.2%} of the input on a sample split"
+                if ratio > max_ratio:  # a wave holds fewer groups per row than a sample?
+                    wave = _wave_ratio(graph, vertex, consumer_id, split, partial, sampler,
+                                       per_wave)
+                    if wave is not None:
+                        ratio = wave[0]
+                        measured = f"~{ratio:.2%} of a wave's input: {wave[1]}"
                 est = _estimate(sampler, graph, vertex, ratio)
                 # Written bucketed for the consumer, the partials are the exchange Spark
                 # would run inside its job, made durable; but writing them costs far more
@@ -470,13 +488,12 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                                                Split(split, partial, schema), bucketed)
                     assert inserted is not None
                     plan.cuts[inserted].ratio, plan.cuts[inserted].est_bytes = ratio, est
-                    plan.cuts[inserted].reason += \
-                        f" ({ratio:.2%} of the input on a sample split)"
+                    plan.cuts[inserted].reason += f" ({measured})"
                     return Cut(vid, False, f"{consumer_id} aggregates it, so its map-side "
                                f"partial aggregates ({inserted}) are the cut, not these rows",
                                ratio=ratio, partial=True, source=vertex.is_source)
-                why = (f"they are {ratio:.1%} of the input on a sample split (more than "
-                       f"{max_ratio:.0%}: writing them would cost more than a re-run saves)")
+                why = (f"they are {measured} (more than {max_ratio:.0%}: writing them "
+                       "would cost more than a re-run saves)")
     if vertex.is_source:
         return Cut(vid, True, "read in place by " + why_text(readers), source=True)
     if len(readers) > 1:
@@ -517,6 +534,54 @@ def _partial_candidate(vertex: JobVertex, consumer: JobVertex, edge: Edge) -> st
     if edge.kind != "hash" or not consumer.key:
         return f"{consumer.id} does not read {vertex.id} hashed by a key"
     return None
+
+
+def _wave_ratio(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: Any,
+                partial: DataFrame, sampler: Sampler, per_wave: int) -> tuple[float, str] | None:
+    """The partials' estimated bytes over a wave's input bytes, where a wave holds fewer
+    groups per row than the sample (batch.wave_groups), and why; None: no better estimate
+    than the sample's (one split a wave, row counts unknown, no second sample)."""
+    from spark_ckpt.batch.wave_groups import estimate_wave_groups, group_stats
+
+    source_id = split_source(graph, vertex)
+    splits = graph.vertices[source_id].parallelism
+    last = min(wave_size(vertex.parallelism, per_wave, fine=True), splits) - 1
+    if sampler.compute_rows is None or sampler.limit is None or last < 1:
+        return None
+    wave_rows = 0
+    for p in range(last + 1):
+        rows = sampler.input_rows(source_id, p)
+        if rows is None:
+            return None
+        wave_rows += rows
+    half = sampler.limit // 2
+    read = min(half, sampler.input_rows(source_id, 0) or 0) + \
+        min(half, sampler.input_rows(source_id, last) or 0)
+    if not read or wave_rows <= read:
+        return None
+    consumer = graph.vertices[consumer_id]
+    main = next(i for i, e in enumerate(consumer.inputs) if e.upstream == vertex.id)
+    assert consumer.fn is not None
+
+    def counts(part: int) -> list[DataFrame]:
+        rows = sampler.compute_rows(vertex.id, part, half)  # type: ignore[misc]
+        spark = rows.sparkSession
+        inputs = [rows if i == main else
+                  empty_frame(spark, sampler.compute(e.upstream, [0]).schema)
+                  for i, e in enumerate(consumer.inputs)]
+        return split.group_counts(consumer.fn(*inputs))  # type: ignore[misc]
+
+    groups, whys = 0.0, []
+    for a, b in zip(counts(0), counts(last), strict=True):
+        stats = group_stats(a, b)
+        # the wave's rows entering this aggregation: its input rows times the sample's share
+        estimate = estimate_wave_groups(stats, int(wave_rows * stats.rows / read))
+        groups += estimate.groups
+        whys.append(estimate.why)
+    source_width = row_width(sampler.compute(source_id, [0]).schema)
+    ratio = groups * row_width(partial.schema) / (wave_rows * source_width)
+    return ratio, "; ".join(dict.fromkeys(whys)) + \
+        f" (sampled in splits 0 and {last} of a wave of {last + 1})"
 
 
 def _split_over_sample(graph: JobGraph, vertex: JobVertex, consumer_id: str,

@@ -160,13 +160,14 @@ class Sampler:
                  input_bytes: Callable[[str, int | None], int | None],
                  input_rows: Callable[[str, int], int | None],
                  limit: int | None = None,
-                 compute_rows: Callable[[str, int, int], DataFrame] | None = None) -> None:
+                 compute_rows: Callable[[str, int, int | None], DataFrame] | None = None
+                 ) -> None:
         self.compute = compute  # (vertex id, partitions) -> its output, computed inline
         self.input_bytes = input_bytes  # (vertex id, partition or None) -> bytes on disk
         self.input_rows = input_rows  # (source id, split) -> rows, from footers (or None)
         self.limit = limit  # compute reads at most this many rows of a source split
-        # (vertex id, split, rows) -> its output over the split's first rows (None: only
-        # ``compute``'s sample, and a wave's partials are estimated linearly from it)
+        # (vertex id, split, rows) -> its output over the split's first rows (rows None: all
+        # of them); None: only ``compute``'s sample, and a wave's partials are not estimated
         self.compute_rows = compute_rows
 
     def ratio(self, output: DataFrame, source_id: str) -> float:
@@ -205,12 +206,12 @@ def planner_sampler(runner: Any, splits: dict[str, list[Any]]) -> Sampler:
             store = Storage(path)
             rows += pq.read_metadata(store.root, filesystem=store.fs).num_rows
         return rows
-    def compute_rows(vertex_id: str, split: int, rows: int) -> DataFrame:
-        runner.sample_rows = rows  # (read as its source frame is built)
-        try:
+    def compute_rows(vertex_id: str, split: int, rows: int | None) -> DataFrame:
+        before, runner.sample_rows = runner.sample_rows, rows  # (read as its source frame
+        try:  # is built; None: the whole split)
             return runner.compute_inline(vertex_id, [split])
         finally:
-            runner.sample_rows = SAMPLE_ROWS
+            runner.sample_rows = before
 
     runner.sample_rows = SAMPLE_ROWS
     return Sampler(runner.compute_inline, input_bytes, input_rows, SAMPLE_ROWS, compute_rows)
@@ -473,9 +474,11 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                 if ratio > max_ratio:  # a wave holds fewer groups per row than a sample?
                     wave = _wave_ratio(graph, vertex, consumer_id, split, partial, sampler,
                                        per_wave)
-                    if wave is not None:
+                    if wave is not None and wave[0] is not None:
                         ratio = wave[0]
                         measured = f"~{ratio:.2%} of a wave's input: {wave[1]}"
+                    elif wave is not None:
+                        measured += f"; per wave: {wave[1]}"
                 est = _estimate(sampler, graph, vertex, ratio)
                 # Written bucketed for the consumer, the partials are the exchange Spark
                 # would run inside its job, made durable; but writing them costs far more
@@ -495,7 +498,10 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                 why = (f"they are {measured} (more than {max_ratio:.0%}: writing them "
                        "would cost more than a re-run saves)")
     if vertex.is_source:
-        return Cut(vid, True, "read in place by " + why_text(readers), source=True)
+        reason = "read in place by " + why_text(readers)
+        if why:
+            reason += f"; not cut at partial aggregates: {why}"
+        return Cut(vid, True, reason, source=True)
     if len(readers) > 1:
         return Cut(vid, True, f"read by {len(readers)} vertices "
                    f"({', '.join(c for c, _ in readers)}): computed once")
@@ -537,10 +543,25 @@ def _partial_candidate(vertex: JobVertex, consumer: JobVertex, edge: Edge) -> st
 
 
 def _wave_ratio(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: Any,
-                partial: DataFrame, sampler: Sampler, per_wave: int) -> tuple[float, str] | None:
-    """The partials' estimated bytes over a wave's input bytes, where a wave holds fewer
-    groups per row than the sample (batch.wave_groups), and why; None: no better estimate
-    than the sample's (one split a wave, row counts unknown, no second sample)."""
+                partial: DataFrame, sampler: Sampler,
+                per_wave: int) -> tuple[float | None, str] | None:
+    """The partials' estimated bytes over a wave's input bytes where a wave holds fewer groups
+    per row than the sample split (groups that recur across splits: batch.wave_groups), and
+    why; (None, why): groups that do not recur, keep the sample split's ratio; None: no
+    estimate (one split a wave, row counts unknown, or it failed: it may cost a cut, never a
+    job)."""
+    try:
+        return _wave_estimate(graph, vertex, consumer_id, split, partial, sampler, per_wave)
+    except Exception as exc:  # noqa: BLE001 - an estimate, never a reason to fail a job
+        log.warning("Job %s: vertex %s: no estimate of a wave's partials for %s (%s: %s); "
+                    "the sample split's ratio decides", graph.job_id, vertex.id, consumer_id,
+                    type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+        return None
+
+
+def _wave_estimate(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: Any,
+                   partial: DataFrame, sampler: Sampler,
+                   per_wave: int) -> tuple[float | None, str] | None:
     from spark_ckpt.batch.wave_groups import estimate_wave_groups, group_stats
 
     source_id = split_source(graph, vertex)
@@ -548,40 +569,46 @@ def _wave_ratio(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: Any
     last = min(wave_size(vertex.parallelism, per_wave, fine=True), splits) - 1
     if sampler.compute_rows is None or sampler.limit is None or last < 1:
         return None
-    wave_rows = 0
-    for p in range(last + 1):
-        rows = sampler.input_rows(source_id, p)
-        if rows is None:
-            return None
-        wave_rows += rows
+    counts = [sampler.input_rows(source_id, p) for p in range(last + 1)]
+    if any(c is None for c in counts):
+        return None
+    wave_rows = sum(c for c in counts if c is not None)
     half = sampler.limit // 2
-    read = min(half, sampler.input_rows(source_id, 0) or 0) + \
-        min(half, sampler.input_rows(source_id, last) or 0)
-    if not read or wave_rows <= read:
+    first_rows, last_rows = counts[0] or 0, counts[last] or 0
+    read = min(half, first_rows) + min(half, last_rows)
+    if not first_rows or not last_rows or wave_rows <= read:
         return None
     consumer = graph.vertices[consumer_id]
     main = next(i for i, e in enumerate(consumer.inputs) if e.upstream == vertex.id)
-    assert consumer.fn is not None
+    assert consumer.fn is not None and sampler.compute_rows is not None
 
-    def counts(part: int) -> list[DataFrame]:
-        rows = sampler.compute_rows(vertex.id, part, half)  # type: ignore[misc]
+    def group_counts(rows: DataFrame) -> list[DataFrame]:
         spark = rows.sparkSession
         inputs = [rows if i == main else
                   empty_frame(spark, sampler.compute(e.upstream, [0]).schema)
                   for i, e in enumerate(consumer.inputs)]
         return split.group_counts(consumer.fn(*inputs))  # type: ignore[misc]
 
-    groups, whys = 0.0, []
-    for a, b in zip(counts(0), counts(last), strict=True):
+    # the first split's first rows, and a random sample of the last split (files sorted or
+    # clustered by the key hold only their first keys in their first rows); a fixed seed
+    first = group_counts(sampler.compute_rows(vertex.id, 0, half))
+    fraction = min(1.0, half / last_rows)
+    sampled = sampler.compute_rows(vertex.id, last, None).sample(False, fraction, seed=17)
+    groups, whys, recur = 0.0, [], False
+    for a, b in zip(first, group_counts(sampled), strict=True):  # one job per aggregation
         stats = group_stats(a, b)
         # the wave's rows entering this aggregation: its input rows times the sample's share
-        estimate = estimate_wave_groups(stats, int(wave_rows * stats.rows / read))
+        estimate = estimate_wave_groups(
+            stats, int(wave_rows * stats.rows / (min(half, first_rows) + fraction * last_rows)))
         groups += estimate.groups
+        recur = recur or estimate.recur
         whys.append(estimate.why)
-    source_width = row_width(sampler.compute(source_id, [0]).schema)
-    ratio = groups * row_width(partial.schema) / (wave_rows * source_width)
-    return ratio, "; ".join(dict.fromkeys(whys)) + \
+    why = "; ".join(dict.fromkeys(whys)) + \
         f" (sampled in splits 0 and {last} of a wave of {last + 1})"
+    if not recur:
+        return None, why
+    source_width = row_width(sampler.compute(source_id, [0]).schema)
+    return groups * row_width(partial.schema) / (wave_rows * source_width), why
 
 
 def _split_over_sample(graph: JobGraph, vertex: JobVertex, consumer_id: str,

@@ -12,13 +12,19 @@ groups are:
 * groups that live in one part of the input (events per user and day, written by time) do
   not: every split brings its own, and the wave holds as many groups per row as the sample.
 
-Which of the two holds is measured, not assumed: the sample is two halves from two splits of
-the wave (its first and its last), and the groups the halves share are compared with what
-two halves drawn at random from the same rows would share. Groups that recur across splits as
-they would at random are extrapolated; groups the splits do not share (less than
-``RECUR_MIN`` of the expected overlap) scale with the rows, as the single-split sample did.
-Neither way can understate a wave by more than the sample's own reach: the linear estimate is
-the one this planner used before, and it is kept wherever recurrence is not shown.
+Which of the two holds is measured, not assumed: the sample is two halves, the first rows of
+the wave's first split and a random sample of its last split, and the groups the halves share
+are compared with what two halves drawn at random from the same rows would share, on the rare
+groups the extrapolation counts from (frequent groups that recur everywhere must not vouch for
+rare ones that live in one split). A random sample on one side also catches files sorted or
+clustered by the key, whose first rows hold only the first keys. Groups that recur as they
+would at random, and whose sizes look alike (ACE's coefficient of variation: a skewed key's
+long tail is what Chao's estimate, a lower bound, cannot see), are extrapolated; otherwise the
+estimate scales with the rows, and the planner keeps the sample split's own ratio.
+
+The extrapolation reaches far past the sample (a hundredfold and more), where Chao's estimate
+is exact only for groups of alike sizes: that is what the checks above guard, and why an
+estimate that does not pass them is not used at all.
 """
 
 from __future__ import annotations
@@ -44,26 +50,59 @@ SPREAD_MAX = 0.1
 OVERLAP_MIN = 0.02
 
 _ROWS, _HALF = "__sck_rows", "__sck_half"
+_C, _A, _K = "__sck_c", "__sck_a", "__sck_k"  # rows in a group, of which in half a; groups
+# Groups of at most this many rows in the sample are rare: what the estimates count from
+RARE = 10
 
 
 @dataclasses.dataclass(frozen=True)
 class GroupStats:
-    """Group counts of a sample made of two halves, ``a`` (rows_a rows) and ``b``."""
+    """Group sizes in a sample made of two halves, a and b: ``pairs`` maps (rows in a group,
+    of which in half a) to the number of such groups."""
 
-    rows_a: int
-    rows_b: int
-    groups_a: int  # groups with a row in half a
-    groups_b: int
-    histogram: dict[int, int]  # rows in a group -> groups with that many rows (both halves)
-    histogram_a: dict[int, int]  # the same, in half a alone
+    pairs: dict[tuple[int, int], int]
+
+    @property
+    def histogram(self) -> dict[int, int]:
+        """Rows in a group -> groups with that many rows (both halves)."""
+        out: dict[int, int] = {}
+        for (c, _a), k in self.pairs.items():
+            out[c] = out.get(c, 0) + k
+        return out
+
+    @property
+    def histogram_a(self) -> dict[int, int]:
+        """The same, in half a alone."""
+        out: dict[int, int] = {}
+        for (_c, a), k in self.pairs.items():
+            if a:
+                out[a] = out.get(a, 0) + k
+        return out
+
+    @property
+    def rows_a(self) -> int:
+        return sum(a * k for (_c, a), k in self.pairs.items())
 
     @property
     def rows(self) -> int:
-        return self.rows_a + self.rows_b
+        return sum(c * k for (c, _a), k in self.pairs.items())
 
     @property
     def groups(self) -> int:
-        return sum(self.histogram.values())
+        return sum(self.pairs.values())
+
+    def overlap(self, lo: int = 1, hi: int | None = None) -> tuple[float, int, int]:
+        """Groups of ``lo``..``hi`` rows: (expected in both halves were the rows split at
+        random, observed in both, how many such groups)."""
+        p = self.rows_a / self.rows if self.rows else 0.0
+        expected, observed, groups = 0.0, 0, 0
+        for (c, a), k in self.pairs.items():
+            if c < lo or (hi is not None and c > hi):
+                continue
+            expected += k * (1 - p ** c - (1 - p) ** c)
+            observed += k if 0 < a < c else 0
+            groups += k
+        return expected, observed, groups
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,16 +120,17 @@ def estimate_wave_groups(stats: GroupStats, wave_rows: int) -> WaveEstimate:
     linear = g * max(wave_rows, n) / n
     if wave_rows <= n:
         return WaveEstimate(float(g), False, "the sample is the wave")
-    if stats.rows_a == 0 or stats.rows_b == 0:
+    if stats.rows_a == 0 or stats.rows_a == n:
         return WaveEstimate(linear, False, "one split only: scaled with the rows")
-    p = stats.rows_a / n
-    expect_a = sum(k * (1 - (1 - p) ** c) for c, k in stats.histogram.items())
-    expect_b = sum(k * (1 - p ** c) for c, k in stats.histogram.items())
-    expected = expect_a + expect_b - g
-    observed = stats.groups_a + stats.groups_b - g
-    if expected < OVERLAP_MIN * g:
-        return WaveEstimate(linear, False, "groups too rare in the sample to tell whether "
-                            "they recur: scaled with the rows")
+    # The test is on the rare groups (2 to RARE rows in the sample), the ones the
+    # extrapolation counts from: frequent groups that recur everywhere must not vouch for
+    # rare ones that live in one split. Where there are too few rare ones, on all groups
+    expected, observed, rare = stats.overlap(2, RARE)
+    if rare == 0 or expected < OVERLAP_MIN * rare:
+        expected, observed, _all = stats.overlap()
+        if expected < OVERLAP_MIN * g:
+            return WaveEstimate(linear, False, "groups too rare in the sample to tell "
+                                "whether they recur: scaled with the rows")
     share = observed / expected
     if share < RECUR_MIN:
         return WaveEstimate(linear, False, f"the two splits share {share:.0%} of the groups "
@@ -102,8 +142,7 @@ def estimate_wave_groups(stats: GroupStats, wave_rows: int) -> WaveEstimate:
     if spread > SPREAD_MAX:
         return WaveEstimate(linear, False, f"group sizes vary (squared coefficient of "
                             f"variation {spread:.2f}): a skewed key, scaled with the rows")
-    # the extrapolation, checked where it can be: from half a to the whole sample. A long
-    # tail of groups (a skewed key) makes Chao's estimate a lower bound that undershoots
+    # the extrapolation, checked where it can be: from half a to the whole sample
     predicted = _extrapolate(stats.histogram_a, stats.rows_a, n)
     if g > TAIL_MAX * predicted:
         return WaveEstimate(linear, False, f"the sample's groups grow faster than an "
@@ -115,18 +154,18 @@ def estimate_wave_groups(stats: GroupStats, wave_rows: int) -> WaveEstimate:
                         "rows, extrapolated from the groups seen once and twice")
 
 
-def _variation(histogram: dict[int, int], rare: int = 10) -> float:
+def _variation(histogram: dict[int, int]) -> float:
     """ACE's estimate of the squared coefficient of variation of group sizes, over the groups
-    seen at most ``rare`` times (0 for groups of one size)."""
+    seen at most ``RARE`` times (0 for groups of one size)."""
     f1 = histogram.get(1, 0)
-    rows = sum(c * k for c, k in histogram.items() if c <= rare)
-    groups = sum(k for c, k in histogram.items() if c <= rare)
+    rows = sum(c * k for c, k in histogram.items() if c <= RARE)
+    groups = sum(k for c, k in histogram.items() if c <= RARE)
     if rows <= 1:
         return 0.0  # no rare groups: every group seen many times
     if f1 >= rows:
         return math.inf  # every rare group seen once: nothing to tell
     coverage = 1 - f1 / rows
-    pairs = sum(c * (c - 1) * k for c, k in histogram.items() if c <= rare)
+    pairs = sum(c * (c - 1) * k for c, k in histogram.items() if c <= RARE)
     return max(groups / coverage * pairs / (rows * (rows - 1)) - 1, 0.0)
 
 
@@ -149,23 +188,10 @@ def group_stats(half_a: DataFrame, half_b: DataFrame) -> GroupStats:
     keys = [c for c in half_a.columns if c != _ROWS]
     tagged = half_a.withColumn(_HALF, F.lit(0)).unionByName(half_b.withColumn(_HALF, F.lit(1)))
     per_group = tagged.groupBy(*[F.col(_q(k)) for k in keys]).agg(
-        F.sum(_ROWS).alias("c"), F.max(_HALF).alias("hi"),
-        F.sum(F.when(F.col(_HALF) == 0, F.col(_ROWS)).otherwise(0)).alias("ra"))
-    rows = per_group.groupBy("c", "ra").agg(
-        F.count(F.lit(1)).alias("k"),
-        F.sum(F.when(F.col("hi") == 1, 1).otherwise(0)).alias("gb")).collect()
-    histogram: dict[int, int] = {}
-    histogram_a: dict[int, int] = {}
-    for r in rows:
-        c, ra, k = int(r["c"]), int(r["ra"]), int(r["k"])
-        histogram[c] = histogram.get(c, 0) + k
-        if ra:
-            histogram_a[ra] = histogram_a.get(ra, 0) + k
-    rows_a = sum(c * k for c, k in histogram_a.items())
-    return GroupStats(rows_a=rows_a, rows_b=sum(c * k for c, k in histogram.items()) - rows_a,
-                      groups_a=sum(histogram_a.values()),
-                      groups_b=sum(int(r["gb"]) for r in rows), histogram=histogram,
-                      histogram_a=histogram_a)
+        F.sum(_ROWS).alias(_C),
+        F.sum(F.when(F.col(_HALF) == 0, F.col(_ROWS)).otherwise(0)).alias(_A))
+    rows = per_group.groupBy(_C, _A).agg(F.count(F.lit(1)).alias(_K)).collect()
+    return GroupStats(pairs={(int(r[_C]), int(r[_A])): int(r[_K]) for r in rows})
 
 
 def _q(name: str) -> str:

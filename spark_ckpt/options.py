@@ -151,7 +151,9 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "int",
         10,
         "auto cuts: a vertex's output (or its consumer's partial aggregates) is a durable cut "
-        "when a sample split's output is at most this percent of its input's size.",
+        "when a sample split's output is at most this percent of its input's size; partials "
+        "over it are estimated again per wave of splits, where groups recur across splits "
+        "(see BatchJob.explain).",
         minimum=0,
     ),
     _opt(
@@ -214,7 +216,9 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "spark.ckpt.batch.concurrentWaves",
         "int",
         2,
-        "Waves of one vertex that may run at the same time (driver threads submitting jobs).",
+        "Waves of one vertex that may run at the same time (driver threads submitting jobs); "
+        "partial aggregates run one wave at a time (each wave is two Spark jobs, and side by "
+        "side the first wave's second job waits behind the next wave's first).",
         minimum=1,
     ),
     _opt(

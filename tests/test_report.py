@@ -118,6 +118,12 @@ def test_job_report_shows_its_attempts_and_cuts(spark, tmp_path, orders_input, m
     assert "settled" in page and "completed" in page and page.count("<svg") == 1
     assert "attempt 2 (recovery)" in page and ">failed<" in page and ">succeeded<" in page
     assert ">14 / 14<" in page  # every partition of the vertices that run (not the sources)
+    # what the kept partitions wrote, per vertex, from the files their events recorded
+    rows = re.findall(r"<tr><td>([^<]+)</td><td>(\w+)</td><td>\d+</td><td>([^<]+)</td>"
+                      r"<td>([^<]+)</td>", page)
+    written = {vid: size for vid, _decision, _est, size in rows}
+    assert written and all(written[v] != "-" for v in ("settled", "daily")), rows
+    assert all(size.endswith(("B", "KiB", "MiB")) for size in written.values() if size != "-")
     bad = CliRunner().invoke(main, ["report", "--job", "nope", "--work-dir", str(work)])
     assert bad.exit_code == 1 and "no event log for job 'nope'" in bad.output
     if CHROMIUM is None:

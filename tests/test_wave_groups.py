@@ -90,9 +90,9 @@ def test_group_stats_counts_what_numpy_counts(spark):
     rng = np.random.default_rng(6)
     a, b = rng.integers(0, 3_000, 20_000), rng.integers(0, 3_000, 15_000)
 
-    def frame(ids):
-        return spark.createDataFrame([(int(i) % 50, int(i) // 50) for i in ids], "k1 int, k2 int") \
-            .groupBy("k1", "k2").agg(F.count(F.lit(1)).alias("__sck_rows"))
+    def frame(ids):  # keys named as the helper columns' short names once were
+        return spark.createDataFrame([(int(i) % 50, int(i) // 50) for i in ids], "c int, hi int") \
+            .groupBy("c", "hi").agg(F.count(F.lit(1)).alias("__sck_rows"))
 
     assert group_stats(frame(a), frame(b)) == _stats(a, b)
 

@@ -13,7 +13,8 @@ without ``durable=`` (the default), the planner decides:
    the consumer's map-side partial aggregates (what enters Spark's exchange), computed per
    wave of input splits, are the cut, not the wide rows; the consumer merges them and runs
    the rest of its function over the result. Chosen when a sample split's partials are at
-   most ``spark.ckpt.batch.cutMaxPercent`` of its input;
+   most ``spark.ckpt.batch.cutMaxPercent`` of its input, or a wave's are, estimated from two
+   splits where the groups recur across splits (batch.wave_groups);
 3. a vertex read by several consumers is durable (computed once, not once per consumer);
 4. a split-by-split vertex whose output is at most ``cutMaxPercent`` of its input on a sample
    split (a filter, a projection) is durable: a cheap cut;

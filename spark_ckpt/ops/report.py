@@ -296,6 +296,9 @@ def job_report(work_dir: str, job_id: str) -> str:
                      f"{(a.finished_us - a.started_us) / 1e6:.1f} s" if a.finished_us else "-",
                      a.status, sum(ran[a.attempt].values()),
                      a.reused if a.finished_us else "-", a.error or ""] for a in attempts]
+    written: dict[str, int] = {}  # the files the kept partitions recorded (results, sinks)
+    for (vid, _p), done in history.finished.items():
+        written[vid] = written.get(vid, 0) + sum(f.size for f in done.outputs)
     cut_rows = []
     for vid, payload in history.vertices.items():
         cut = payload.get("cut") or {}
@@ -303,15 +306,18 @@ def job_report(work_dir: str, job_id: str) -> str:
                     else "chained") if cut else "durable"
         per = ", ".join(f"attempt {k}: {v[vid]}" for k, v in sorted(ran.items()) if v.get(vid))
         cut_rows.append([vid, decision, payload.get("parallelism"),
-                         human_size(cut.get("est_bytes")), per or "-", cut.get("reason", "")])
+                         human_size(cut.get("est_bytes")),
+                         human_size(written[vid]) if vid in written else "-",
+                         per or "-", cut.get("reason", "")])
     body = (f'<div class="cards">{cards}</div>'
             "<section><h2>Recovery timeline</h2>" + timeline + "</section>"
             "<section><h2>Attempts: what each ran and reused</h2>" + _table(
                 ["attempt", "mode", "started (UTC)", "took", "status", "partitions run",
                  "reused", "error"], attempt_rows) + "</section>"
             "<section><h2>Vertices: where the job is durable, and why</h2>" + _table(
-                ["vertex", "decision", "partitions", "estimated bytes", "finished per attempt",
-                 "why"], cut_rows) + "</section>")
+                ["vertex", "decision", "partitions", "estimated bytes (sampled)",
+                 "bytes written (kept partitions)", "finished per attempt", "why"],
+                cut_rows) + "</section>")
     if resets:
         body += ("<section><h2>Partitions reset (their outputs could not be reused)</h2>"
                  + _table(["attempt", "vertex", "partition", "reason"], resets) + "</section>")

@@ -578,8 +578,8 @@ def main() -> None:
     parser.add_argument("--rows-rollup", type=int, default=265_000_000)
     parser.add_argument("--rows-cleanup", type=int, default=37_000_000)
     # (e)-(g) read the report's input, sized from plain Spark's time at 60M rows (issue 33)
-    parser.add_argument("--rows-sorted_report", type=int, default=200_000_000)
-    parser.add_argument("--rows-ranked", type=int, default=250_000_000)
+    parser.add_argument("--rows-sorted_report", type=int, default=240_000_000)
+    parser.add_argument("--rows-ranked", type=int, default=300_000_000)
     parser.add_argument("--rows-two_aggregations", type=int, default=380_000_000)
     parser.add_argument("--keep", action="store_true", help="keep the generated input")
     parser.add_argument("--fresh-beside-kills", action="store_true",

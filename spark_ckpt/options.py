@@ -216,9 +216,7 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "spark.ckpt.batch.concurrentWaves",
         "int",
         2,
-        "Waves of one vertex that may run at the same time (driver threads submitting jobs); "
-        "partial aggregates run one wave at a time (each wave is two Spark jobs, and side by "
-        "side the first wave's second job waits behind the next wave's first).",
+        "Waves of one vertex that may run at the same time (driver threads submitting jobs).",
         minimum=1,
     ),
     _opt(

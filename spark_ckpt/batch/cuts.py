@@ -579,16 +579,10 @@ def _wave_estimate(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: 
     read = min(half, first_rows) + min(half, last_rows)
     if not first_rows or not last_rows or wave_rows <= read:
         return None
-    consumer = graph.vertices[consumer_id]
-    main = next(i for i, e in enumerate(consumer.inputs) if e.upstream == vertex.id)
-    assert consumer.fn is not None and sampler.compute_rows is not None
+    assert sampler.compute_rows is not None
 
     def group_counts(rows: DataFrame) -> list[DataFrame]:
-        spark = rows.sparkSession
-        inputs = [rows if i == main else
-                  empty_frame(spark, sampler.compute(e.upstream, [0]).schema)
-                  for i, e in enumerate(consumer.inputs)]
-        return split.group_counts(consumer.fn(*inputs))  # type: ignore[misc]
+        return split.group_counts(_consumer_over(graph, vertex, consumer_id, sampler, rows))
 
     # the first split's first rows, and a random sample of the last split (files sorted or
     # clustered by the key hold only their first keys in their first rows); a fixed seed
@@ -612,6 +606,18 @@ def _wave_estimate(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: 
     return groups * row_width(partial.schema) / (wave_rows * source_width), why
 
 
+def _consumer_over(graph: JobGraph, vertex: JobVertex, consumer_id: str, sampler: Sampler,
+                   rows: DataFrame) -> DataFrame:
+    """The consumer's function over ``rows`` as its input from ``vertex``, its other
+    (broadcast) inputs empty."""
+    consumer = graph.vertices[consumer_id]
+    assert consumer.fn is not None
+    main = next(i for i, e in enumerate(consumer.inputs) if e.upstream == vertex.id)
+    return consumer.fn(*[rows if i == main else
+                         empty_frame(rows.sparkSession, sampler.compute(e.upstream, [0]).schema)
+                         for i, e in enumerate(consumer.inputs)])
+
+
 def _split_over_sample(graph: JobGraph, vertex: JobVertex, consumer_id: str,
                        sampler: Sampler) -> Split:
     """The consumer's aggregation split and its partial step over the vertex's first split
@@ -627,18 +633,15 @@ def _split_over_sample(graph: JobGraph, vertex: JobVertex, consumer_id: str,
         sample = sampler.compute(vertex.id, [0])
         spark = sample.sparkSession
         leaf = input_leaf(spark, sample.schema)
-        others = [None if i == main else
-                  empty_frame(spark, sampler.compute(e.upstream, [0]).schema)
-                  for i, e in enumerate(consumer.inputs)]
-        aggregated = consumer.fn(*[leaf if i == main else df for i, df in enumerate(others)])
+        aggregated = _consumer_over(graph, vertex, consumer_id, sampler, leaf)
         split = split_aggregate(aggregated, leaf)
         check_split(split, aggregated)
         missing = [c for c in edge.columns if c not in split.grouping]
         if missing:
             raise NotSplittable(f"it reads {vertex.id} hashed by {list(edge.columns)} but "
                                 f"groups by {list(split.grouping)}")
-        partial = split.partial_frame(
-            consumer.fn(*[sample if i == main else df for i, df in enumerate(others)]))
+        partial = split.partial_frame(_consumer_over(graph, vertex, consumer_id, sampler,
+                                                     sample))
     except NotSplittable:
         raise
     except Exception as exc:  # an analysis error, a UDF: the consumer stays whole

@@ -81,20 +81,6 @@ def waves(vertex: JobVertex, parts: list[int], settings: Settings) -> list[list[
                     ramp=per_wave == 0 and fine)
 
 
-def concurrent_waves(vertex: JobVertex, settings: Settings) -> int:
-    """Waves of ``vertex`` run at once: ``spark.ckpt.batch.concurrentWaves``.
-
-    Measured on partial aggregates (shape (f), 2 cores): a partial wave is two Spark jobs under
-    adaptive execution (its map stage, then the merge and write of its partials), and Spark's
-    FIFO scheduler orders jobs by submission, so side by side a wave's second job waits behind
-    the next wave's map job: waves become durable in pairs, one map stage late (every 46 s
-    instead of every 23 s; a kill at 85% kept 40 of 64 partitions). One at a time, each wave is
-    durable when its own work ends, but each map stage's last tasks leave a core idle: 1.14x
-    plain Spark against 1.06x. Overhead is paid by every run, so waves stay side by side; what
-    would give both is a wave that is one Spark job, or a scheduler pool that runs a wave's
-    second job first."""
-    return settings.batch_concurrent_waves
-
 
 def reads_exchanges(graph: JobGraph, vertex: JobVertex) -> bool:
     """True when ``vertex`` reads durable exchanges: through catalog tables made per

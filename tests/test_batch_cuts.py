@@ -324,10 +324,25 @@ def test_default_cuts_chain_the_join_and_make_partial_aggregates_durable(
     assert "report: durable: has sinks (report-delta)" in text
     assert not (tmp_path / "work").exists(), "explain must write nothing"
 
+    adaptive = spark.conf.get("spark.sql.adaptive.enabled")
     result = job.run()
     assert {v: s.ran for v, s in result.vertices.items()} == {"report-partial": 8, "report": 4}
     assert_same_rows(_load(f"{out}/report"),
                      _load(f"{plain_output(spark, 'report', shape_input, tmp_path)}/report"))
+    # each partial wave's map and merge stages are one Spark job (the merge outranks later
+    # waves' map stages in Spark's FIFO order); the session's settings are its own again
+    tracker = spark.sparkContext.statusTracker()
+    jobs = [tracker.getJobIdsForGroup(f"spark_ckpt-report-a1-report-partial-u{n}")
+            for n in range(8)]
+    for wave in jobs:  # (its broadcasts are jobs of their own)
+        infos = [[tracker.getStageInfo(s) for s in tracker.getJobInfo(j).stageIds]
+                 for j in wave]
+        ran = [[i.stageId for i in job if i is not None and i.numCompletedTasks > 0]
+               for job in infos]
+        # the map stage and the merge ran in one job; under adaptive execution the merge was
+        # a second job, skipping the map stage a first job had run
+        assert max(map(len, ran)) == 2, ran
+    assert spark.conf.get("spark.sql.adaptive.enabled") == adaptive
 
     printed = CliRunner().invoke(cli, ["plan", "report", "--work-dir", work, "--json"])
     assert printed.exit_code == 0, printed.output

@@ -39,6 +39,7 @@ at a time; each run unit runs on a thread of that vertex's pool.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,7 @@ from spark_ckpt.batch.unit_writer import UnitWriter
 from spark_ckpt.batch.vertex_frames import VertexFrames
 from spark_ckpt.errors import TaskExecutionError
 from spark_ckpt.execution.attempt_states import ExecutionState
+from spark_ckpt.session import session_conf
 from spark_ckpt.sparkapi import spark_api
 
 if TYPE_CHECKING:
@@ -131,7 +133,8 @@ class VertexRunner:
                  vertex.parallelism, len(units), "hash" if hash_mode(vertex) else "split")
         try:
             if units:
-                self._run_units(vertex, units)
+                with self._one_job_waves(vertex):
+                    self._run_units(vertex, units)
         finally:  # after every wave thread ended
             self.frames.tables.drop_all()
         missing = [p for p in parts if (vertex.id, p) not in self.job.finished]
@@ -146,12 +149,32 @@ class VertexRunner:
                  self.job.clock.monotonic_s() - started)
         return adopted
 
+    def _one_job_waves(self, vertex: JobVertex) -> contextlib.AbstractContextManager[None]:
+        """While a partial vertex's waves run: adaptive execution off, and as many shuffle
+        partitions as its consumer has partitions (so a wave's merge stage writes bucket *j*
+        from task *j* where the buckets are its grouping columns).
+
+        Under adaptive execution a wave is two Spark jobs, its map stage and then its merge
+        and write; side by side, Spark's FIFO order runs the second behind the next wave's
+        map job, so waves became durable in pairs, one map stage late (shape (f): a kill at
+        30% found nothing durable; docs/benchmarks.md). As one job of two stages, a wave's
+        merge stage outranks every later wave's map stage and runs as soon as its own map
+        stage ends. One at a time instead cost the map stages' idle tails (1.14x plain Spark
+        against 1.06x). The settings are the session's, for the vertex's run only: nothing
+        but its waves is planned meanwhile (one vertex at a time), and a session that
+        refuses them keeps its own (the waves then run as before)."""
+        if vertex.partial_of is None:
+            return contextlib.nullcontext()
+        consumer = self.graph.vertices[vertex.partial_of]
+        stack = contextlib.ExitStack()
+        stack.enter_context(session_conf(self.spark, "spark.sql.adaptive.enabled", "false",
+                                         required=False))
+        stack.enter_context(session_conf(self.spark, "spark.sql.shuffle.partitions",
+                                         str(consumer.parallelism), required=False))
+        return stack
+
     def _run_units(self, vertex: JobVertex, units: list[list[int]]) -> None:
         groups: list[str] = []
-        # Side by side, a partial wave's second Spark job (its merge and write, under adaptive
-        # execution) waits behind the next wave's map job in Spark's FIFO order, so partial
-        # waves become durable in pairs; one at a time costs the map stages' idle tails
-        # (shape (f): 1.14x plain Spark against 1.06x; docs/benchmarks.md). Overhead wins.
         workers = min(self.job.settings.batch_concurrent_waves, len(units))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             futures = []

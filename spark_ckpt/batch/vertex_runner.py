@@ -149,7 +149,7 @@ class VertexRunner:
                  self.job.clock.monotonic_s() - started)
         return adopted
 
-    def _one_job_waves(self, vertex: JobVertex) -> contextlib.AbstractContextManager[None]:
+    def _one_job_waves(self, vertex: JobVertex) -> contextlib.AbstractContextManager[Any]:
         """While a partial vertex's waves run: adaptive execution off, and as many shuffle
         partitions as its consumer has partitions (so a wave's merge stage writes bucket *j*
         from task *j* where the buckets are its grouping columns).

@@ -6,11 +6,12 @@ what is written or logged. The source (sources/kafka.py) and the sink (sinks/kaf
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from spark_ckpt.errors import EnvironmentError_
 
-__all__ = ["client_config", "error_text", "load"]
+__all__ = ["client_config", "committed", "error_text", "load"]
 
 _JAAS_FIELD = re.compile(r'(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"')
 # Java client options with no librdkafka counterpart, which Spark users pass: dropped
@@ -18,6 +19,9 @@ _JAAS_FIELD = re.compile(r'(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _JAVA_ONLY = frozenset({"default.api.timeout.ms", "interceptor.classes", "partitioner.class",
                         "max.poll.records", "sasl.login.callback.handler.class",
                         "sasl.client.callback.handler.class", "security.providers"})
+# a group coordinator not there yet: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
+# COORDINATOR_NOT_AVAILABLE (librdkafka marks some of them retriable, not all)
+_COORDINATOR_MOVING = frozenset({16, 14, 15})
 # Java client option names that librdkafka spells otherwise
 _RENAMED = {"sasl.mechanism": "sasl.mechanisms", "ssl.truststore.location": "ssl.ca.location"}
 
@@ -63,3 +67,21 @@ def load() -> Any:
             "the Kafka source and sink expect the confluent-kafka package (pip install "
             f"'spark-ckpt[kafka]'), found it missing ({exc})") from None
     return confluent_kafka
+
+
+def committed(consumer: Any, partitions: list[Any], timeout: float = 60.0) -> list[Any]:
+    """``consumer.committed(partitions)``, asked again while the group's coordinator is not
+    ready (a new cluster creates its offsets topic; a coordinator moves after a broker's
+    loss): those answers are retriable, and a commit marker must be read, not guessed."""
+    kafka = load()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return list(consumer.committed(partitions, timeout=min(30.0, timeout)))
+        except kafka.KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            retriable = getattr(error, "retriable", lambda: False)() or getattr(
+                error, "code", lambda: None)() in _COORDINATOR_MOVING
+            if not retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)

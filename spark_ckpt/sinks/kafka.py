@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from spark_ckpt.errors import CommitError, JobDefinitionError
 from spark_ckpt.execution.result_partition import OutputFile
 from spark_ckpt.faults import fault_point
-from spark_ckpt.kafka_client import client_config, error_text
+from spark_ckpt.kafka_client import client_config, committed, error_text
 from spark_ckpt.kafka_client import load as load_kafka
 from spark_ckpt.sinks.files import micros_timestamps
 from spark_ckpt.sinks.per_batch import PipelineScope, staged_files
@@ -239,8 +239,14 @@ class KafkaSink(TwoPhaseCommitSink):
             [(s, json.dumps(paths)) for s, paths in sorted(by_slice.items())],
             "slice INT, files STRING")
         tasks = rows.repartitionById(len(by_slice), F.col("slice") % len(by_slice))
-        sent = tasks.mapInArrow(_CommitSlices(self._send_spec(checkpoint_id, last)),
-                                "slice INT, sent BIGINT, skipped BOOLEAN").collect()
+        try:
+            sent = tasks.mapInArrow(_CommitSlices(self._send_spec(checkpoint_id, last)),
+                                    "slice INT, sent BIGINT, skipped BOOLEAN").collect()
+        except Exception as exc:  # noqa: BLE001 - a failed Spark job, named and re-raised
+            raise CommitError(
+                f"kafka sink {self.name}: sending checkpoint {checkpoint_id}'s records "
+                f"({len(by_slice)} slice(s)) failed; the transaction stays pending and is sent "
+                f"by the next commit, nothing twice: {_task_failure(exc)}") from None
         log.info("Kafka sink %s: checkpoint %d committed (%s)", self.name, checkpoint_id,
                  ", ".join(f"slice {r['slice']}: " +
                            ("already in Kafka" if r["skipped"] else f"{r['sent']} records")
@@ -257,8 +263,7 @@ class KafkaSink(TwoPhaseCommitSink):
             consumer = kafka.Consumer({**config, "group.id": self.transactional_id(slice_),
                                        "enable.auto.commit": False})
             try:
-                found = consumer.committed([kafka.TopicPartition(self.marker_topic, 0)],
-                                           timeout=30)[0]
+                found = committed(consumer, [kafka.TopicPartition(self.marker_topic, 0)])[0]
             except kafka.KafkaException as exc:
                 raise CommitError(
                     f"kafka sink {self.name}: expected the commit markers of slice {slice_} "
@@ -342,7 +347,7 @@ class _CommitSlices:
                                    "enable.auto.commit": False,
                                    "isolation.level": "read_committed"})
         try:
-            done = consumer.committed([marker], timeout=30)[0].offset
+            done = committed(consumer, [marker])[0].offset
             if done >= checkpoint:
                 return 0, True
             store = Storage(spec["root"])
@@ -370,6 +375,17 @@ class _CommitSlices:
                 f"to {spec['bootstrap']} failed: {exc}") from None
         finally:
             consumer.close()
+
+
+def _task_failure(exc: BaseException) -> str:
+    """What a failed Spark job of the sink's tasks says: the sink's own error, a crashed
+    Python worker, or the error's first line."""
+    text = str(exc)
+    for mark in ("CommitError: ", "Python worker exited unexpectedly", "SourceError: "):
+        at = text.find(mark)
+        if at >= 0:
+            return text[at:].splitlines()[0][:500]
+    return error_text(exc)
 
 
 def _produce(producer: Any, batch: Any, sink: str, errors: list[str]) -> int:

@@ -38,6 +38,7 @@ POINTS = (
     "stream.batch.staged",  # every output of a batch staged, none committed
     "stream.output.committed",  # one output of a batch committed (counted per output)
     "stream.batch.committed",  # a batch's commit record is durable
+    "sink.kafka.sent",  # a Python task sent a slice's records in a transaction not yet committed
     "stream.purge",  # a batch committed; the records of older batches are about to be purged
     "stream.block.stored",  # a receiver's block is durable, not yet counted as received
     "eventlog.write",  # an append to the event log is about to be written (counted per try)

@@ -97,6 +97,10 @@ PARITY = {
         "tests/test_checkpoint_recovery.py::test_exactly_once_across_sigkills_at_every_fault_point"
         "[per_key]",
     ],
+    "kafka": [  # the Python reader and the commit's tasks run in the server's Python workers
+        "tests/test_kafka.py::test_each_batch_reads_its_recorded_offsets_in_sparks_kafka_schema",
+        "tests/test_kafka.py::test_a_checkpoints_records_reach_read_committed_consumers_once",
+    ],
 }
 
 

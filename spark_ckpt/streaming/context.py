@@ -35,6 +35,7 @@ from spark_ckpt.sinks.dead_letters import DeadLetters
 from spark_ckpt.sources.delta_stream import DeltaStreamSource
 from spark_ckpt.sources.file_stream import FileStreamSource
 from spark_ckpt.sources.generator import GeneratorSource
+from spark_ckpt.sources.kafka import KafkaSource
 from spark_ckpt.sources.receivers import QueueSource, SocketSource
 from spark_ckpt.sources.source import Source
 from spark_ckpt.storage import Storage
@@ -263,6 +264,26 @@ class StreamingContext:
                                              ignore_changes=ignore_changes,
                                              skip_change_commits=skip_change_commits))
 
+    def kafka_stream(self, name: str, bootstrap_servers: str, *,
+                     topics: list[str] | None = None, pattern: str | None = None,
+                     starting_offsets: str | int | dict[str, dict[Any, int]] = "latest",
+                     max_offsets_per_batch: int | None = None,
+                     fail_on_data_loss: bool = True, options: dict[str, str] | None = None,
+                     reader: str = "auto", min_partitions: int | None = None) -> InputStream:
+        """Records of Kafka topics, in Spark's Kafka schema (key, value, topic, partition,
+        offset, timestamp, timestampType, headers); each batch's offset ranges are recorded
+        before it runs, and a replay reads exactly them. Arguments as
+        :class:`~spark_ckpt.sources.kafka.KafkaSource` (docs/kafka.md)."""
+        source = KafkaSource(
+            name, bootstrap_servers, topics=topics, pattern=pattern,
+            starting_offsets=starting_offsets, max_offsets_per_batch=max_offsets_per_batch,
+            fail_on_data_loss=fail_on_data_loss, options=options, reader=reader,
+            min_partitions=min_partitions)
+        stream = self._input(source)
+        if source.group_id:
+            self.add_listener(_ConsumedOffsets(self, source))
+        return stream
+
     def generator_stream(self, name: str, **kwargs: Any) -> InputStream:
         """Deterministic rows ``id, key, value, event_time`` (see GeneratorSource)."""
         return self._input(GeneratorSource(name, **kwargs))
@@ -384,3 +405,34 @@ class StreamingContext:
             self.stop(graceful=False)
             raise PipelineFailedError(f"pipeline {self.name}: not done after {timeout} s")
         return self.recent_progress
+
+
+class _ConsumedOffsets(StreamingListener):
+    """Commits to a Kafka source's consumer group where it stands after each completed
+    checkpoint's barrier batch, or, in a pipeline that does not checkpoint (its outputs commit
+    per batch), after each committed batch (for lag monitors only: a restart reads the
+    checkpoint)."""
+
+    def __init__(self, ctx: StreamingContext, source: KafkaSource) -> None:
+        self._ctx = ctx
+        self._source = source
+
+    def on_checkpoint(self, stats: dict[str, Any]) -> None:
+        batch = stats.get("barrier_batch")
+        if stats.get("status") != "completed" or batch is None or batch < 0:
+            return
+        self._commit(int(batch), int(stats["checkpoint_id"]))
+
+    def on_batch_completed(self, progress: dict[str, Any]) -> None:
+        if self._ctx.coordinator is None:  # no checkpoints: a committed batch is visible
+            self._commit(int(progress["batch_id"]), -1)
+
+    def _commit(self, batch: int, checkpoint_id: int) -> None:
+        try:
+            piece = self._ctx.allocation(batch).pieces.get(self._source.name)
+        except Exception as exc:  # noqa: BLE001 - informational: the next checkpoint's covers it
+            log.warning("Kafka source %s: no allocation of batch %s to commit offsets from: %s",
+                        self._source.name, batch, exc)
+            return
+        if piece is not None:
+            self._source.commit_consumed(checkpoint_id, piece)

@@ -179,6 +179,24 @@ class Stream:
                       DeltaTwoPhaseSink(name, path, tuple(partition_by), self.pipeline,
                                         tuple(merge_keys)))
 
+    def write_kafka(self, bootstrap_servers: str, *, topic: str | None = None,
+                    topic_column: str | None = None, key: str | Column | None = "key",
+                    value: str | Column = "value", headers: str | Column | None = None,
+                    delivery: str = "exactly_once", name: str | None = None, slices: int = 2,
+                    marker_topic: str | None = None,
+                    options: dict[str, str] | None = None) -> Output:
+        """Send the stream's rows to Kafka: with ``delivery="exactly_once"`` (the default) a
+        checkpoint's records become visible to ``read_committed`` consumers when it completes,
+        never twice; ``"at_least_once"`` sends each batch as it runs. Arguments as
+        :class:`~spark_ckpt.sinks.kafka.KafkaSink` (docs/kafka.md)."""
+        from spark_ckpt.sinks.kafka import KafkaSink
+
+        sink = KafkaSink(name or "kafka", bootstrap_servers, self.pipeline, topic=topic,
+                         topic_column=topic_column, key=key, value=value, headers=headers,
+                         delivery=delivery, slices=slices, marker_topic=marker_topic,
+                         options=options)
+        return Output(self.pipeline, self, None, sink)
+
     def write_two_phase(self, sink: TwoPhaseCommitSink) -> Output:
         """Write with your own :class:`~spark_ckpt.sinks.two_phase.TwoPhaseCommitSink`."""
         if not isinstance(sink, TwoPhaseCommitSink):

@@ -1,0 +1,495 @@
+"""The Kafka source against real brokers (Kafka's own jars, KRaft, on loopback): each batch's
+offset ranges recorded before it runs, Spark's Kafka schema, partitions and topics found
+between batches, offsets gone (an error naming them, or skipped and counted), clear errors for
+a wrong address or topic, secrets kept out of the records, and every record counted once
+across SIGKILLed drivers."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from helpers import LONG_FAULTS, ROOT, child_env, kill_group
+from kafka_cluster import free_port, kafka_cluster
+
+from spark_ckpt import StreamingContext
+from spark_ckpt.errors import PipelineFailedError
+from spark_ckpt.kafka_client import committed
+from spark_ckpt.options import Settings
+from spark_ckpt.storage.delta_reader import read_delta
+
+SETTINGS = Settings(checkpoint_interval_ms=0, state_parallelism=2, progress="never")
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory):
+    with kafka_cluster(tmp_path_factory.mktemp("kafka")) as cluster:
+        yield cluster
+
+
+def produce(cluster, topic: str, records: list[dict]) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all",
+                         "enable.idempotence": True, "linger.ms": 5})
+    for r in records:
+        producer.produce(topic, key=r.get("key"), value=r.get("value"),
+                         partition=r.get("partition", -1), headers=r.get("headers"),
+                         timestamp=r.get("timestamp", 0))
+    assert producer.flush(60) == 0
+
+
+def consume_all(cluster, topic: str) -> pd.DataFrame:
+    """Every record of ``topic``, read with a plain consumer (the expected rows)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "expected",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    meta = consumer.list_topics(topic, timeout=10).topics[topic]
+    rows = []
+    for partition in sorted(meta.partitions):
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        consumer.assign([TopicPartition(topic, partition, low)])
+        while True:
+            at = consumer.position([TopicPartition(topic, partition)])[0].offset
+            if at >= high:
+                break
+            for m in consumer.consume(500, timeout=1.0):
+                assert m.error() is None, m.error()
+                kind, stamp = m.timestamp()
+                rows.append({"key": m.key(), "value": m.value(), "topic": topic,
+                             "partition": partition, "offset": m.offset(),
+                             "timestamp": pd.Timestamp(stamp, unit="ms", tz="UTC"),
+                             "timestampType": {1: 0, 2: 1}.get(kind, -1),
+                             "headers": [(k, v) for k, v in (m.headers() or [])]})
+    consumer.close()
+    return pd.DataFrame(rows)
+
+
+def records(n: int, partitions: int, start: int = 0) -> list[dict]:
+    # recent create times: records older than the broker's retention (7 days) are deleted
+    base = int(time.time() * 1000) - 60_000
+    return [{"key": f"k{i % 7}".encode(), "value": json.dumps({"amount": i}).encode(),
+             "partition": i % partitions, "headers": [("h", f"x{i}".encode()), ("e", None)],
+             "timestamp": base + i} for i in range(start, start + n)]
+
+
+def as_rows(df: pd.DataFrame) -> list[tuple]:
+    def headers(h):
+        return tuple((x["key"], x["value"]) if isinstance(x, dict) else tuple(x)
+                     for x in (h if h is not None else []))
+
+    out = [(bytes(r.key) if r.key is not None else None, bytes(r.value), r.topic,
+            int(r.partition), int(r.offset), pd.Timestamp(r.timestamp).tz_convert("UTC")
+            if pd.Timestamp(r.timestamp).tzinfo else pd.Timestamp(r.timestamp, tz="UTC"),
+            int(r.timestampType), headers(r.headers)) for r in df.itertuples()]
+    return sorted(out, key=lambda t: (t[2], t[3], t[4]))
+
+
+def source_pieces(ctx, source: str = "records") -> list[dict]:
+    return [ctx.allocation(p["batch_id"]).pieces[source] for p in ctx.recent_progress]
+
+
+def test_each_batch_reads_its_recorded_offsets_in_sparks_kafka_schema(spark, kafka, tmp_path):
+    """Four partitions, 1,000 records with keys, headers and timestamps, at most 300 offsets a
+    batch: the batches' recorded ranges cover every offset once, each partition's in order,
+    and the rows read are the records a plain consumer reads, in Spark's Kafka schema."""
+    kafka.create_topic("orders", 4)
+    produce(kafka, "orders", records(1000, 4))
+    out = tmp_path / "out"
+    ctx = StreamingContext(spark, 0.1, str(tmp_path / "ckpt"), "kafka-read", settings=SETTINGS)
+    stream = ctx.kafka_stream("records", kafka.bootstrap, topics=["orders"],
+                              starting_offsets="earliest", max_offsets_per_batch=300,
+                              reader="python")
+    assert [f.name for f in stream.source.schema().fields] == [
+        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType",
+        "headers"]
+    stream.write_parquet(str(out), name="rows")
+    progress = ctx.process_available()
+    pieces = source_pieces(ctx)
+    assert len(progress) >= 4 and all(p["offsets"] <= 300 for p in pieces), pieces
+    covered: dict[int, list[tuple[int, int]]] = {}
+    for piece in pieces:
+        for topic, partition, start, end in piece["ranges"]:
+            assert topic == "orders"
+            if end > start:
+                covered.setdefault(partition, []).append((start, end))
+    for partition, spans in covered.items():
+        flat = [o for s, e in spans for o in range(s, e)]
+        assert flat == list(range(250)), (partition, spans)  # once each, in order
+    got = spark.read.parquet(str(out)).toPandas()
+    assert as_rows(got) == as_rows(consume_all(kafka, "orders"))
+    assert sum(p["num_input_rows"] for p in progress) == 1000
+
+
+def test_partitions_added_and_topics_matching_the_pattern_are_read_from_their_start(
+        spark, kafka, tmp_path):
+    """A pattern source over evt-a (2 partitions): after a run, evt-a gets two more partitions
+    and evt-b appears; the next run of the same checkpoint reads the new records and the new
+    partitions' and topic's records from their earliest offset, every record once."""
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    kafka.create_topic("evt-a", 2)
+    produce(kafka, "evt-a", records(100, 2))
+
+    def run() -> pd.DataFrame:
+        ctx = StreamingContext(spark, 0.1, str(tmp_path / "ckpt"), "kafka-pattern",
+                               settings=SETTINGS)
+        ctx.kafka_stream("records", kafka.bootstrap, pattern="evt-.*",
+                         starting_offsets="latest", reader="python") \
+            .select("topic", "partition", "offset").write_delta(str(tmp_path / "out"),
+                                                                name="rows")
+        ctx.process_available()
+        return read_delta(str(tmp_path / "out")).to_pandas()
+
+    assert run().empty  # "latest": a new pipeline starts after what is there
+    produce(kafka, "evt-a", records(40, 2, start=100))
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    admin.create_partitions([NewPartitions("evt-a", 4)])["evt-a"].result(timeout=30)
+    kafka.create_topic("evt-b", 1)
+    time.sleep(1)  # metadata of the new partitions reaches the brokers' caches
+    produce(kafka, "evt-a", records(40, 4, start=140))
+    produce(kafka, "evt-b", records(30, 1, start=0))
+    got = run()
+    assert not got.duplicated().any()
+    expected = pd.concat([consume_all(kafka, "evt-a"), consume_all(kafka, "evt-b")])
+    expected = expected[(expected.topic == "evt-b") | (expected.offset >= 50) |
+                        (expected.partition >= 2)]
+    assert sorted(map(tuple, got[["topic", "partition", "offset"]].values.tolist())) == \
+        sorted(map(tuple, expected[["topic", "partition", "offset"]].values.tolist()))
+
+
+def test_offsets_deleted_before_they_are_read_stop_or_are_skipped_and_counted(
+        spark, kafka, tmp_path):
+    """Offsets 100..149 of a partition are deleted (as retention deletes them) before the
+    source reads past 100: the pipeline stops naming the topic, the partition, the recorded
+    offset and the available ones, with nothing allocated; with fail_on_data_loss=False the
+    next run skips them, counts them in the allocation and reads the rest."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    kafka.create_topic("lossy", 1)
+    produce(kafka, "lossy", records(100, 1))
+
+    def context(fail: bool) -> StreamingContext:
+        ctx = StreamingContext(spark, 0.1, str(tmp_path / "ckpt"), "kafka-loss",
+                               settings=SETTINGS)
+        ctx.kafka_stream("records", kafka.bootstrap, topics=["lossy"],
+                         starting_offsets="earliest", fail_on_data_loss=fail,
+                         reader="python") \
+            .select("offset").write_delta(str(tmp_path / "out"), name="rows")
+        return ctx
+
+    context(True).process_available()
+    produce(kafka, "lossy", records(100, 1, start=100))
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    admin.delete_records([TopicPartition("lossy", 0, 150)])[
+        TopicPartition("lossy", 0, 150)].result(timeout=30)
+    allocations = sorted(os.listdir(tmp_path / "ckpt" / "allocations"))
+    with pytest.raises(PipelineFailedError) as failed:
+        context(True).process_available()
+    text = str(failed.value)
+    assert "lossy-0" in text and "offset 100" in text and "150..199" in text and \
+        "fail_on_data_loss=False" in text, text
+    assert sorted(os.listdir(tmp_path / "ckpt" / "allocations")) == allocations
+    ctx = context(False)
+    ctx.process_available()
+    assert sum(p.get("skipped", 0) for p in source_pieces(ctx)) == 50
+    offsets = sorted(read_delta(str(tmp_path / "out")).to_pandas().offset)
+    assert offsets == list(range(100)) + list(range(150, 200))
+
+
+def test_a_wrong_address_or_topic_is_a_clear_error_and_nothing_is_allocated(
+        spark, kafka, tmp_path):
+    cases = [
+        (f"127.0.0.1:{free_port()}", ["orders"], "expected the brokers at"),
+        (kafka.bootstrap, ["no-such-topic"], "expected topic 'no-such-topic'"),
+    ]
+    for i, (bootstrap, topics, expected) in enumerate(cases):
+        ckpt = tmp_path / f"ckpt{i}"
+        ctx = StreamingContext(spark, 0.1, str(ckpt), "kafka-wrong", settings=SETTINGS)
+        ctx.kafka_stream("records", bootstrap, topics=topics, reader="python",
+                         options={"kafka.default.api.timeout.ms": "3000"}) \
+            .write_parquet(str(tmp_path / f"out{i}"), name="rows")
+        started = time.monotonic()
+        with pytest.raises(PipelineFailedError, match=expected) as failed:
+            ctx.process_available()
+        assert "nothing was allocated" in str(failed.value)
+        assert time.monotonic() - started < 60
+        allocations = ckpt / "allocations"
+        assert not allocations.exists() or not [f for f in os.listdir(allocations)
+                                                if f.endswith(".json")]
+
+
+def test_secret_options_never_reach_the_checkpoint_or_the_logs(spark, kafka, tmp_path,
+                                                               caplog):
+    secret = "hunter2-do-not-record"
+    kafka.create_topic("secretive", 1)
+    produce(kafka, "secretive", records(10, 1))
+    ctx = StreamingContext(spark, 0.1, str(tmp_path / "ckpt"), "kafka-secret",
+                           settings=SETTINGS)
+    ctx.kafka_stream("records", kafka.bootstrap, topics=["secretive"],
+                     starting_offsets="earliest", reader="python",
+                     options={"kafka.ssl.key.password": secret,
+                              "kafka.sasl.jaas.config":
+                                  f'PlainLoginModule required username="u" password="{secret}";',
+                              "kafka.security.protocol": "PLAINTEXT"}) \
+        .select("offset").write_delta(str(tmp_path / "out"), name="rows")
+    with caplog.at_level("DEBUG"):
+        ctx.process_available()
+    assert len(read_delta(str(tmp_path / "out")).to_pandas()) == 10
+    for path in Path(tmp_path / "ckpt").rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    assert secret not in caplog.text
+
+
+def test_completed_checkpoints_commit_consumed_offsets_to_the_consumer_group(
+        spark, kafka, tmp_path):
+    """With kafka.group.id, where the source stands after a completed checkpoint is committed
+    to that group (what lag monitors read); a restart still reads its checkpoint, not them."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    kafka.create_topic("lagged", 2)
+    produce(kafka, "lagged", records(60, 2))
+
+    def run() -> None:
+        ctx = StreamingContext(spark, 0.1, str(tmp_path / "ckpt"), "kafka-group",
+                               settings=SETTINGS)
+        ctx.kafka_stream("records", kafka.bootstrap, topics=["lagged"],
+                         starting_offsets="earliest", reader="python",
+                         options={"kafka.group.id": "lag-monitor"}) \
+            .select("offset").write_delta(str(tmp_path / "out"), name="rows")
+        ctx.process_available()
+
+    run()
+    reader = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "lag-monitor"})
+
+    def group_offsets() -> list[int]:
+        return [tp.offset for tp in committed(
+            reader, [TopicPartition("lagged", 0), TopicPartition("lagged", 1)])]
+
+    deadline = time.monotonic() + 20
+    while group_offsets() != [30, 30] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert group_offsets() == [30, 30]
+    # the group's offsets are not where a restart starts: moved back, nothing is read again
+    reader.commit(offsets=[TopicPartition("lagged", 0, 0), TopicPartition("lagged", 1, 0)],
+                  asynchronous=False)
+    produce(kafka, "lagged", records(10, 2, start=60))
+    run()
+    reader.close()
+    assert sorted(read_delta(str(tmp_path / "out")).to_pandas().offset) == \
+        sorted(list(range(35)) * 2)
+
+
+# -- every record once across killed drivers ---------------------------------------------------
+def _command(kafka, tmp_path, topic: str) -> list[str]:
+    return [sys.executable, str(ROOT / "jobs" / "kafka_counts.py"), "--bootstrap",
+            kafka.bootstrap, "--topic", topic, "--checkpoint", str(tmp_path / "ckpt"),
+            "--output", str(tmp_path / "out"), "--max-offsets", "400", "--available-now"]
+
+
+@pytest.mark.slow
+def test_every_record_counted_once_across_driver_sigkills(spark, kafka, tmp_path):
+    """Eight partitions, 4,000 records, a keyed count and sum into Delta and every record's
+    offset appended: drivers SIGKILLed at random moments (3 here, 10 with
+    SPARK_CKPT_LONG_FAULTS=1), then one run to the end. Each offset is in the records table
+    once, and the totals are the topic's."""
+    topic = "counted"
+    kafka.create_topic(topic, 8)
+    produce(kafka, topic, records(4000, 8))
+    rng = random.Random(34)
+    kills = 10 if LONG_FAULTS else 3
+    env = child_env()
+    landed = 0
+    for _ in range(kills):
+        proc = subprocess.Popen(_command(kafka, tmp_path, topic), env=env, cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        # after the JVM is up: somewhere in its batches, checkpoints and commits
+        time.sleep(rng.uniform(12.0, 20.0))
+        if proc.poll() is None:
+            kill_group(proc)
+            landed += 1
+        proc.wait(timeout=60)
+        proc.stdout.close()
+    assert landed >= 1
+    final = subprocess.run(_command(kafka, tmp_path, topic), env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stdout[-5000:] + final.stderr[-5000:]
+    seen = read_delta(str(tmp_path / "out" / "records")).to_pandas()
+    assert not seen.duplicated(["partition", "offset"]).any(), "a record was written twice"
+    assert len(seen) == 4000
+    totals = read_delta(str(tmp_path / "out" / "totals")).to_pandas().set_index("k")
+    expected = pd.DataFrame([(f"k{i % 7}", i) for i in range(4000)], columns=["k", "amount"]) \
+        .groupby("k").agg(n=("amount", "size"), total=("amount", "sum"))
+    assert totals.loc[expected.index, "n"].tolist() == expected.n.tolist()
+    assert totals.loc[expected.index, "total"].tolist() == expected.total.tolist()
+
+
+# -- the sink -----------------------------------------------------------------------------------
+def read_committed(cluster, topic: str) -> pd.DataFrame:
+    """What a read_committed consumer of ``topic`` sees: key, the value's JSON, partition and
+    offset, in offset order per partition."""
+    got = consume_all(cluster, topic)
+    if got.empty:
+        return pd.DataFrame(columns=["key", "k", "id", "seq", "partition", "offset"])
+    values = pd.DataFrame([json.loads(v) for v in got.value])
+    values["key"] = [k.decode() if k is not None else None for k in got.key]
+    values["partition"] = got.partition.values
+    values["offset"] = got.offset.values
+    return values
+
+
+def keyed_inputs(n: int, keys: int = 5) -> list[dict]:
+    return [{"key": f"key{i % keys}".encode(), "value": json.dumps({"id": i}).encode()}
+            for i in range(n)]
+
+
+def assert_numbered_once(out: pd.DataFrame, n: int, keys: int = 5) -> None:
+    assert sorted(out.id) == list(range(n)), "an id is missing or shows twice"
+    for key, rows in out.groupby("k"):
+        rows = rows.sort_values(["partition", "offset"])
+        assert rows.seq.tolist() == list(range(1, len(rows) + 1)), f"{key}: not 1, 2, 3..."
+        assert rows.id.tolist() == sorted(rows.id), f"{key}: not in its input's order"
+
+
+def test_a_checkpoints_records_reach_read_committed_consumers_once(spark, kafka, tmp_path):
+    """Kafka in, a keyed processor numbering each key's records, Kafka out (exactly once)
+    and Delta: a read_committed consumer of the output topic sees every record once, each
+    key's numbers in order, the same rows as the Delta table; a second run with nothing new
+    sends nothing again."""
+    import kafka_pipe
+
+    kafka.create_topic("pipe-in", 4)
+    kafka.create_topic("pipe-out", 3)
+    produce(kafka, "pipe-in", keyed_inputs(600))
+    settings = Settings(checkpoint_interval_ms=300, state_parallelism=2, progress="never")
+
+    def run():
+        ctx = kafka_pipe.build_pipeline(spark, kafka.bootstrap, "pipe-in", "pipe-out",
+                                        str(tmp_path / "ckpt"), str(tmp_path / "out"),
+                                        max_offsets=150, settings=settings, interval=0.1)
+        return ctx.process_available()
+
+    assert len(run()) >= 4
+    out = read_committed(kafka, "pipe-out")
+    assert_numbered_once(out, 600)
+    delta = read_delta(str(tmp_path / "out" / "seq")).to_pandas()
+    assert sorted(map(tuple, delta[["k", "id", "seq"]].values.tolist())) == \
+        sorted(map(tuple, out[["k", "id", "seq"]].values.tolist()))
+    run()
+    assert len(read_committed(kafka, "pipe-out")) == 600
+
+
+def _zombie(bootstrap: str, transactional_id: str, topic: str, ready: Path) -> None:
+    """A producer of the sink's slice that sends in a transaction and dies (SIGKILL) before
+    committing it, as a killed attempt's Python worker does."""
+    code = (
+        "import sys, os, signal, time\n"
+        "from confluent_kafka import Producer\n"
+        "p = Producer({'bootstrap.servers': sys.argv[1], 'transactional.id': sys.argv[2],\n"
+        "              'transaction.timeout.ms': 600000})\n"
+        "p.init_transactions(60); p.begin_transaction()\n"
+        "for i in range(50): p.produce(sys.argv[3], key=b'zombie', value=b'{\"id\": -1}')\n"
+        "p.flush(60); open(sys.argv[4], 'w').close(); time.sleep(3600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, bootstrap, transactional_id, topic,
+                             str(ready)], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        assert proc.poll() is None, "the zombie producer exited early"
+        time.sleep(0.1)
+    kill_group(proc)
+    proc.wait(timeout=30)
+
+
+def test_an_open_transaction_of_a_dead_attempt_is_aborted_not_read(spark, kafka, tmp_path):
+    """A killed attempt's producer left a transaction open with records in it (a lineage's
+    slice id): the next commit of that slice fences it, its records are never read by a
+    read_committed consumer, and the checkpoint's own records are there once."""
+    import kafka_pipe
+
+    kafka.create_topic("zin", 2)
+    kafka.create_topic("zout", 2)
+    produce(kafka, "zin", keyed_inputs(100))
+    settings = Settings(checkpoint_interval_ms=0, state_parallelism=2, progress="never")
+    ctx = kafka_pipe.build_pipeline(spark, kafka.bootstrap, "zin", "zout",
+                                    str(tmp_path / "ckpt"), str(tmp_path / "out"),
+                                    settings=settings, interval=0.1)
+    ctx.process_available()
+    sink = next(o.two_phase for o in ctx._definition.graph.outputs if o.output_name == "out")
+    for slice_ in range(sink.slices):
+        _zombie(kafka.bootstrap, sink.transactional_id(slice_), "zout",
+                tmp_path / f"ready{slice_}")
+    produce(kafka, "zin", [{"key": f"key{i % 5}".encode(),
+                            "value": json.dumps({"id": i}).encode()} for i in range(100, 140)])
+    ctx = kafka_pipe.build_pipeline(spark, kafka.bootstrap, "zin", "zout",
+                                    str(tmp_path / "ckpt"), str(tmp_path / "out"),
+                                    settings=settings, interval=0.1)
+    ctx.process_available()
+    out = read_committed(kafka, "zout")
+    assert (out.id >= 0).all(), "a dead attempt's records were read"
+    assert_numbered_once(out, 140)
+
+
+# in this order: each killed driver gets through a batch or two; the worker's fault last (its
+# driver goes on to the end of the input, its commits failing)
+SINK_KILLS = ("checkpoint.barrier", "checkpoint.completed", "checkpoint.sink.committed",
+              "stream.batch.committed")
+
+
+@pytest.mark.slow
+def test_kafka_to_kafka_exactly_once_across_sigkills(spark, kafka, tmp_path):
+    """Drivers of jobs/kafka_pipe.py killed at the sink's commit points (a checkpoint complete
+    and nothing sent; a slice sent, its transaction open, its Python worker killed; a slice
+    committed, the rest not) and at random moments; then one run to the end. A read_committed
+    consumer sees every id once with each key numbered 1, 2, 3... in order, and the Delta table
+    has the same rows."""
+    kafka.create_topic("fin", 4)
+    kafka.create_topic("fout", 3)
+    n = 3000
+    produce(kafka, "fin", keyed_inputs(n))
+    rng = random.Random(35)
+    kills = [f"{p}:1" for p in SINK_KILLS] + \
+        [f"after:{rng.uniform(12, 20):.1f}" for _ in range(5 if LONG_FAULTS else 1)] + \
+        ["sink.kafka.sent:1"]
+    command = [sys.executable, str(ROOT / "jobs" / "kafka_pipe.py"), "--bootstrap",
+               kafka.bootstrap, "--source-topic", "fin", "--sink-topic", "fout",
+               "--checkpoint", str(tmp_path / "ckpt"), "--output", str(tmp_path / "out"),
+               "--max-offsets", "300", "--checkpoint-ms", "500", "--available-now"]
+    for kill in kills:
+        if kill.startswith("after:"):
+            proc = subprocess.Popen(command, env=child_env(), cwd=ROOT, start_new_session=True,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(float(kill.split(":")[1]))
+            if proc.poll() is None:
+                kill_group(proc)
+            proc.wait(timeout=60)
+            continue
+        done = subprocess.run(command, env=child_env(kill), cwd=ROOT, capture_output=True,
+                              text=True, timeout=600, start_new_session=True)
+        assert "RESULT" not in done.stdout, f"{kill}: the driver finished before the fault"
+        if kill.startswith("sink.kafka.sent"):
+            # a Python worker dies with its slice's transaction open, again in every retry of
+            # this driver (at its start's commit of what is pending, or later): it stops
+            assert done.returncode == 1 and "sending checkpoint" in done.stderr and \
+                "Python worker exited unexpectedly" in done.stderr, \
+                (kill, done.returncode, done.stderr[-3000:])
+        else:  # the driver's whole process group was killed at the point
+            assert done.returncode == -9, (kill, done.returncode, done.stdout[-3000:])
+    final = subprocess.run(command, env=child_env(), cwd=ROOT, capture_output=True, text=True,
+                           timeout=600)
+    assert final.returncode == 0, final.stdout[-5000:] + final.stderr[-5000:]
+    out = read_committed(kafka, "fout")
+    assert_numbered_once(out, n)
+    delta = read_delta(str(tmp_path / "out" / "seq")).to_pandas()
+    assert sorted(map(tuple, delta[["k", "id", "seq"]].values.tolist())) == \
+        sorted(map(tuple, out[["k", "id", "seq"]].values.tolist()))

@@ -6,10 +6,12 @@ what is written or logged. The source (sources/kafka.py) and the sink (sinks/kaf
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
+from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import EnvironmentError_
+
+_SYSTEM_CLOCK = SystemClock()
 
 __all__ = ["client_config", "committed", "error_text", "load"]
 
@@ -69,12 +71,13 @@ def load() -> Any:
     return confluent_kafka
 
 
-def committed(consumer: Any, partitions: list[Any], timeout: float = 60.0) -> list[Any]:
+def committed(consumer: Any, partitions: list[Any], timeout: float = 60.0,
+              clock: Clock = _SYSTEM_CLOCK) -> list[Any]:
     """``consumer.committed(partitions)``, asked again while the group's coordinator is not
     ready (a new cluster creates its offsets topic; a coordinator moves after a broker's
     loss): those answers are retriable, and a commit marker must be read, not guessed."""
     kafka = load()
-    deadline = time.monotonic() + timeout
+    deadline = clock.monotonic_s() + timeout
     while True:
         try:
             return list(consumer.committed(partitions, timeout=min(30.0, timeout)))
@@ -82,6 +85,6 @@ def committed(consumer: Any, partitions: list[Any], timeout: float = 60.0) -> li
             error = exc.args[0] if exc.args else None
             retriable = getattr(error, "retriable", lambda: False)() or getattr(
                 error, "code", lambda: None)() in _COORDINATOR_MOVING
-            if not retriable or time.monotonic() > deadline:
+            if not retriable or clock.monotonic_s() > deadline:
                 raise
-            time.sleep(0.5)
+            clock.sleep(0.5)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from spark_ckpt.errors import CommitError, JobDefinitionError
 from spark_ckpt.execution.result_partition import OutputFile
 from spark_ckpt.faults import fault_point
+from spark_ckpt.formats import dump_record
 from spark_ckpt.kafka_client import client_config, committed, error_text
 from spark_ckpt.kafka_client import load as load_kafka
 from spark_ckpt.sinks.files import micros_timestamps
@@ -211,15 +212,35 @@ class KafkaSink(TwoPhaseCommitSink):
     def transactional_id(self, slice_: int) -> str:
         return f"spark-ckpt-{self.lineage}-{self.name}-{slice_}"
 
-    def _send_spec(self, checkpoint_id: int | None, last_batch: int | None) -> dict[str, Any]:
+    def _send_spec(self, checkpoint_id: int | None, last_batch: int | None,
+                   txn: dict[str, Any] | None = None) -> dict[str, Any]:
         config = _client_config(self.bootstrap, self.options)
+        ids = (txn or {}).get("ids") or {str(i): self.transactional_id(i)
+                                          for i in range(self.slices)}
         return {"config": config, "sink": self.name, "checkpoint": checkpoint_id,
-                "last_batch": last_batch, "marker_topic": self.marker_topic,
-                "ids": {i: self.transactional_id(i) for i in range(self.slices)},
+                "last_batch": last_batch,
+                "marker_topic": (txn or {}).get("marker_topic") or self.marker_topic,
+                "ids": {str(k): v for k, v in ids.items()},
                 "root": self.store.root, "bootstrap": self.bootstrap}
 
+    def pre_commit(self, checkpoint_id: int, pieces: list[dict[str, Any]]) -> dict[str, Any]:
+        """The transaction: the pieces, and the slices' transactional ids and marker topic as
+        they are now (a restart with another ``slices`` still sends this one as staged)."""
+        return {"pieces": pieces, "ids": {str(i): self.transactional_id(i)
+                                          for i in range(self.slices)},
+                "marker_topic": self.marker_topic}
+
+    def _commit_record(self, checkpoint_id: int) -> str:
+        return join(self.store.root, "_spark_ckpt_commits",
+                    f"{self.lineage}-c{checkpoint_id:08d}.json")
+
     def commit(self, checkpoint_id: int, txn: dict[str, Any]) -> None:
+        record = self._commit_record(checkpoint_id)
         pieces = sorted(txn.get("pieces", []), key=lambda p: int(p["batch"]))
+        if self.store.exists(record):  # every slice was sent: whatever the markers say now
+            for piece in pieces:
+                self.store.delete_dir(self.store.fs_path(piece["dir"]))
+            return
         by_slice: dict[int, list[str]] = {}
         for piece in pieces:
             for f in sorted(piece["files"], key=lambda f: f["path"]):
@@ -240,7 +261,7 @@ class KafkaSink(TwoPhaseCommitSink):
             "slice INT, files STRING")
         tasks = rows.repartitionById(len(by_slice), F.col("slice") % len(by_slice))
         try:
-            sent = tasks.mapInArrow(_CommitSlices(self._send_spec(checkpoint_id, last)),
+            sent = tasks.mapInArrow(_CommitSlices(self._send_spec(checkpoint_id, last, txn)),
                                     "slice INT, sent BIGINT, skipped BOOLEAN").collect()
         except Exception as exc:  # noqa: BLE001 - a failed Spark job, named and re-raised
             raise CommitError(
@@ -251,6 +272,13 @@ class KafkaSink(TwoPhaseCommitSink):
                  ", ".join(f"slice {r['slice']}: " +
                            ("already in Kafka" if r["skipped"] else f"{r['sent']} records")
                            for r in sorted(sent, key=lambda r: r["slice"])))
+        # Every slice is in Kafka. The markers say so only while Kafka keeps the groups'
+        # offsets (offsets.retention.minutes, 7 days by default, for groups without
+        # members): a record in the checkpoint directory says it for good, before the staged
+        # files (which a commit sent again would read) are deleted.
+        self.store.write_atomic(record, dump_record("kafka-sink-commit", 1, {
+            "lineage": self.lineage, "checkpoint_id": checkpoint_id, "last_batch": last,
+            "slices": sorted(by_slice)}))
         for piece in pieces:  # in Kafka: the staged files are not read again
             self.store.delete_dir(self.store.fs_path(piece["dir"]))
 
@@ -335,7 +363,12 @@ class _CommitSlices:
 
         kafka = load_kafka()
         spec = self.spec
-        tid = spec["ids"][slice_] if slice_ in spec["ids"] else spec["ids"][str(slice_)]
+        tid = spec["ids"].get(str(slice_))
+        if tid is None:
+            raise CommitError(
+                f"kafka sink {spec['sink']}: checkpoint {spec['checkpoint']}'s records of slice "
+                f"{slice_} have no transactional id in its transaction (ids for slices "
+                f"{sorted(spec['ids'])}); refusing to send them under another slice's id")
         checkpoint = int(spec["checkpoint"])
         marker = kafka.TopicPartition(spec["marker_topic"], 0)
         producer = kafka.Producer({**spec["config"], "transactional.id": tid,

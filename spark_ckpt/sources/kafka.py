@@ -422,23 +422,34 @@ class KafkaSource(Source):
 
     def _limit(self, starts: dict[tuple[str, int], int],
                highs: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
-        """Each partition's end: its latest offset, or (``max_offsets_per_batch``) its share of
-        the limit in proportion to its backlog, at least one offset for every partition with a
-        backlog while the limit allows."""
+        """Each partition's end: its latest offset, or (``max_offsets_per_batch``) at least one
+        offset for every partition with a backlog while the limit allows, and the rest of the
+        limit shared in proportion to the backlogs (so a small partition is never starved by a
+        large one)."""
         lag = {tp: max(0, highs[tp] - starts[tp]) for tp in starts}
         total = sum(lag.values())
         if self.max_offsets is None or total <= self.max_offsets:
             return {tp: starts[tp] + lag[tp] for tp in starts}
         limit = self.max_offsets
-        share = {tp: (lag[tp] * limit) // total for tp in starts}
+        backlogged = sorted((tp for tp in starts if lag[tp] > 0), key=lambda tp: (-lag[tp], tp))
+        share = {tp: 0 for tp in starts}
+        for tp in backlogged[:limit]:
+            share[tp] = 1
         left = limit - sum(share.values())
-        for tp in sorted(starts, key=lambda tp: (-(lag[tp] * limit) % total, tp)):
-            if left <= 0:
-                break
-            if share[tp] < lag[tp]:
-                share[tp] += 1
-                left -= 1
-        return {tp: starts[tp] + share[tp] for tp in starts}
+        rest = {tp: lag[tp] - share[tp] for tp in starts}
+        rest_total = sum(rest.values())
+        if left > 0 and rest_total > 0:
+            extra = {tp: (rest[tp] * left) // rest_total for tp in starts}
+            for tp in starts:
+                share[tp] += extra[tp]
+            left -= sum(extra.values())
+            for tp in sorted(starts, key=lambda tp: (-((rest[tp] * left) % rest_total), tp)):
+                if left <= 0:
+                    break
+                if share[tp] < lag[tp]:
+                    share[tp] += 1
+                    left -= 1
+        return {tp: starts[tp] + min(share[tp], lag[tp]) for tp in starts}
 
     # -- reading ----------------------------------------------------------------------------
     def _uses_connector(self, spark: SparkSession) -> bool:
@@ -476,7 +487,12 @@ class KafkaSource(Source):
             assign.setdefault(topic, []).append(partition)
             starting.setdefault(topic, {})[str(partition)] = start
             ending.setdefault(topic, {})[str(partition)] = end
-        reader = (spark.read.format("kafka").options(**self.options)
+        # what Spark's source refuses as options (it sets them itself)
+        refused = ("kafka.auto.offset.reset", "kafka.enable.auto.commit",
+                   "kafka.interceptor.classes", "kafka.key.deserializer",
+                   "kafka.value.deserializer")
+        options = {k: v for k, v in self.options.items() if k not in refused}
+        reader = (spark.read.format("kafka").options(**options)
                   .option("kafka.bootstrap.servers", self.bootstrap)
                   .option("assign", json.dumps(assign))
                   .option("startingOffsets", json.dumps(starting))

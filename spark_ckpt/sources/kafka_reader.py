@@ -123,18 +123,28 @@ class ReadRanges:
     def _lost(self, consumer: Any, topic: str, partition: int, position: int, end: int,
               columns: dict[str, list[Any]]) -> Iterator[Any]:
         kafka = load_kafka()
-        low, _high = consumer.get_watermark_offsets(kafka.TopicPartition(topic, partition),
-                                                    timeout=30.0, cached=False)
-        self._data_lost(topic, partition, position, low, None)
-        # skipping: read what is left of the range
+        low, high = consumer.get_watermark_offsets(kafka.TopicPartition(topic, partition),
+                                                   timeout=30.0, cached=False)
+        if low > position:
+            self._data_lost(topic, partition, position, low, None)
+        else:  # not deleted: the partition holds fewer offsets than were recorded
+            message = (f"kafka source {self.spec['source']}: expected offsets {position}.."
+                       f"{end - 1} of {topic}-{partition} (recorded for this batch), found "
+                       f"offsets {low}..{high - 1} only: the partition was truncated (an "
+                       "unclean leader election) or the topic recreated")
+            if self.spec["fail_on_data_loss"]:
+                raise SourceError(message + "; set fail_on_data_loss=False to skip them")
+            log.warning("%s; the rest of the range skipped (fail_on_data_loss=False)", message)
+        # skipping: what is left of the range, never before where this range stands
         import pyarrow as pa
 
         if columns["offset"]:
             yield _arrow_batch(pa, columns)
             for c in columns:
                 columns[c].clear()
-        if low < end:
-            yield from self._range(topic, partition, low, end)
+        resume = max(low, position)
+        if low > position and resume < min(end, high):
+            yield from self._range(topic, partition, resume, end)
 
     def _data_lost(self, topic: str, partition: int, start: int, low: int,
                    first: int | None) -> None:

@@ -97,6 +97,24 @@ def source_pieces(ctx, source: str = "records") -> list[dict]:
     return [ctx.allocation(p["batch_id"]).pieces[source] for p in ctx.recent_progress]
 
 
+def test_max_offsets_are_shared_by_backlog_without_starving_a_small_partition():
+    """max_offsets_per_batch as Spark's maxOffsetsPerTrigger: shared in proportion to each
+    partition's backlog, every backlogged partition getting an offset first, never more than
+    the limit nor than a partition has."""
+    from spark_ckpt.sources.kafka import KafkaSource
+
+    source = KafkaSource("s", "127.0.0.1:9", topics=["t"], max_offsets_per_batch=10)
+    a, b = ("t", 0), ("t", 1)
+    assert source._limit({a: 0, b: 0}, {a: 1000, b: 1}) == {a: 9, b: 1}
+    assert source._limit({a: 5, b: 0}, {a: 8, b: 4}) == {a: 8, b: 4}  # under the limit
+    parts = {("t", p): 0 for p in range(4)}
+    ends = source._limit(parts, {tp: 250 for tp in parts})
+    assert sorted(ends.values()) == [2, 2, 3, 3]
+    source.max_offsets = 2  # fewer offsets than backlogged partitions: the largest first
+    ends = source._limit(parts, {("t", 0): 5, ("t", 1): 50, ("t", 2): 9, ("t", 3): 0})
+    assert ends == {("t", 0): 0, ("t", 1): 1, ("t", 2): 1, ("t", 3): 0}
+
+
 def test_each_batch_reads_its_recorded_offsets_in_sparks_kafka_schema(spark, kafka, tmp_path):
     """Four partitions, 1,000 records with keys, headers and timestamps, at most 300 offsets a
     batch: the batches' recorded ranges cover every offset once, each partition's in order,

@@ -80,7 +80,12 @@ def free_port() -> int:
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random cluster id as Kafka writes them (22 URL-safe base64 characters), never starting
+    with "-": the storage tool would read that as an option (as Kafka's own Uuid avoids)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 @dataclasses.dataclass

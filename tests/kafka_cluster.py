@@ -210,7 +210,7 @@ class KafkaCluster:
                     return
             except Exception as exc:  # noqa: BLE001 - not up yet
                 last = exc
-            time.sleep(0.5)
+            time.sleep(0.5)  # polling real JVMs until a deadline: a slow start waits longer
         raise RuntimeError(f"the Kafka brokers did not come up in {timeout} s ({last}); logs: "
                            f"{[str(b.log) for b in running]}")
 
@@ -228,14 +228,22 @@ class KafkaCluster:
                          replication_factor=replication or min(3, len(self.brokers)),
                          config=config or {})
         admin.create_topics([topic])[name].result(timeout=60)
+        self.wait_for_partitions(name, partitions)
+
+    def wait_for_partitions(self, name: str, partitions: int) -> None:
+        """Until the brokers list ``partitions`` partitions of topic ``name``, each with a
+        leader (polled until a deadline: a slow broker waits longer, never fails early)."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # until every partition has a leader
+        while time.monotonic() < deadline:
             meta = admin.list_topics(topic=name, timeout=10).topics.get(name)
             if meta is not None and len(meta.partitions) == partitions and \
                     all(p.leader >= 0 for p in meta.partitions.values()):
                 return
             time.sleep(0.2)
-        raise RuntimeError(f"topic {name}: partitions without a leader after 60 s")
+        raise RuntimeError(f"topic {name}: not {partitions} partitions with leaders after 60 s")
 
 
 def start_cluster(directory: Path, brokers: int = 1) -> KafkaCluster:

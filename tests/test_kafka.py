@@ -39,11 +39,13 @@ def produce(cluster, topic: str, records: list[dict]) -> None:
 
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all",
                          "enable.idempotence": True, "linger.ms": 5})
+    failed: list = []
     for r in records:
         producer.produce(topic, key=r.get("key"), value=r.get("value"),
                          partition=r.get("partition", -1), headers=r.get("headers"),
-                         timestamp=r.get("timestamp", 0))
-    assert producer.flush(60) == 0
+                         timestamp=r.get("timestamp", 0),
+                         on_delivery=lambda err, _m: failed.append(err) if err else None)
+    assert producer.flush(60) == 0 and not failed, failed[:3]
 
 
 def consume_all(cluster, topic: str) -> pd.DataFrame:
@@ -172,7 +174,7 @@ def test_partitions_added_and_topics_matching_the_pattern_are_read_from_their_st
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     admin.create_partitions([NewPartitions("evt-a", 4)])["evt-a"].result(timeout=30)
     kafka.create_topic("evt-b", 1)
-    time.sleep(1)  # metadata of the new partitions reaches the brokers' caches
+    kafka.wait_for_partitions("evt-a", 4)
     produce(kafka, "evt-a", records(40, 4, start=140))
     produce(kafka, "evt-b", records(30, 1, start=0))
     got = run()
@@ -296,7 +298,7 @@ def test_completed_checkpoints_commit_consumed_offsets_to_the_consumer_group(
 
     deadline = time.monotonic() + 20
     while group_offsets() != [30, 30] and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.2)  # the commit is a background thread's: polled until a deadline
     assert group_offsets() == [30, 30]
     # the group's offsets are not where a restart starts: moved back, nothing is read again
     reader.commit(offsets=[TopicPartition("lagged", 0, 0), TopicPartition("lagged", 1, 0)],
@@ -333,7 +335,8 @@ def test_every_record_counted_once_across_driver_sigkills(spark, kafka, tmp_path
         proc = subprocess.Popen(_command(kafka, tmp_path, topic), env=env, cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        # after the JVM is up: somewhere in its batches, checkpoints and commits
+        # a seeded moment after the JVM is up: wherever it lands (or if the driver finished
+        # first) every record must be counted once; that the kills landed is asserted below
         time.sleep(rng.uniform(12.0, 20.0))
         if proc.poll() is None:
             kill_group(proc)
@@ -419,13 +422,14 @@ def _zombie(bootstrap: str, transactional_id: str, topic: str, ready: Path) -> N
         "              'transaction.timeout.ms': 600000})\n"
         "p.init_transactions(60); p.begin_transaction()\n"
         "for i in range(50): p.produce(sys.argv[3], key=b'zombie', value=b'{\"id\": -1}')\n"
+        # (then it only waits to be SIGKILLed: the ready file says when)
         "p.flush(60); open(sys.argv[4], 'w').close(); time.sleep(3600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, bootstrap, transactional_id, topic,
                              str(ready)], start_new_session=True)
     deadline = time.monotonic() + 60
     while not ready.exists() and time.monotonic() < deadline:
         assert proc.poll() is None, "the zombie producer exited early"
-        time.sleep(0.1)
+        time.sleep(0.1)  # polling for its ready file until a deadline
     kill_group(proc)
     proc.wait(timeout=30)
 
@@ -491,6 +495,7 @@ def test_kafka_to_kafka_exactly_once_across_sigkills(spark, kafka, tmp_path):
         if kill.startswith("after:"):
             proc = subprocess.Popen(command, env=child_env(), cwd=ROOT, start_new_session=True,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # a seeded moment: wherever it lands the result must be exactly once
             time.sleep(float(kill.split(":")[1]))
             if proc.poll() is None:
                 kill_group(proc)

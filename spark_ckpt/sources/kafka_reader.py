@@ -128,13 +128,11 @@ class ReadRanges:
         if low > position:
             self._data_lost(topic, partition, position, low, None)
         else:  # not deleted: the partition holds fewer offsets than were recorded
-            message = (f"kafka source {self.spec['source']}: expected offsets {position}.."
-                       f"{end - 1} of {topic}-{partition} (recorded for this batch), found "
-                       f"offsets {low}..{high - 1} only: the partition was truncated (an "
-                       "unclean leader election) or the topic recreated")
-            if self.spec["fail_on_data_loss"]:
-                raise SourceError(message + "; set fail_on_data_loss=False to skip them")
-            log.warning("%s; the rest of the range skipped (fail_on_data_loss=False)", message)
+            self._lost_or_skipped(
+                f"kafka source {self.spec['source']}: expected offsets {position}..{end - 1} "
+                f"of {topic}-{partition} (recorded for this batch), found offsets {low}.."
+                f"{high - 1} only: the partition was truncated (an unclean leader election) or "
+                "the topic recreated")
         # skipping: what is left of the range, never before where this range stands
         import pyarrow as pa
 
@@ -148,10 +146,14 @@ class ReadRanges:
 
     def _data_lost(self, topic: str, partition: int, start: int, low: int,
                    first: int | None) -> None:
-        message = (f"kafka source {self.spec['source']}: expected offsets from {start} of "
-                   f"{topic}-{partition} (recorded for this batch), found the earliest "
-                   f"available offset {low}: offsets {start}..{low - 1} were deleted (by "
-                   "retention) after the batch was allocated")
+        self._lost_or_skipped(
+            f"kafka source {self.spec['source']}: expected offsets from {start} of "
+            f"{topic}-{partition} (recorded for this batch), found the earliest available "
+            f"offset {low}: offsets {start}..{low - 1} were deleted (by retention) after the "
+            "batch was allocated")
+
+    def _lost_or_skipped(self, message: str) -> None:
+        """Offsets of the range are gone: fail (the default), or log the skip."""
         if self.spec["fail_on_data_loss"]:
             raise SourceError(message + "; set fail_on_data_loss=False to skip them")
         log.warning("%s; skipped (fail_on_data_loss=False)", message)

@@ -166,6 +166,17 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "can create bucketed Parquet tables; where it cannot, the inputs are chained.",
     ),
     _opt(
+        "spark.ckpt.batch.mapSidePartials",
+        "bool",
+        True,
+        "auto cuts: a wave of partial aggregates runs as Spark's map stage alone, one task per "
+        "input split, each task writing its own partial aggregates (Spark's, cut from the "
+        "physical plan), durable as the task commits; the consumer merges them once. Classic "
+        "sessions, aggregates whose buffer is their result (count, sum, min, max, and what "
+        "spark_ckpt splits into them); elsewhere a wave merges its partials bucketed by the "
+        "consumer's key.",
+    ),
+    _opt(
         "spark.ckpt.batch.exchangeMinBytes",
         "int",
         8 << 20,
@@ -544,6 +555,7 @@ class Settings:
     batch_cuts: str = FROM_OPTIONS
     batch_cut_max_percent: int = FROM_OPTIONS
     batch_exchange_cuts: bool = FROM_OPTIONS
+    batch_map_side_partials: bool = FROM_OPTIONS
     batch_exchange_min_bytes: int = FROM_OPTIONS
     batch_server_cache: bool = FROM_OPTIONS
     batch_adopt_operations: bool = FROM_OPTIONS

@@ -20,7 +20,12 @@ import batch_shapes as shapes
 from helpers import LONG_FAULTS, ROOT, child_env, defaults_text
 from spark_ckpt import BatchJob, Settings
 from spark_ckpt.batch.aggsplit import NotSplittable, SplitSet, check_split, split_aggregate
+from spark_ckpt.batch.cuts import wave_size, waves_of
+from spark_ckpt.batch.runner import job_paths
+from spark_ckpt.eventlog.reader import read_table
+from spark_ckpt.eventlog.replay import replay_table
 from spark_ckpt.ops.cli import main as cli
+from spark_ckpt.storage import Storage
 from spark_ckpt.storage.delta_reader import read_delta
 
 # exchanges however small the tests' inputs (spark.ckpt.batch.exchangeMinBytes=0): the
@@ -114,6 +119,39 @@ def test_split_aggregate_gives_plain_sparks_answer(spark):
     assert_same_rows(final.toPandas(), whole.toPandas())
     # no rows at all: no groups, as Spark gives
     assert split.final_frame(waves[-1]).count() == 0 == fn(df.where("id < 0")).count()
+
+
+def test_map_side_is_sparks_map_stage_only_where_a_merge_of_buffers_is_the_answer(spark):
+    """The seam's cut below the exchange: each task's partial aggregates of its own input
+    partition, which merged with the same functions give plain Spark's rows; refused (None)
+    where the buffer is not the result, or the plan does more than aggregate."""
+    from spark_ckpt.sparkapi import frame_api
+    from spark_ckpt.session import session_conf
+
+    rows = spark.range(0, 3000, 1, 3).selectExpr("id % 7 AS k", "id % 5 AS x",
+                                                  "CAST(id AS DOUBLE) / 3 AS v")
+    good = rows.groupBy("k", "x").agg(F.count("*").alias("n"), F.sum("v").alias("s"),
+                                      F.min("v").alias("lo"), F.max("x").alias("hi"))
+    refused = [rows.groupBy("k").agg(F.avg("v")),  # (sum, count): not its result
+               rows.groupBy("k").agg(F.sum("v").alias("s")).orderBy("k"),
+               rows.groupBy("k").agg((F.sum("v") * 2).alias("s")),
+               rows.groupBy("k").agg(F.collect_list("v")),
+               rows.groupBy("k").agg(F.sum(F.col("v").cast("decimal(12,2)")))]
+    with session_conf(spark, "spark.sql.adaptive.enabled", "false"):
+        api = frame_api(good)
+        assert api.map_side_plan(good)
+        assert api.map_side(good, 4) is None  # not one task a partition asked for
+        mapped = api.map_side(good, 3)
+        assert mapped is not None and mapped.columns == good.columns
+        assert mapped.rdd.getNumPartitions() == 3
+        merged = mapped.groupBy("k", "x").agg(F.sum("n").alias("n"), F.sum("s").alias("s"),
+                                              F.min("lo").alias("lo"), F.max("hi").alias("hi"))
+        assert mapped.count() > merged.count() == good.count()  # each task's own groups
+        assert_same_rows(merged.toPandas(), good.toPandas())
+        for df in refused:
+            assert not api.map_side_plan(df), df
+            assert api.map_side(df, 3) is None
+    assert frame_api(good).map_side_plan(good)  # planned under adaptive execution too
 
 
 def test_an_aggregation_is_split_whatever_the_function_does_after_it(spark):
@@ -315,10 +353,11 @@ def test_default_cuts_chain_the_join_and_make_partial_aggregates_durable(
     assert plan.cuts["report-partial"].ratio < 0.10
     assert any("hashpartitioning(carrier, month" in e
                for e in plan.cuts["report-partial"].exchanges)
-    # the partials are written bucketed for report, which merges them without a shuffle
-    assert plan.cuts["report-partial"].bucket_for == "report"
-    assert not any("ENSURE_REQUIREMENTS" in e for e in plan.cuts["report"].exchanges), \
-        plan.cuts["report"].exchanges
+    # the partials are Spark's map stage alone, one task a split, each durable as it commits
+    # (report then shuffles them, as Spark's own job does): no wave merges them
+    assert "per split of enriched's splits (Spark's map stage alone" in \
+        plan.cuts["report-partial"].reason, str(plan)
+    assert plan.cuts["report-partial"].bucket_for is None
     text = str(plan)
     assert "enriched: chained: report aggregates it" in text
     assert "report: durable: has sinks (report-delta)" in text
@@ -329,20 +368,26 @@ def test_default_cuts_chain_the_join_and_make_partial_aggregates_durable(
     assert {v: s.ran for v, s in result.vertices.items()} == {"report-partial": 8, "report": 4}
     assert_same_rows(_load(f"{out}/report"),
                      _load(f"{plain_output(spark, 'report', shape_input, tmp_path)}/report"))
-    # each partial wave's map and merge stages are one Spark job (the merge outranks later
-    # waves' map stages in Spark's FIFO order); the session's settings are its own again
+    # each partial wave is one stage, Spark's map stage, one task a split of the wave; the
+    # session's settings are its own again
     tracker = spark.sparkContext.statusTracker()
-    jobs = [tracker.getJobIdsForGroup(f"spark_ckpt-report-a1-report-partial-u{n}")
-            for n in range(8)]
-    for wave in jobs:  # (its broadcasts are jobs of their own)
-        infos = [[tracker.getStageInfo(s) for s in tracker.getJobInfo(j).stageIds]
-                 for j in wave]
-        ran = [[i.stageId for i in job if i is not None and i.numCompletedTasks > 0]
-               for job in infos]
-        # the map stage and the merge ran in one job; under adaptive execution the merge was
-        # a second job, skipping the map stage a first job had run
-        assert max(map(len, ran)) == 2, ran
+    units = [tracker.getJobIdsForGroup(f"spark_ckpt-report-a1-report-partial-u{n}")
+             for n in range(8)]
+    waves = [len(w) for w in waves_of(list(range(8)), wave_size(8, 0, fine=True), ramp=True)]
+    tasks = []
+    for wave in units:  # (its broadcasts are jobs of their own, of one task each)
+        stages = [tracker.getStageInfo(s) for j in wave for s in tracker.getJobInfo(j).stageIds]
+        ran = [i for i in stages if i is not None and i.numCompletedTasks > 0]
+        tasks.append(max(i.numTasks for i in ran))
+        assert sum(i.numTasks > 1 for i in ran) <= 1, [(i.stageId, i.numTasks) for i in ran]
+    assert tasks[:len(waves)] == waves and not any(tasks[len(waves):]), (tasks, waves)
     assert spark.conf.get("spark.sql.adaptive.enabled") == adaptive
+    # each split's partials are its task's own file, recorded as that task committed
+    storage = Storage(work)
+    replayed = replay_table(read_table(storage, job_paths(storage, "report")["events"])[0])
+    files = [tuple(o.path for o in f.outputs) for (v, _p), f in replayed.finished.items()
+             if v == "report-partial"]
+    assert len(files) == 8 and len(set(files)) == 8 and all(len(f) == 1 for f in files)
 
     printed = CliRunner().invoke(cli, ["plan", "report", "--work-dir", work, "--json"])
     assert printed.exit_code == 0, printed.output

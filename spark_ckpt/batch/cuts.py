@@ -51,7 +51,7 @@ from spark_ckpt.batch.aggsplit import (
     split_aggregate,
 )
 from spark_ckpt.execution.job_graph import Edge, JobGraph, JobVertex
-from spark_ckpt.sparkapi import empty_frame
+from spark_ckpt.sparkapi import empty_frame, frame_api
 from spark_ckpt.storage import human_size
 
 if TYPE_CHECKING:
@@ -268,12 +268,14 @@ def waves_of(parts: list[int], size: int, *, ramp: bool) -> list[list[int]]:
 def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str = "auto",
               recorded: dict[str, dict[str, Any]] | None = None,
               exchanges: Callable[[], bool] | None = None, exchange_min_bytes: int = 0,
-              partitions_per_wave: int = 0) -> CutPlan:
+              partitions_per_wave: int = 0, map_side: bool = False) -> CutPlan:
     """Decide every live vertex's durability and insert the partial vertices; mutates
     ``graph`` (before its vertices are initialized). ``recorded``: decisions logged for
     vertices whose definition is unchanged, reused as they are. ``exchanges``: whether
     durable exchanges can be written here (asked only when one would be chosen; None: no);
-    ``exchange_min_bytes``: the least estimated bytes of one of their files."""
+    ``exchange_min_bytes``: the least estimated bytes of one of their files; ``map_side``:
+    partial aggregates may run as Spark's map stage alone, task by task
+    (``spark.ckpt.batch.mapSidePartials`` on a classic session)."""
     recorded = recorded or {}
     plan = CutPlan(graph.job_id, {})
     live = graph.live_vertices()
@@ -293,7 +295,8 @@ def plan_cuts(graph: JobGraph, sampler: Sampler, *, max_ratio: float, mode: str 
             cut = Cut(vertex.id, durable, f"spark.ckpt.batch.cuts={mode}")
         else:
             cut = _decide(graph, vertex, consumers, sampler, max_ratio, recorded, plan,
-                          exchanges if mode == "auto" else None, partitions_per_wave)
+                          exchanges if mode == "auto" else None, partitions_per_wave,
+                          map_side)
         plan.cuts[vertex.id] = cut
         vertex.durable = cut.durable
     for vid, cut in plan.cuts.items():  # a partial vertex re-made from a recorded decision
@@ -426,7 +429,8 @@ def _exchangeable(graph: JobGraph, vertex: JobVertex,
 
 def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[str, Edge]]],
             sampler: Sampler, max_ratio: float, records: dict[str, dict[str, Any]],
-            plan: CutPlan, exchanges: Callable[[], bool] | None, per_wave: int = 0) -> Cut:
+            plan: CutPlan, exchanges: Callable[[], bool] | None, per_wave: int = 0,
+            map_side: bool = False) -> Cut:
     vid = vertex.id
     recorded = records.get(vid)
     if vertex.declared_durable is not None:
@@ -453,7 +457,8 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
             # as recorded: the partials' layout does not change with this session's catalog
             bucketed = exchanges is not None and bool(records.get(pid, {}).get("bucket_for"))
             if consumer_id is None or _insert_partial(graph, vertex, consumer_id, plan,
-                                                      found, bucketed) is None:
+                                                      found, bucketed,
+                                                      map_side and not bucketed) is None:
                 cut.partial = False
                 cut.reason += " (its consumer no longer splits: chained)"
         return cut
@@ -487,9 +492,12 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                 # 20% of the input made the job 1.29-1.47x plain Spark), so only partials
                 # that reduce the input to cutMaxRatio are a cut
                 if ratio <= max_ratio:
-                    bucketed = exchanges is not None and exchanges()
+                    # Spark's map stage alone, task by task: no wave merges its partials
+                    mapped = map_side and _map_side_plan(graph, vertex, consumer_id, split,
+                                                         sampler)
+                    bucketed = exchanges is not None and not mapped and exchanges()
                     inserted = _insert_partial(graph, vertex, consumer_id, plan,
-                                               Split(split, partial, schema), bucketed)
+                                               Split(split, partial, schema), bucketed, mapped)
                     assert inserted is not None
                     plan.cuts[inserted].ratio, plan.cuts[inserted].est_bytes = ratio, est
                     plan.cuts[inserted].reason += f" ({measured})"
@@ -618,6 +626,25 @@ def _consumer_over(graph: JobGraph, vertex: JobVertex, consumer_id: str, sampler
                          for i, e in enumerate(consumer.inputs)])
 
 
+def _map_side_plan(graph: JobGraph, vertex: JobVertex, consumer_id: str,
+                   split: AggSplit | SplitSet, sampler: Sampler) -> bool:
+    """True when the partial step over a whole split (planned, not run) is an aggregation
+    Spark's map stage can run alone (:meth:`SparkApi.map_side_plan
+    <spark_ckpt.sparkapi.SparkApi.map_side_plan>`); the sample's own plan has its limit's
+    shuffle."""
+    if sampler.compute_rows is None:
+        return False
+    try:
+        whole = sampler.compute_rows(vertex.id, 0, None)
+        partial = split.partial_frame(_consumer_over(graph, vertex, consumer_id, sampler,
+                                                     whole))
+        return frame_api(partial).map_side_plan(partial)
+    except Exception as exc:  # noqa: BLE001 - planning it failed: waves merge their partials
+        log.info("Map-side partials of %s not planned: %s", consumer_id,
+                 str(exc).splitlines()[0][:200])
+        return False
+
+
 def _split_over_sample(graph: JobGraph, vertex: JobVertex, consumer_id: str,
                        sampler: Sampler) -> Split:
     """The consumer's aggregation split and its partial step over the vertex's first split
@@ -671,11 +698,12 @@ def _exchanges(split: AggSplit | SplitSet) -> str:
 
 def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str, plan: CutPlan,
                     split_and_sample: Split | None,
-                    bucketed: bool) -> str | None:
+                    bucketed: bool, mapped: bool = False) -> str | None:
     """Insert ``<consumer>-partial`` between ``vertex`` and its aggregating consumer; return
     its id (None: the consumer no longer splits). ``bucketed``: its waves are written
     bucketed by the consumer's key into the consumer's partitions (a durable exchange), so
-    the consumer merges them without a shuffle."""
+    the consumer merges them without a shuffle. ``mapped``: its waves run as Spark's map
+    stage alone, each task's partials durable as it commits (the consumer shuffles them)."""
     consumer = graph.vertices[consumer_id]
     if split_and_sample is None:
         return None
@@ -716,7 +744,11 @@ def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str, plan: 
                f"exchange of the aggregation, made durable)")
     after = f"; {consumer_id} then runs {', '.join(dict.fromkeys(split.after))} over the " \
         "merged aggregates" if split.after else ""
+    if mapped:
+        how = (" (Spark's map stage alone, cut from its plan: each task's partials durable "
+               "as it commits)")
+    per = "per split" if mapped else "per wave"
     plan.cuts[pid] = Cut(pid, True, f"the map-side partial aggregates of {consumer_id} "
-                         f"({_exchanges(split)}), per wave of {vertex.id}'s splits{how}{after}",
+                         f"({_exchanges(split)}), {per} of {vertex.id}'s splits{how}{after}",
                          partial_of=consumer_id, bucket_for=partial.bucket_for)
     return pid

@@ -5,7 +5,9 @@ committer moves a task's file into place when the task commits), or once the wri
 without one (an empty partition); written positionally, partition ``parts[i]``'s file is
 ``part-0000i-*`` (:func:`spark_ckpt.batch.planning.writes_positionally`). Partitioned sink
 writes, whose tasks move several files, count only when their Spark job ended. Split mode:
-every partition of the wave, when the last write ended. Each write a unit makes is a
+every partition of the wave, when the last write ended; but a wave of map-side partial
+aggregates, whose task *i* reads split ``parts[i]`` alone, is recorded positionally, task by
+task, as hash mode is. Each write a unit makes is a
 :class:`UnitWrite`: the directory only it writes, watched here.
 
 Thread ownership: a :class:`FileWatcher` belongs to the thread writing its unit; with per-task
@@ -67,7 +69,7 @@ class FileWatcher:
     def __init__(self, job: Attempt, schemas: dict[str, str], progress: JobProgress,
                  vertex: JobVertex, parts: list[int], writes: list[UnitWrite],
                  executions: dict[int, Any], started_ms: int,
-                 positional: bool = False) -> None:
+                 positional: bool = False, split_tasks: bool = False) -> None:
         self.job = job
         self.schemas = schemas  # the output schema (JSON) of each vertex
         self.progress = progress
@@ -79,7 +81,9 @@ class FileWatcher:
         self.started_ms = started_ms
         self.recorded: set[int] = set()
         self.hash = hash_mode(vertex)
-        self.per_task = self.hash and commits_per_task(job.spark)
+        # each task's file holds one partition: the partition's own (not a wave's, shared)
+        self.own_files = self.hash or split_tasks
+        self.per_task = self.own_files and commits_per_task(job.spark)
         self._footers: dict[str, tuple[int, int]] = {}
         self._linked: set[str] = set()  # mirror files in place (a wave's, once for the wave)
 
@@ -186,8 +190,9 @@ class FileWatcher:
 
     def finish(self) -> None:
         """Record the unit's partitions once every write ended."""
-        if self.hash:
-            self.check_attribution()
+        if self.own_files:
+            if self.hash:
+                self.check_attribution()
             self.record_visible()  # every write has ended: the rest, empty ones included
             return
         files = [(w, path) for w, listed in zip(self.writes, self._listing(), strict=True)
@@ -226,7 +231,7 @@ class FileWatcher:
             attempt_id=self.executions[partition].attempt_id,
             started_ms=self.started_ms, finished_ms=self.job.clock.now_ms(), rows=rows,
             outputs=outputs, schema=self.schemas[self.vertex.id],
-            shared=() if self.hash else tuple(self.parts),
+            shared=() if self.own_files else tuple(self.parts),
         )
         if self.job.partition_finished(result):
             self.recorded.add(partition)

@@ -51,7 +51,7 @@ from spark_ckpt.formats import dump_record
 from spark_ckpt.session import session_conf
 from spark_ckpt.sinks import Sink, make_sink, micros_timestamps
 from spark_ckpt.sources.job_inputs import FileSource, decode_files, decode_splits, encode_splits
-from spark_ckpt.sparkapi import spark_api
+from spark_ckpt.sparkapi import is_connect, spark_api
 from spark_ckpt.storage import Storage, join
 from spark_ckpt.storage.fencing import Fence, client_session, interrupt_earlier_clients
 
@@ -711,7 +711,9 @@ class JobRunner:
                              exchanges=planner.exchanges_supported
                              if self.settings.batch_exchange_cuts else None,
                              exchange_min_bytes=self.settings.batch_exchange_min_bytes,
-                             partitions_per_wave=self.settings.batch_partitions_per_wave)
+                             partitions_per_wave=self.settings.batch_partitions_per_wave,
+                             map_side=self.settings.batch_map_side_partials
+                             and not is_connect(self.spark))
         self.graph.validate()
         log.info("Job %s attempt %d: planned durable cuts in %.1f s\n%s", self.run_id,
                  self.attempt, self.clock.monotonic_s() - t0, plan.text(list(self.graph.ids())))

@@ -63,14 +63,16 @@ class UnitWriter:
         self._prepared: set[str] = set()
         self._prepare_lock = threading.Lock()
 
-    def writes(self, vertex: JobVertex, number: int, tag: str) -> list[UnitWrite]:
+    def writes(self, vertex: JobVertex, number: int, tag: str,
+               bucketed: bool = True) -> list[UnitWrite]:
         """The writes of run unit ``number``, in directories named by ``tag`` (this unit's, or
-        an earlier attempt's unit's, derived as its driver did)."""
+        an earlier attempt's unit's, derived as its driver did); ``bucketed``: False for a
+        wave of map-side partials (one file a task, not bucketed)."""
         job = self.job
         writes = []
         result_sink = self.frames.result_sink(vertex)
         if self.frames.needs_results(vertex) and result_sink is None:
-            bucket_by, buckets = self.frames.bucketing(vertex)
+            bucket_by, buckets = self.frames.bucketing(vertex) if bucketed else ((), 0)
             if buckets:
                 tag += layout_suffix(bucket_by, buckets)
             directory = join(result_dir(job.paths["job"], vertex.id), tag)
@@ -96,16 +98,20 @@ class UnitWriter:
     def write(self, vertex: JobVertex, parts: list[int], df: DataFrame,
               writes: list[UnitWrite], executions: dict[int, Any], started_ms: int,
               keep: DataFrame | None = None,
-              operations: list[str] | None = None, positional: bool = False) -> None:
+              operations: list[str] | None = None, positional: bool = False,
+              split_tasks: bool = False) -> None:
         """Run ``writes`` of ``df`` (``parts`` of ``vertex``) and record the partitions as
         their files appear; ``keep``: the frame persisted on the server meanwhile;
-        ``operations``: the ids the writes' operations take (the unit's record)."""
+        ``operations``: the ids the writes' operations take (the unit's record);
+        ``split_tasks``: task *i* computes partition ``parts[i]`` alone (map-side partials),
+        recorded when its file is in place."""
         from pyspark.storagelevel import StorageLevel
 
         for execution in executions.values():
             execution.machine.move_to(ExecutionState.RUNNING)
         tracker = FileWatcher(self.job, self.frames.schemas, self.progress, vertex, parts,
-                              writes, executions, started_ms, positional)
+                              writes, executions, started_ms, positional or split_tasks,
+                              split_tasks)
         cached = sum(w.mirror_of is None for w in writes) > 1 and keep is None
         if cached:
             df = df.persist()

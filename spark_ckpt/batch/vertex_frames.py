@@ -14,6 +14,7 @@ and ``sample_rows`` before any run. Wave threads read frames and add their verte
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,9 @@ class VertexFrames:
         # schema, so a vertex's plan shows its own exchanges only. Nothing is written.
         self.planning: str | None = None
         self.sample_rows: int | None = None  # planning: read at most this many rows a source
+        # While a vertex of map-side partial aggregates runs (VertexRunner): a file source's
+        # splits are read one Spark partition each, in order (task i reads parts[i]).
+        self.split_tasks = False
         # durable exchanges' catalog tables
         self.tables = BucketedTables(self.spark, self._table_location,
                                      job_table_prefix(job.run_id))
@@ -165,6 +169,11 @@ class VertexFrames:
             schema = self.source_schemas[vertex.id]
             if not files:
                 return empty_frame(self.spark, schema)
+            if self.split_tasks and parts is not None and len(parts) > 1:
+                # one task a split, however Spark would pack or cut its files
+                return functools.reduce(lambda a, b: a.union(b), [
+                    source.read(self.spark, schema, [path for path, _ in splits[p]]).coalesce(1)
+                    if splits[p] else empty_frame(self.spark, schema) for p in parts])
             return source.read(self.spark, schema, files)
         df = source.build(self.spark)
         if parts is not None and vertex.parallelism > 1:

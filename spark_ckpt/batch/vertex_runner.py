@@ -53,7 +53,7 @@ from spark_ckpt.batch.vertex_frames import VertexFrames
 from spark_ckpt.errors import TaskExecutionError
 from spark_ckpt.execution.attempt_states import ExecutionState
 from spark_ckpt.session import session_conf
-from spark_ckpt.sparkapi import spark_api
+from spark_ckpt.sparkapi import is_connect, spark_api
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -167,6 +167,10 @@ class VertexRunner:
             return contextlib.nullcontext()
         consumer = self.graph.vertices[vertex.partial_of]
         stack = contextlib.ExitStack()
+        if self.job.settings.batch_map_side_partials and not is_connect(self.spark) and \
+                vertex.bucket_for is None:  # planned so (batch.cuts): not a durable exchange
+            self.frames.split_tasks = True
+            stack.callback(setattr, self.frames, "split_tasks", False)
         stack.enter_context(session_conf(self.spark, "spark.sql.adaptive.enabled", "false",
                                          required=False))
         stack.enter_context(session_conf(self.spark, "spark.sql.shuffle.partitions",
@@ -200,14 +204,24 @@ class VertexRunner:
         executions = {p: job.registry.create(job.attempt, vertex.id, p) for p in parts}
         for execution in executions.values():
             execution.machine.move_to(ExecutionState.DEPLOYING)
-        df, keep, positional = self.arrangement.for_unit(vertex, parts)
-        self.frames.schemas[vertex.id] = df.schema.json()
-        tag = f"a{job.attempt}-u{number}-{uuid.uuid4().hex[:8]}"
-        writes = self.writer.writes(vertex, number, tag)
-        self.writer.prepare(writes, df.schema)
-        operations = self.adoption.record_unit(vertex, parts, number, tag, writes, positional)
-        with spark_api(self.spark).job_group(
-                group, f"spark_ckpt job {job.run_id} attempt {job.attempt}: vertex "
-                f"{vertex.id} partitions {parts[0]}..{parts[-1]}", owner=job.owner_tag):
-            self.writer.write(vertex, parts, df, writes, executions, started_ms, keep,
-                              operations, positional)
+        api = spark_api(self.spark)
+        with api.job_group(group, f"spark_ckpt job {job.run_id} attempt {job.attempt}: vertex "
+                           f"{vertex.id} partitions {parts[0]}..{parts[-1]}",
+                           owner=job.owner_tag):
+            df, keep, positional = self.arrangement.for_unit(vertex, parts)
+            self.frames.schemas[vertex.id] = df.schema.json()
+            # map-side partials: task i writes partition parts[i]'s, durable when it commits
+            mapped = api.map_side(df, len(parts)) if self.frames.split_tasks else None
+            if self.frames.split_tasks:
+                log.info("Job %s attempt %d: vertex %s partitions %d..%d: %s", job.run_id,
+                         job.attempt, vertex.id, parts[0], parts[-1],
+                         "map-side partials, one task a split" if mapped is not None else
+                         "partials merged per wave (no map stage to cut from the plan)")
+            tag = f"a{job.attempt}-u{number}-{uuid.uuid4().hex[:8]}"
+            writes = self.writer.writes(vertex, number, tag, bucketed=mapped is None)
+            self.writer.prepare(writes, df.schema)
+            operations = self.adoption.record_unit(vertex, parts, number, tag, writes,
+                                                   positional)
+            self.writer.write(vertex, parts, df if mapped is None else mapped, writes,
+                              executions, started_ms, keep, operations, positional,
+                              split_tasks=mapped is not None)

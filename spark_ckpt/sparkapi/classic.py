@@ -76,6 +76,81 @@ def _at(plan: Any, path: tuple[int, ...]) -> Any:
     return plan
 
 
+# Between a final aggregation and its exchange: codegen's wrappers only.
+_MAP_SIDE_PASS = ("WholeStageCodegenExec", "InputAdapter")
+_SHUFFLES = ("ShuffleExchangeExec", "AdaptiveSparkPlanExec", "AQEShuffleReadExec")
+# Aggregate functions whose aggregation buffer is their result: one column, the same type
+# (a merge of buffers is the same function over results). Not a decimal sum (its buffer has
+# an isEmpty flag beside the sum).
+_BUFFER_IS_RESULT = ("Count", "Min", "Max", "Sum")
+
+
+def _nodes(plan: Any) -> list[Any]:
+    out = [plan]
+    for c in _seq(plan.children()):
+        out.extend(_nodes(c))
+    return out
+
+
+def _single_child(plan: Any) -> Any:
+    children = _seq(plan.children())
+    return children[0] if len(children) == 1 else None
+
+
+def _map_stage(plan: Any, planning: bool = False) -> Any:
+    """The map side of the exchange under ``plan``'s final aggregation (see
+    :func:`_final_aggregate`), when it is the plan's only shuffle; else None. Under adaptive
+    execution only while ``planning`` (the plan it starts from, not one to run: its stages
+    are prepared as they start)."""
+    if _kind(plan) == "AdaptiveSparkPlanExec" and planning:
+        plan = plan.executedPlan()
+    final = _final_aggregate(plan)
+    if final is None:
+        return None
+    exchange = _single_child(final)
+    while exchange is not None and _kind(exchange) in _MAP_SIDE_PASS:
+        exchange = _single_child(exchange)
+    if exchange is None or _kind(exchange) != "ShuffleExchangeExec" or \
+            _kind(exchange.outputPartitioning()) != "HashPartitioning" or \
+            any(_kind(n) in _SHUFFLES for n in _nodes(exchange.child())):
+        return None
+    return exchange.child()
+
+
+def _final_aggregate(plan: Any) -> Any:
+    """The final aggregation at the top of ``plan`` (under codegen's wrappers) when its
+    output is its grouping columns and its aggregates' results, in that order, each
+    aggregate one whose buffer is its result (:data:`_BUFFER_IS_RESULT`); else None."""
+    while _kind(plan) in _MAP_SIDE_PASS:
+        plan = _single_child(plan)
+        if plan is None:
+            return None
+    if _kind(plan) not in ("HashAggregateExec", "ObjectHashAggregateExec",
+                           "SortAggregateExec"):
+        return None
+    aggregates = _seq(plan.aggregateExpressions())
+    for a in aggregates:
+        function = a.aggregateFunction()
+        if str(a.mode().toString()) != "Final" or bool(a.isDistinct()) or \
+                bool(a.filter().isDefined()) or _kind(function) not in _BUFFER_IS_RESULT or \
+                function.dataType().typeName().startswith("decimal") or \
+                len(_seq(function.aggBufferAttributes())) != 1:
+            return None
+    expected = [e.exprId().id() for e in _seq(plan.groupingExpressions())
+                if _kind(e) == "AttributeReference"]
+    if len(expected) != len(_seq(plan.groupingExpressions())):
+        return None
+    expected += [a.resultAttribute().exprId().id() for a in aggregates]
+    found = []
+    for e in _seq(plan.resultExpressions()):
+        if _kind(e) == "Alias":
+            e = e.child()
+        if _kind(e) != "AttributeReference":
+            return None
+        found.append(e.exprId().id())
+    return plan if found == expected else None
+
+
 class ClassicSpark:
     """:class:`spark_ckpt.sparkapi.SparkApi` over a classic session's JVM."""
 
@@ -178,6 +253,24 @@ class ClassicSpark:
 
     def plan_frame(self, df: DataFrame, path: tuple[int, ...]) -> DataFrame | None:
         return self._frame(_at(df._jdf.queryExecution().analyzed(), path))
+
+    def map_side_plan(self, df: DataFrame) -> bool:
+        return _map_stage(df._jdf.queryExecution().executedPlan(), planning=True) is not None
+
+    def map_side(self, df: DataFrame, tasks: int) -> DataFrame | None:
+        child = _map_stage(df._jdf.queryExecution().executedPlan())
+        if child is None:
+            return None
+        rows = child.execute()  # builds the map stage's RDD (and waits for its broadcasts)
+        if int(rows.getNumPartitions()) != tasks:
+            return None
+        from pyspark.sql import DataFrame as PyDataFrame
+
+        jdf = self.spark._jsparkSession.internalCreateDataFrame(rows, child.schema(), False)
+        out = PyDataFrame(jdf, self.spark).toDF(*df.columns)
+        same = [(f.dataType, g.dataType) for f, g in zip(out.schema.fields, df.schema.fields,
+                                                          strict=True)]
+        return out if all(a == b for a, b in same) else None
 
     def replace_plan(self, df: DataFrame, path: tuple[int, ...],
                      replacement: DataFrame) -> DataFrame | None:

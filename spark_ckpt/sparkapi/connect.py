@@ -161,6 +161,12 @@ class ConnectSpark:
 
         return connect_plan.frame_at(df, path)
 
+    def map_side_plan(self, df: DataFrame) -> bool:
+        return False  # a physical plan cannot be cut from a client
+
+    def map_side(self, df: DataFrame, tasks: int) -> DataFrame | None:
+        return None
+
     def replace_plan(self, df: DataFrame, path: tuple[int, ...],
                      replacement: DataFrame) -> DataFrame | None:
         from spark_ckpt.sparkapi import connect_plan

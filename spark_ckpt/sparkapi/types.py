@@ -117,6 +117,19 @@ class SparkApi(Protocol):
         whose columns are that node's, by position, of the same types: everything above the
         node reads ``replacement``'s rows as it read the node's. None: cannot tell."""
 
+    def map_side_plan(self, df: DataFrame) -> bool:
+        """True when :meth:`map_side` can cut ``df``'s plan (asked while planning; runs
+        nothing)."""
+
+    def map_side(self, df: DataFrame, tasks: int) -> DataFrame | None:
+        """The rows that enter the shuffle of ``df``'s aggregation: its map stage alone, one
+        task per partition of its input, each task's partial aggregates (Spark's own, from
+        its physical plan), in ``df``'s columns and types. Merging them with the same
+        aggregates gives ``df``'s rows. None when ``df`` is not such an aggregation (an
+        aggregate whose buffer is not its result, anything after the aggregation, a second
+        shuffle), its map stage would not have ``tasks`` tasks, or this session cannot cut a
+        physical plan (Spark Connect). Runs the plan's broadcasts."""
+
     def session_id(self) -> str | None:
         """The Spark Connect session this client works in; None on a classic session (whose
         jobs end with its driver)."""

@@ -416,13 +416,19 @@ def test_the_cut_is_the_aggregations_exchange_whatever_follows_it(
     the cut is still the aggregations' partials, per wave of enriched's splits (both
     aggregations' in one unit for (g)), and the output is plain Spark's."""
     out, work = str(tmp_path / "out"), str(tmp_path / "work")
-    # 5,000 rows a split here: a wave's partials hardly reduce it (millions of rows would)
-    settings = dataclasses.replace(SETTINGS, batch_cut_max_percent=400)
+    # 5,000 rows a split here: a wave's partials hardly reduce it (millions of rows would);
+    # waves of 3 splits (read one task a split, unioned)
+    settings = dataclasses.replace(SETTINGS, batch_cut_max_percent=400,
+                                   batch_partitions_per_wave=3)
     job = shapes.build(shape, BatchJob(shape, spark=spark, work_dir=work, settings=settings),
                        str(shape_input / "report"), out, parallelism=4)
     plan = job.explain(show=False)
     partial = plan.cuts[f"{shape}-partial"]
     assert partial.durable and plan.cuts["enriched"].partial, str(plan)
+    # one aggregation: Spark's map stage alone, task by task; two aggregations' partials (a
+    # union of two exchanges' map sides) are merged per wave, written bucketed
+    mapped = "per split of enriched's splits (Spark's map stage alone" in partial.reason
+    assert mapped == (shape != "two_aggregations"), partial.reason
     assert f"{shape} then runs " in partial.reason and after in \
         partial.reason.split(f"{shape} then runs ")[1], str(plan)
     result = job.run()

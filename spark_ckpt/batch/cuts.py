@@ -475,13 +475,13 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
             except NotSplittable as exc:
                 why = f"{consumer_id}'s function: {exc}"
             else:
-                ratio = sampler.ratio(partial, split_source(graph, vertex))
+                ratio = split_ratio = sampler.ratio(partial, split_source(graph, vertex))
                 measured = f"{ratio:.2%} of the input on a sample split"
                 if ratio > max_ratio:  # a wave holds fewer groups per row than a sample?
                     wave = _wave_ratio(graph, vertex, consumer_id, split, partial, sampler,
                                        per_wave)
                     if wave is not None and wave[0] is not None:
-                        ratio = wave[0]
+                        ratio, split_ratio = wave[0], wave[2]
                         measured = f"~{ratio:.2%} of a wave's input: {wave[1]}"
                     elif wave is not None:
                         measured += f"; per wave: {wave[1]}"
@@ -492,9 +492,11 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                 # 20% of the input made the job 1.29-1.47x plain Spark), so only partials
                 # that reduce the input to cutMaxRatio are a cut
                 if ratio <= max_ratio:
-                    # Spark's map stage alone, task by task: no wave merges its partials
-                    mapped = map_side and _map_side_plan(graph, vertex, consumer_id, split,
-                                                         sampler)
+                    # Spark's map stage alone, task by task: no wave merges its partials;
+                    # not where only a wave's merge makes them small (groups that recur in
+                    # every split: a wave writes them once, its tasks would each write them)
+                    mapped = map_side and split_ratio <= max_ratio and \
+                        _map_side_plan(graph, vertex, consumer_id, split, sampler)
                     bucketed = exchanges is not None and not mapped and exchanges()
                     inserted = _insert_partial(graph, vertex, consumer_id, plan,
                                                Split(split, partial, schema), bucketed, mapped)
@@ -553,10 +555,11 @@ def _partial_candidate(vertex: JobVertex, consumer: JobVertex, edge: Edge) -> st
 
 def _wave_ratio(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: Any,
                 partial: DataFrame, sampler: Sampler,
-                per_wave: int) -> tuple[float | None, str] | None:
+                per_wave: int) -> tuple[float | None, str, float] | None:
     """The partials' estimated bytes over a wave's input bytes where a wave holds fewer groups
-    per row than the sample split (groups that recur across splits: batch.wave_groups), and
-    why; (None, why): groups that do not recur, keep the sample split's ratio; None: no
+    per row than the sample split (groups that recur across splits: batch.wave_groups), why,
+    and the same estimate for one whole split (what a task of map-side partials writes);
+    (None, why, 1.0): groups that do not recur, keep the sample split's ratio; None: no
     estimate (one split a wave, row counts unknown, or it failed: it may cost a cut, never a
     job)."""
     try:
@@ -570,7 +573,7 @@ def _wave_ratio(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: Any
 
 def _wave_estimate(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: Any,
                    partial: DataFrame, sampler: Sampler,
-                   per_wave: int) -> tuple[float | None, str] | None:
+                   per_wave: int) -> tuple[float | None, str, float] | None:
     from spark_ckpt.batch.wave_groups import estimate_wave_groups, group_stats
 
     source_id = split_source(graph, vertex)
@@ -597,21 +600,22 @@ def _wave_estimate(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: 
     first = group_counts(sampler.compute_rows(vertex.id, 0, half))
     fraction = min(1.0, half / last_rows)
     sampled = sampler.compute_rows(vertex.id, last, None).sample(False, fraction, seed=17)
-    groups, whys, recur = 0.0, [], False
+    groups, split_groups, whys, recur = 0.0, 0.0, [], False
     for a, b in zip(first, group_counts(sampled), strict=True):  # one job per aggregation
         stats = group_stats(a, b)
         # the wave's rows entering this aggregation: its input rows times the sample's share
-        estimate = estimate_wave_groups(
-            stats, int(wave_rows * stats.rows / (min(half, first_rows) + fraction * last_rows)))
+        share = stats.rows / (min(half, first_rows) + fraction * last_rows)
+        estimate = estimate_wave_groups(stats, int(wave_rows * share))
+        split_groups += estimate_wave_groups(stats, int(first_rows * share)).groups
         groups += estimate.groups
         recur = recur or estimate.recur
         whys.append(estimate.why)
     why = "; ".join(dict.fromkeys(whys)) + \
         f" (sampled in splits 0 and {last} of a wave of {last + 1})"
     if not recur:
-        return None, why
-    source_width = row_width(sampler.compute(source_id, [0]).schema)
-    return groups * row_width(partial.schema) / (wave_rows * source_width), why
+        return None, why, 1.0
+    width = row_width(partial.schema) / row_width(sampler.compute(source_id, [0]).schema)
+    return groups * width / wave_rows, why, split_groups * width / first_rows
 
 
 def _consumer_over(graph: JobGraph, vertex: JobVertex, consumer_id: str, sampler: Sampler,

@@ -162,7 +162,12 @@ class VertexRunner:
         stage ends. One at a time instead cost the map stages' idle tails (1.14x plain Spark
         against 1.06x). The settings are the session's, for the vertex's run only: nothing
         but its waves is planned meanwhile (one vertex at a time), and a session that
-        refuses them keeps its own (the waves then run as before)."""
+        refuses them keeps its own (the waves then run as before).
+
+        And, planned so (no bucketed layout: batch.cuts chose map-side partials), each
+        source split read as one Spark partition (:attr:`VertexFrames.split_tasks`): a wave
+        then runs as Spark's map stage alone, task *i* writing split ``parts[i]``'s partials
+        (:meth:`SparkApi.map_side <spark_ckpt.sparkapi.SparkApi.map_side>`)."""
         if vertex.partial_of is None:
             return contextlib.nullcontext()
         consumer = self.graph.vertices[vertex.partial_of]

@@ -97,16 +97,17 @@ def _single_child(plan: Any) -> Any:
     return children[0] if len(children) == 1 else None
 
 
-def _map_stage(plan: Any, planning: bool = False) -> Any:
-    """The map side of the exchange under ``plan``'s final aggregation (see
-    :func:`_final_aggregate`), when it is the plan's only shuffle; else None. Under adaptive
-    execution only while ``planning`` (the plan it starts from, not one to run: its stages
-    are prepared as they start)."""
+def _map_stage(plan: Any, planning: bool = False) -> tuple[Any, list[int]] | None:
+    """The map side of the exchange under ``plan``'s final aggregation and the columns of
+    its output that are the plan's (see :func:`_final_aggregate`), when that exchange is the
+    plan's only shuffle; else None. Under adaptive execution only while ``planning`` (the
+    plan it starts from, not one to run: its stages are prepared as they start)."""
     if _kind(plan) == "AdaptiveSparkPlanExec" and planning:
         plan = plan.executedPlan()
-    final = _final_aggregate(plan)
-    if final is None:
+    found = _final_aggregate(plan)
+    if found is None:
         return None
+    final, columns = found
     exchange = _single_child(final)
     while exchange is not None and _kind(exchange) in _MAP_SIDE_PASS:
         exchange = _single_child(exchange)
@@ -114,13 +115,15 @@ def _map_stage(plan: Any, planning: bool = False) -> Any:
             _kind(exchange.outputPartitioning()) != "HashPartitioning" or \
             any(_kind(n) in _SHUFFLES for n in _nodes(exchange.child())):
         return None
-    return exchange.child()
+    return exchange.child(), columns
 
 
-def _final_aggregate(plan: Any) -> Any:
-    """The final aggregation at the top of ``plan`` (under codegen's wrappers) when its
-    output is its grouping columns and its aggregates' results, in that order, each
-    aggregate one whose buffer is its result (:data:`_BUFFER_IS_RESULT`); else None."""
+def _final_aggregate(plan: Any) -> tuple[Any, list[int]] | None:
+    """The final aggregation at the top of ``plan`` (under codegen's wrappers) when each of
+    its output columns is a grouping column or an aggregate's result, each aggregate one
+    whose buffer is its result (:data:`_BUFFER_IS_RESULT`), and which column of the map
+    side's output each of its columns is (Spark computes an aggregate written twice once);
+    else None."""
     while _kind(plan) in _MAP_SIDE_PASS:
         plan = _single_child(plan)
         if plan is None:
@@ -136,19 +139,21 @@ def _final_aggregate(plan: Any) -> Any:
                 function.dataType().typeName().startswith("decimal") or \
                 len(_seq(function.aggBufferAttributes())) != 1:
             return None
-    expected = [e.exprId().id() for e in _seq(plan.groupingExpressions())
-                if _kind(e) == "AttributeReference"]
-    if len(expected) != len(_seq(plan.groupingExpressions())):
+    grouping = _seq(plan.groupingExpressions())
+    if any(_kind(e) != "AttributeReference" for e in grouping):
         return None
-    expected += [a.resultAttribute().exprId().id() for a in aggregates]
-    found = []
+    # the map side's columns: the grouping columns, then one buffer an aggregate, in order
+    position = {e.exprId().id(): i for i, e in enumerate(grouping)}
+    for j, a in enumerate(aggregates):
+        position[a.resultAttribute().exprId().id()] = len(grouping) + j
+    columns = []
     for e in _seq(plan.resultExpressions()):
         if _kind(e) == "Alias":
             e = e.child()
-        if _kind(e) != "AttributeReference":
+        if _kind(e) != "AttributeReference" or e.exprId().id() not in position:
             return None
-        found.append(e.exprId().id())
-    return plan if found == expected else None
+        columns.append(position[e.exprId().id()])
+    return plan, columns
 
 
 class ClassicSpark:
@@ -258,16 +263,23 @@ class ClassicSpark:
         return _map_stage(df._jdf.queryExecution().executedPlan(), planning=True) is not None
 
     def map_side(self, df: DataFrame, tasks: int) -> DataFrame | None:
-        child = _map_stage(df._jdf.queryExecution().executedPlan())
-        if child is None:
+        found = _map_stage(df._jdf.queryExecution().executedPlan())
+        if found is None:
+            return None
+        child, columns = found
+        if len(columns) != len(df.columns):
             return None
         rows = child.execute()  # builds the map stage's RDD (and waits for its broadcasts)
         if int(rows.getNumPartitions()) != tasks:
             return None
         from pyspark.sql import DataFrame as PyDataFrame
+        from pyspark.sql import functions as F
 
         jdf = self.spark._jsparkSession.internalCreateDataFrame(rows, child.schema(), False)
-        out = PyDataFrame(jdf, self.spark).toDF(*df.columns)
+        mapped = PyDataFrame(jdf, self.spark)
+        names = mapped.columns
+        out = mapped.toDF(*[f"c{i}" for i in range(len(names))]).select(
+            *[F.col(f"c{i}").alias(name) for i, name in zip(columns, df.columns, strict=True)])
         same = [(f.dataType, g.dataType) for f, g in zip(out.schema.fields, df.schema.fields,
                                                           strict=True)]
         return out if all(a == b for a, b in same) else None

@@ -141,9 +141,10 @@ def test_map_side_is_sparks_map_stage_only_where_a_merge_of_buffers_is_the_answe
         api = frame_api(good)
         assert api.map_side_plan(good)
         assert api.map_side(good, 4) is None  # not one task a partition asked for
-        mapped = api.map_side(good, 3)
-        assert mapped is not None and mapped.columns == good.columns
-        assert mapped.rdd.getNumPartitions() == 3
+        found = api.map_side(good, 3)
+        assert found is not None and found[1] == 1
+        mapped = found[0]
+        assert mapped.columns == good.columns and mapped.rdd.getNumPartitions() == 3
         merged = mapped.groupBy("k", "x").agg(F.sum("n").alias("n"), F.sum("s").alias("s"),
                                               F.min("lo").alias("lo"), F.max("hi").alias("hi"))
         assert mapped.count() > merged.count() == good.count()  # each task's own groups
@@ -151,6 +152,19 @@ def test_map_side_is_sparks_map_stage_only_where_a_merge_of_buffers_is_the_answe
         for df in refused:
             assert not api.map_side_plan(df), df
             assert api.map_side(df, 3) is None
+        # two aggregations of one input, tagged and unioned (as SplitSet writes them): a map
+        # stage each, partition t of the answer is input partition t % 3 of branch t // 3
+        by_x = rows.groupBy("x").agg(F.count("*").alias("n"))
+        both = good.select("k", "x", "n", F.lit(0).alias("tag")).unionByName(
+            by_x.select("x", "n", F.lit(1).alias("tag")), allowMissingColumns=True)
+        assert api.map_side_plan(both)
+        found = api.map_side(both, 3)
+        assert found is not None and found[1] == 2
+        parts = found[0].rdd.mapPartitions(lambda it: [sorted({r.tag for r in it})]).collect()
+        assert parts == [[0]] * 3 + [[1]] * 3
+        merged = found[0].groupBy("tag", "k", "x").agg(F.sum("n").alias("n"))
+        assert sorted(map(repr, merged.select(*both.columns).collect())) == \
+            sorted(map(repr, both.collect()))
     assert frame_api(good).map_side_plan(good)  # planned under adaptive execution too
 
 
@@ -425,10 +439,8 @@ def test_the_cut_is_the_aggregations_exchange_whatever_follows_it(
     plan = job.explain(show=False)
     partial = plan.cuts[f"{shape}-partial"]
     assert partial.durable and plan.cuts["enriched"].partial, str(plan)
-    # one aggregation: Spark's map stage alone, task by task; two aggregations' partials (a
-    # union of two exchanges' map sides) are merged per wave, written bucketed
-    mapped = "per split of enriched's splits (Spark's map stage alone" in partial.reason
-    assert mapped == (shape != "two_aggregations"), partial.reason
+    # Spark's map stage alone, task by task (one task a split and aggregation for (g))
+    assert "per split of enriched's splits (Spark's map stage alone" in partial.reason
     assert f"{shape} then runs " in partial.reason and after in \
         partial.reason.split(f"{shape} then runs ")[1], str(plan)
     result = job.run()
@@ -611,7 +623,8 @@ def _shape_driver(shape: str, shape_input, out: str, work: str, fault: str,
     # after aggregating and counts distinct values: the long run kills both)
     pytest.param("report", marks=pytest.mark.skipif(
         not LONG_FAULTS, reason="the same cut as sorted_report; SPARK_CKPT_LONG_FAULTS=1")),
-    "sorted_report"])
+    # (g): two aggregations, a map-side task each per split: a split is kept once both are
+    "sorted_report", "two_aggregations"])
 def test_killed_during_partial_waves_resumes_from_them(spark, shape_input, tmp_path, shape):
     """SIGKILL after the second flush of finished partial waves; the resubmission (another
     PYTHONHASHSEED, and settings that would no longer choose this cut) keeps the recorded

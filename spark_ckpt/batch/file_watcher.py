@@ -6,8 +6,9 @@ without one (an empty partition); written positionally, partition ``parts[i]``'s
 ``part-0000i-*`` (:func:`spark_ckpt.batch.planning.writes_positionally`). Partitioned sink
 writes, whose tasks move several files, count only when their Spark job ended. Split mode:
 every partition of the wave, when the last write ended; but a wave of map-side partial
-aggregates, whose task *i* reads split ``parts[i]`` alone, is recorded positionally, task by
-task, as hash mode is. Each write a unit makes is a
+aggregates, whose task *i* reads split ``parts[i % len(parts)]`` alone (one task per split and
+aggregation of the function), is recorded positionally, as hash mode is, once every task of
+the split has its file. Each write a unit makes is a
 :class:`UnitWrite`: the directory only it writes, watched here.
 
 Thread ownership: a :class:`FileWatcher` belongs to the thread writing its unit; with per-task
@@ -69,7 +70,7 @@ class FileWatcher:
     def __init__(self, job: Attempt, schemas: dict[str, str], progress: JobProgress,
                  vertex: JobVertex, parts: list[int], writes: list[UnitWrite],
                  executions: dict[int, Any], started_ms: int,
-                 positional: bool = False, split_tasks: bool = False) -> None:
+                 positional: bool = False, split_tasks: int = 0) -> None:
         self.job = job
         self.schemas = schemas  # the output schema (JSON) of each vertex
         self.progress = progress
@@ -81,8 +82,11 @@ class FileWatcher:
         self.started_ms = started_ms
         self.recorded: set[int] = set()
         self.hash = hash_mode(vertex)
-        # each task's file holds one partition: the partition's own (not a wave's, shared)
-        self.own_files = self.hash or split_tasks
+        # each task's file holds one partition: the partition's own (not a wave's, shared);
+        # map-side partials: ``split_tasks`` tasks a partition, task i partition
+        # parts[i % len(parts)] (one task an aggregation of the function)
+        self.split_tasks = split_tasks
+        self.own_files = self.hash or split_tasks > 0
         self.per_task = self.own_files and commits_per_task(job.spark)
         self._footers: dict[str, tuple[int, int]] = {}
         self._linked: set[str] = set()  # mirror files in place (a wave's, once for the wave)
@@ -92,6 +96,9 @@ class FileWatcher:
         -1: none, a Spark partition past the positional layout's, which never has rows)."""
         if index is None or not self.positional:
             return index
+        if self.split_tasks:
+            return self.parts[index % len(self.parts)] \
+                if index < self.split_tasks * len(self.parts) else -1
         return self.parts[index] if index < len(self.parts) else -1
 
     def _listing(self) -> list[list[tuple[str, int | None]]]:
@@ -181,8 +188,9 @@ class FileWatcher:
         for p in self.parts:
             if p in self.recorded:
                 continue
-            ready = all(ended or p in files for ended, files in zip(done, by_write,
-                                                                    strict=True))
+            # (a task that wrote no rows has no file: its partition waits for the write's end)
+            ready = all(ended or len(files.get(p, ())) >= max(1, self.split_tasks)
+                        for ended, files in zip(done, by_write, strict=True))
             if ready:
                 self._record(p, [(w, path) for w, files in zip(self.writes, by_write,
                                                                  strict=True)

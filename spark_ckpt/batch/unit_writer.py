@@ -99,18 +99,18 @@ class UnitWriter:
               writes: list[UnitWrite], executions: dict[int, Any], started_ms: int,
               keep: DataFrame | None = None,
               operations: list[str] | None = None, positional: bool = False,
-              split_tasks: bool = False) -> None:
+              split_tasks: int = 0) -> None:
         """Run ``writes`` of ``df`` (``parts`` of ``vertex``) and record the partitions as
         their files appear; ``keep``: the frame persisted on the server meanwhile;
         ``operations``: the ids the writes' operations take (the unit's record);
-        ``split_tasks``: task *i* computes partition ``parts[i]`` alone (map-side partials),
-        recorded when its file is in place."""
+        ``split_tasks``: that many tasks compute each partition (map-side partials: task *i*
+        partition ``parts[i % len(parts)]``), recorded when their files are in place."""
         from pyspark.storagelevel import StorageLevel
 
         for execution in executions.values():
             execution.machine.move_to(ExecutionState.RUNNING)
         tracker = FileWatcher(self.job, self.frames.schemas, self.progress, vertex, parts,
-                              writes, executions, started_ms, positional or split_tasks,
+                              writes, executions, started_ms, positional or split_tasks > 0,
                               split_tasks)
         cached = sum(w.mirror_of is None for w in writes) > 1 and keep is None
         if cached:

@@ -215,7 +215,9 @@ class VertexRunner:
                            owner=job.owner_tag):
             df, keep, positional = self.arrangement.for_unit(vertex, parts)
             self.frames.schemas[vertex.id] = df.schema.json()
-            # map-side partials: task i writes partition parts[i]'s, durable when it commits
+            # map-side partials: task i writes partition parts[i % n]'s (of aggregation
+            # i // n, where the function aggregates its input several ways), durable when
+            # its tasks committed
             mapped = api.map_side(df, len(parts)) if self.frames.split_tasks else None
             if self.frames.split_tasks:
                 log.info("Job %s attempt %d: vertex %s partitions %d..%d: %s", job.run_id,
@@ -227,6 +229,6 @@ class VertexRunner:
             self.writer.prepare(writes, df.schema)
             operations = self.adoption.record_unit(vertex, parts, number, tag, writes,
                                                    positional)
-            self.writer.write(vertex, parts, df if mapped is None else mapped, writes,
+            self.writer.write(vertex, parts, df if mapped is None else mapped[0], writes,
                               executions, started_ms, keep, operations, positional,
-                              split_tasks=mapped is not None)
+                              split_tasks=0 if mapped is None else mapped[1])

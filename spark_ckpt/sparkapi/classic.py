@@ -97,13 +97,53 @@ def _single_child(plan: Any) -> Any:
     return children[0] if len(children) == 1 else None
 
 
-def _map_stage(plan: Any, planning: bool = False) -> tuple[Any, list[int]] | None:
-    """The map side of the exchange under ``plan``'s final aggregation and the columns of
-    its output that are the plan's (see :func:`_final_aggregate`), when that exchange is the
-    plan's only shuffle; else None. Under adaptive execution only while ``planning`` (the
-    plan it starts from, not one to run: its stages are prepared as they start)."""
+def _map_branches(plan: Any, planning: bool = False) -> list[tuple[Any, list[int | str]]] | None:
+    """The map sides ``plan``'s rows come from: one per final aggregation (a union of several
+    aggregations' results has one each), as (the map side's plan, each of ``plan``'s columns
+    as a column of the map side's output or a constant's SQL); None when ``plan`` is not
+    such an aggregation or union of them (see :func:`_map_stage`). Under adaptive execution
+    only while ``planning`` (the plan it starts from, not one to run: its stages are prepared
+    as they start)."""
     if _kind(plan) == "AdaptiveSparkPlanExec" and planning:
         plan = plan.executedPlan()
+    while _kind(plan) in _MAP_SIDE_PASS:
+        plan = _single_child(plan)
+        if plan is None:
+            return None
+    branches = []
+    for child in (_seq(plan.children()) if _kind(plan) == "UnionExec" else [plan]):
+        found = _map_branch(child)
+        if found is None:
+            return None
+        branches.append(found)
+    return branches
+
+
+def _map_branch(plan: Any) -> tuple[Any, list[int | str]] | None:
+    """One aggregation's map side (:func:`_map_stage`), under a projection of its columns
+    and constants (a union's branch: another aggregation's columns as nulls, a tag)."""
+    while _kind(plan) in _MAP_SIDE_PASS:
+        plan = _single_child(plan)
+        if plan is None:
+            return None
+    if _kind(plan) != "ProjectExec":
+        return _map_stage(plan)
+    found = _map_stage(plan.child())
+    if found is None:
+        return None
+    child, columns = found
+    below = plan.child()
+    while _kind(below) in _MAP_SIDE_PASS:
+        below = _single_child(below)
+    position = {a.exprId().id(): columns[i] for i, a in enumerate(_seq(below.output()))}
+    out = _columns(plan.projectList(), position)
+    return None if out is None else (child, out)
+
+
+def _map_stage(plan: Any) -> tuple[Any, list[int | str]] | None:
+    """The map side of the exchange under ``plan``'s final aggregation and the columns of
+    its output that are the plan's (see :func:`_final_aggregate`), when that exchange is the
+    plan's only shuffle; else None."""
     found = _final_aggregate(plan)
     if found is None:
         return None
@@ -118,7 +158,7 @@ def _map_stage(plan: Any, planning: bool = False) -> tuple[Any, list[int]] | Non
     return exchange.child(), columns
 
 
-def _final_aggregate(plan: Any) -> tuple[Any, list[int]] | None:
+def _final_aggregate(plan: Any) -> tuple[Any, list[int | str]] | None:
     """The final aggregation at the top of ``plan`` (under codegen's wrappers) when each of
     its output columns is a grouping column or an aggregate's result, each aggregate one
     whose buffer is its result (:data:`_BUFFER_IS_RESULT`), and which column of the map
@@ -143,17 +183,27 @@ def _final_aggregate(plan: Any) -> tuple[Any, list[int]] | None:
     if any(_kind(e) != "AttributeReference" for e in grouping):
         return None
     # the map side's columns: the grouping columns, then one buffer an aggregate, in order
-    position = {e.exprId().id(): i for i, e in enumerate(grouping)}
+    position: dict[int, int | str] = {e.exprId().id(): i for i, e in enumerate(grouping)}
     for j, a in enumerate(aggregates):
         position[a.resultAttribute().exprId().id()] = len(grouping) + j
-    columns = []
-    for e in _seq(plan.resultExpressions()):
-        if _kind(e) == "Alias":
-            e = e.child()
-        if _kind(e) != "AttributeReference" or e.exprId().id() not in position:
+    columns = _columns(plan.resultExpressions(), position)
+    return None if columns is None else (plan, columns)
+
+
+def _columns(expressions: Any, position: dict[int, int | str]) -> list[int | str] | None:
+    """Each of ``expressions`` as what ``position`` says of the attribute it is (a column of
+    the map side's output, or a constant's SQL) or, a constant, its SQL; None: another
+    expression."""
+    out: list[int | str] = []
+    for e in _seq(expressions):
+        inner = e.child() if _kind(e) == "Alias" else e
+        if _kind(inner) == "AttributeReference" and inner.exprId().id() in position:
+            out.append(position[inner.exprId().id()])
+        elif bool(inner.foldable()) and bool(inner.deterministic()):
+            out.append(str(inner.sql()))
+        else:
             return None
-        columns.append(position[e.exprId().id()])
-    return plan, columns
+    return out
 
 
 class ClassicSpark:
@@ -260,29 +310,33 @@ class ClassicSpark:
         return self._frame(_at(df._jdf.queryExecution().analyzed(), path))
 
     def map_side_plan(self, df: DataFrame) -> bool:
-        return _map_stage(df._jdf.queryExecution().executedPlan(), planning=True) is not None
+        plan = df._jdf.queryExecution().executedPlan()
+        return _map_branches(plan, planning=True) is not None
 
-    def map_side(self, df: DataFrame, tasks: int) -> DataFrame | None:
-        found = _map_stage(df._jdf.queryExecution().executedPlan())
-        if found is None:
-            return None
-        child, columns = found
-        if len(columns) != len(df.columns):
-            return None
-        rows = child.execute()  # builds the map stage's RDD (and waits for its broadcasts)
-        if int(rows.getNumPartitions()) != tasks:
-            return None
+    def map_side(self, df: DataFrame, tasks: int) -> tuple[DataFrame, int] | None:
         from pyspark.sql import DataFrame as PyDataFrame
         from pyspark.sql import functions as F
 
-        jdf = self.spark._jsparkSession.internalCreateDataFrame(rows, child.schema(), False)
-        mapped = PyDataFrame(jdf, self.spark)
-        names = mapped.columns
-        out = mapped.toDF(*[f"c{i}" for i in range(len(names))]).select(
-            *[F.col(f"c{i}").alias(name) for i, name in zip(columns, df.columns, strict=True)])
+        branches = _map_branches(df._jdf.queryExecution().executedPlan())
+        if branches is None or any(len(c) != len(df.columns) for _, c in branches):
+            return None
+        frames = []
+        for child, columns in branches:
+            rows = child.execute()  # builds the map stage's RDD (and waits for its broadcasts)
+            if int(rows.getNumPartitions()) != tasks:
+                return None
+            jdf = self.spark._jsparkSession.internalCreateDataFrame(rows, child.schema(), False)
+            mapped = PyDataFrame(jdf, self.spark)
+            mapped = mapped.toDF(*[f"c{i}" for i in range(len(mapped.columns))])
+            frames.append(mapped.select(*[
+                (F.col(f"c{c}") if isinstance(c, int) else F.expr(c)).alias(name)
+                for c, name in zip(columns, df.columns, strict=True)]))
+        out = frames[0]
+        for frame in frames[1:]:
+            out = out.union(frame)
         same = [(f.dataType, g.dataType) for f, g in zip(out.schema.fields, df.schema.fields,
                                                           strict=True)]
-        return out if all(a == b for a, b in same) else None
+        return (out, len(frames)) if all(a == b for a, b in same) else None
 
     def replace_plan(self, df: DataFrame, path: tuple[int, ...],
                      replacement: DataFrame) -> DataFrame | None:

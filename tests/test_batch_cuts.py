@@ -128,25 +128,34 @@ def test_map_side_is_sparks_map_stage_only_where_a_merge_of_buffers_is_the_answe
     from spark_ckpt.sparkapi import frame_api
     from spark_ckpt.session import session_conf
 
-    rows = spark.range(0, 3000, 1, 3).selectExpr("id % 7 AS k", "id % 5 AS x",
-                                                  "CAST(id AS DOUBLE) / 3 AS v")
+    # three reads of one partition each, unioned, as a wave reads its splits
+    reads = [spark.range(i * 1000, (i + 1) * 1000, 1, 2).coalesce(1) for i in range(3)]
+    rows = reads[0].union(reads[1]).union(reads[2]).selectExpr(
+        "id % 7 AS k", "id % 5 AS x", "CAST(id AS DOUBLE) / 3 AS v")
+    # (an aggregate written twice is computed once: both columns are its buffer)
     good = rows.groupBy("k", "x").agg(F.count("*").alias("n"), F.sum("v").alias("s"),
-                                      F.min("v").alias("lo"), F.max("x").alias("hi"))
+                                      F.min("v").alias("lo"), F.max("x").alias("hi"),
+                                      F.count("*").alias("n2"))
     refused = [rows.groupBy("k").agg(F.avg("v")),  # (sum, count): not its result
+               rows.groupBy("k").agg(F.expr("try_sum(CAST(v AS BIGINT))")),  # (sum, isEmpty)
                rows.groupBy("k").agg(F.sum("v").alias("s")).orderBy("k"),
                rows.groupBy("k").agg((F.sum("v") * 2).alias("s")),
                rows.groupBy("k").agg(F.collect_list("v")),
                rows.groupBy("k").agg(F.sum(F.col("v").cast("decimal(12,2)")))]
-    with session_conf(spark, "spark.sql.adaptive.enabled", "false"):
+    with session_conf(spark, "spark.sql.adaptive.enabled", "false"), \
+            session_conf(spark, "spark.sql.unionOutputPartitioning", "false"):
         api = frame_api(good)
         assert api.map_side_plan(good)
         assert api.map_side(good, 4) is None  # not one task a partition asked for
+        plain = spark.range(0, 3000, 1, 3).selectExpr("id % 7 AS k").groupBy("k").count()
+        assert api.map_side_plan(plain) and api.map_side(plain, 3) is None  # not one read a task
         found = api.map_side(good, 3)
         assert found is not None and found[1] == 1
         mapped = found[0]
         assert mapped.columns == good.columns and mapped.rdd.getNumPartitions() == 3
         merged = mapped.groupBy("k", "x").agg(F.sum("n").alias("n"), F.sum("s").alias("s"),
-                                              F.min("lo").alias("lo"), F.max("hi").alias("hi"))
+                                              F.min("lo").alias("lo"), F.max("hi").alias("hi"),
+                                              F.sum("n2").alias("n2"))
         assert mapped.count() > merged.count() == good.count()  # each task's own groups
         assert_same_rows(merged.toPandas(), good.toPandas())
         for df in refused:
@@ -357,8 +366,9 @@ def test_default_cuts_chain_the_join_and_make_partial_aggregates_durable(
         spark, shape_input, tmp_path):
     out = str(tmp_path / "out")
     work = str(tmp_path / "work")
+    settings = dataclasses.replace(SETTINGS, batch_partitions_per_wave=3)  # waves of 3 splits
     job = shapes.build("report", BatchJob("report", spark=spark, work_dir=work,
-                                          settings=SETTINGS),
+                                          settings=settings),
                        str(shape_input / "report"), out, parallelism=4)
     plan = job.explain(show=False)
     assert not plan.cuts["enriched"].durable and plan.cuts["enriched"].partial
@@ -385,16 +395,15 @@ def test_default_cuts_chain_the_join_and_make_partial_aggregates_durable(
     # each partial wave is one stage, Spark's map stage, one task a split of the wave; the
     # session's settings are its own again
     tracker = spark.sparkContext.statusTracker()
+    waves = [len(w) for w in waves_of(list(range(8)), wave_size(8, 3, fine=True), ramp=False)]
+    assert waves == [3, 3, 2]
     units = [tracker.getJobIdsForGroup(f"spark_ckpt-report-a1-report-partial-u{n}")
-             for n in range(8)]
-    waves = [len(w) for w in waves_of(list(range(8)), wave_size(8, 0, fine=True), ramp=True)]
-    tasks = []
-    for wave in units:  # (its broadcasts are jobs of their own, of one task each)
+             for n in range(len(waves))]
+    for wave, size in zip(units, waves, strict=True):  # (broadcasts: jobs of one task each)
         stages = [tracker.getStageInfo(s) for j in wave for s in tracker.getJobInfo(j).stageIds]
-        ran = [i for i in stages if i is not None and i.numCompletedTasks > 0]
-        tasks.append(max(i.numTasks for i in ran))
-        assert sum(i.numTasks > 1 for i in ran) <= 1, [(i.stageId, i.numTasks) for i in ran]
-    assert tasks[:len(waves)] == waves and not any(tasks[len(waves):]), (tasks, waves)
+        ran = [(i.stageId, i.numTasks) for i in stages if i is not None and i.numCompletedTasks]
+        # the wave's one stage of many tasks: one task a split (no merge stage)
+        assert [t for _, t in ran if t > 1] == [size], ran
     assert spark.conf.get("spark.sql.adaptive.enabled") == adaptive
     # each split's partials are its task's own file, recorded as that task committed
     storage = Storage(work)
@@ -447,6 +456,15 @@ def test_the_cut_is_the_aggregations_exchange_whatever_follows_it(
     assert {v: s.ran for v, s in result.vertices.items()} == {f"{shape}-partial": 8, shape: 4}
     assert_same_rows(_load(f"{out}/{shape}"),
                      _load(f"{plain_output(spark, shape, shape_input, tmp_path)}/{shape}"))
+    # each split's partials are its own task's file (one an aggregation), not a wave's
+    storage = Storage(work)
+    replayed = replay_table(read_table(storage, job_paths(storage, shape)["events"])[0])
+    kept = {p: f for (v, p), f in replayed.finished.items() if v == f"{shape}-partial"}
+    aggregations = 2 if shape == "two_aggregations" else 1
+    assert sorted(kept) == list(range(8)) and not any(f.shared for f in kept.values())
+    assert all(len(f.outputs) == aggregations for f in kept.values()), \
+        [len(f.outputs) for f in kept.values()]
+    assert len({o.path for f in kept.values() for o in f.outputs}) == 8 * aggregations
 
 
 def test_cut_rules_and_settings_by_hand(spark, shape_input, tmp_path):

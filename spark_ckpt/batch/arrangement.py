@@ -120,10 +120,12 @@ class Arrangement:
         df = self.frames.compute(vertex, None if whole else parts, co_partition=not positional)
         if vertex.partial_of is not None:  # a wave may aggregate, what it reads may not
             for edge in vertex.inputs:
-                # over one split: a wave's splits may be read one Spark partition each, a
-                # union (VertexFrames.split_tasks) that is not the function's
-                if edge.kind == "forward" and plan_shuffles(self.frames.frame(edge.upstream,
-                                                                              parts[:1])):
+                # read as the function sees it, not as one Spark partition a split
+                # (VertexFrames.split_tasks: that union is spark_ckpt's)
+                with self.frames.plain_reads():
+                    shuffles = edge.kind == "forward" and \
+                        plan_shuffles(self.frames.frame(edge.upstream, parts))
+                if shuffles:
                     raise JobDefinitionError(
                         f"vertex {edge.upstream}: its function shuffles rows (a groupBy, a join "
                         "of non-broadcast inputs, a distinct, a window), so it cannot run split "

@@ -83,6 +83,7 @@ class Cut:
     source: bool = False  # a source: read in place, never written
     exchanges: list[str] = dataclasses.field(default_factory=list)
     bucket_for: str | None = None  # written bucketed for this consumer (a durable exchange)
+    map_side: bool = False  # partials as Spark's map stage alone, durable task by task
 
     def record(self) -> dict[str, Any]:
         out = {"durable": self.durable, "reason": self.reason, "by_hand": self.by_hand,
@@ -92,6 +93,8 @@ class Cut:
             out["partial_of"] = self.partial_of
         if self.bucket_for:
             out["bucket_for"] = self.bucket_for
+        if self.map_side:
+            out["map_side"] = True
         return out
 
     @classmethod
@@ -100,7 +103,8 @@ class Cut:
                    bool(record.get("by_hand", False)), record.get("ratio"),
                    record.get("est_bytes"), record.get("partial_of"),
                    bool(record.get("partial", False)), bool(record.get("source", False)),
-                   bucket_for=record.get("bucket_for"))
+                   bucket_for=record.get("bucket_for"),
+                   map_side=bool(record.get("map_side", False)))
 
 
 @dataclasses.dataclass
@@ -456,9 +460,10 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
             pid = f"{consumer_id}{PARTIAL_SUFFIX}"
             # as recorded: the partials' layout does not change with this session's catalog
             bucketed = exchanges is not None and bool(records.get(pid, {}).get("bucket_for"))
+            # as recorded too: what the run chose is what the files are
+            mapped = map_side and bool(records.get(pid, {}).get("map_side"))
             if consumer_id is None or _insert_partial(graph, vertex, consumer_id, plan,
-                                                      found, bucketed,
-                                                      map_side and not bucketed) is None:
+                                                      found, bucketed, mapped) is None:
                 cut.partial = False
                 cut.reason += " (its consumer no longer splits: chained)"
         return cut
@@ -734,6 +739,7 @@ def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str, plan: 
         declared_parallelism=vertex.declared_parallelism,
     )
     partial.partial_of = consumer_id
+    partial.map_side = mapped
     partial.declared_durable = True
     graph.insert_before(consumer_id, partial)
     edge = consumer.inputs[main]
@@ -754,5 +760,6 @@ def _insert_partial(graph: JobGraph, vertex: JobVertex, consumer_id: str, plan: 
     per = "per split" if mapped else "per wave"
     plan.cuts[pid] = Cut(pid, True, f"the map-side partial aggregates of {consumer_id} "
                          f"({_exchanges(split)}), {per} of {vertex.id}'s splits{how}{after}",
-                         partial_of=consumer_id, bucket_for=partial.bucket_for)
+                         partial_of=consumer_id, bucket_for=partial.bucket_for,
+                         map_side=mapped)
     return pid

@@ -14,8 +14,11 @@ and ``sample_rows`` before any run. Wave threads read frames and add their verte
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.batch.buckets import BucketedTables, job_table_prefix
@@ -58,6 +61,7 @@ class VertexFrames:
         # While a vertex of map-side partial aggregates runs (VertexRunner): a file source's
         # splits are read one Spark partition each, in order (task i reads parts[i]).
         self.split_tasks = False
+        self._plain = threading.local()  # this thread reads sources as the function sees them
         # durable exchanges' catalog tables
         self.tables = BucketedTables(self.spark, self._table_location,
                                      job_table_prefix(job.run_id))
@@ -145,6 +149,16 @@ class VertexFrames:
             return empty_frame(self.spark, self.output_schema(vertex_id))
         return self._read_results(vertex, parts)
 
+    @contextlib.contextmanager
+    def plain_reads(self) -> Iterator[None]:
+        """Within: this thread's source reads are one ``spark.read`` a frame, as a vertex's
+        function sees them, not :attr:`split_tasks`'s union of single-partition reads."""
+        self._plain.on = True
+        try:
+            yield
+        finally:
+            self._plain.on = False
+
     def compute_inline(self, vertex_id: str, parts: list[int] | None) -> DataFrame:
         """The vertex's output for ``parts`` (None: all), computed from where it reads."""
         vertex = self.graph.vertices[vertex_id]
@@ -169,11 +183,13 @@ class VertexFrames:
             schema = self.source_schemas[vertex.id]
             if not files:
                 return empty_frame(self.spark, schema)
-            if self.split_tasks and parts is not None and len(parts) > 1:
-                # one task a split, however Spark would pack or cut its files
+            if self.split_tasks and parts is not None and not getattr(self._plain, "on", False):
+                # one task a split, however Spark would pack or cut its files (a split with
+                # no file too: one empty partition)
                 return functools.reduce(lambda a, b: a.union(b), [
-                    source.read(self.spark, schema, [path for path, _ in splits[p]]).coalesce(1)
-                    if splits[p] else empty_frame(self.spark, schema) for p in parts])
+                    (source.read(self.spark, schema, [path for path, _ in splits[p]])
+                     if splits[p] else empty_frame(self.spark, schema)).coalesce(1)
+                    for p in parts])
             return source.read(self.spark, schema, files)
         df = source.build(self.spark)
         if parts is not None and vertex.parallelism > 1:

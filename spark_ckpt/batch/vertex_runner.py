@@ -172,10 +172,14 @@ class VertexRunner:
             return contextlib.nullcontext()
         consumer = self.graph.vertices[vertex.partial_of]
         stack = contextlib.ExitStack()
-        if self.job.settings.batch_map_side_partials and not is_connect(self.spark) and \
-                vertex.bucket_for is None:  # planned so (batch.cuts): not a durable exchange
+        if vertex.map_side and self.job.settings.batch_map_side_partials and \
+                not is_connect(self.spark):  # planned so (batch.cuts)
             self.frames.split_tasks = True
             stack.callback(setattr, self.frames, "split_tasks", False)
+            # a union of single-partition reads keeps one partition a read (Spark 4.1+
+            # would report the union single-partition, and run it as one task)
+            stack.enter_context(session_conf(self.spark, "spark.sql.unionOutputPartitioning",
+                                             "false", required=False))
         stack.enter_context(session_conf(self.spark, "spark.sql.adaptive.enabled", "false",
                                          required=False))
         stack.enter_context(session_conf(self.spark, "spark.sql.shuffle.partitions",
@@ -218,7 +222,15 @@ class VertexRunner:
             # map-side partials: task i writes partition parts[i % n]'s (of aggregation
             # i // n, where the function aggregates its input several ways), durable when
             # its tasks committed
-            mapped = api.map_side(df, len(parts)) if self.frames.split_tasks else None
+            mapped = None
+            if self.frames.split_tasks:
+                try:
+                    mapped = api.map_side(df, len(parts))
+                except Exception as exc:  # noqa: BLE001 - Spark's internals refused: merge
+                    log.warning("Job %s attempt %d: vertex %s: no map stage cut from the plan "
+                                "(%s): the wave merges its partials", job.run_id, job.attempt,
+                                vertex.id, str(exc).splitlines()[0][:300] if str(exc) else
+                                type(exc).__name__)
             if self.frames.split_tasks:
                 log.info("Job %s attempt %d: vertex %s partitions %d..%d: %s", job.run_id,
                          job.attempt, vertex.id, parts[0], parts[-1],

@@ -94,6 +94,9 @@ class JobVertex:
         bucket_for: the one consumer that reads this vertex hashed by ``bucket_by``: its
             output is written bucketed by those columns into the consumer's partitions, a
             durable form of the exchange Spark would run inside the consumer (batch.cuts).
+        map_side: set on a partial vertex whose waves run as Spark's map stage alone, one
+            task a split and aggregation, each split durable when its tasks committed
+            (batch.cuts; classic sessions).
     """
 
     id: str
@@ -118,6 +121,7 @@ class JobVertex:
     exchange_of: str | None = None
     bucket_for: str | None = None
     bucket_by: tuple[str, ...] = ()
+    map_side: bool = False
 
     def __post_init__(self) -> None:
         if self.declared_durable is None and not self.durable:

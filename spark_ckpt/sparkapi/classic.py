@@ -135,34 +135,70 @@ def _map_branch(plan: Any) -> tuple[Any, list[int | str]] | None:
     below = plan.child()
     while _kind(below) in _MAP_SIDE_PASS:
         below = _single_child(below)
-    position = {a.exprId().id(): columns[i] for i, a in enumerate(_seq(below.output()))}
+    position: dict[int, int | str] = {a.exprId().id(): columns[i]
+                                      for i, a in enumerate(_seq(below.output()))}
     out = _columns(plan.projectList(), position)
     return None if out is None else (child, out)
 
 
 def _map_stage(plan: Any) -> tuple[Any, list[int | str]] | None:
-    """The map side of the exchange under ``plan``'s final aggregation and the columns of
-    its output that are the plan's (see :func:`_final_aggregate`), when that exchange is the
-    plan's only shuffle; else None."""
+    """The map side of the exchange under ``plan``'s final aggregation and, for each column
+    of ``plan``, its position in the map side's output (or a constant's SQL; see
+    :func:`_final_aggregate`), when that exchange is the plan's only shuffle; else None."""
     found = _final_aggregate(plan)
     if found is None:
         return None
-    final, columns = found
+    final, ids = found
     exchange = _single_child(final)
     while exchange is not None and _kind(exchange) in _MAP_SIDE_PASS:
         exchange = _single_child(exchange)
     if exchange is None or _kind(exchange) != "ShuffleExchangeExec" or \
             _kind(exchange.outputPartitioning()) != "HashPartitioning" or \
-            any(_kind(n) in _SHUFFLES for n in _nodes(exchange.child())):
+            any(_kind(n) in _SHUFFLES or (_kind(n) == "ReusedExchangeExec" and
+                                          _kind(n.child()) != "BroadcastExchangeExec")
+                for n in _nodes(exchange.child())):
         return None
-    return exchange.child(), columns
+    child = exchange.child()
+    at = {a.exprId().id(): i for i, a in enumerate(_seq(child.output()))}
+    if any(isinstance(c, int) and c not in at for c in ids):
+        return None
+    return child, [at[c] if isinstance(c, int) else c for c in ids]
+
+
+def _streamed(plan: Any) -> Any:
+    """The one child of ``plan`` its rows stream from (a broadcast join's other side is a
+    broadcast); None: several."""
+    def broadcast(node: Any) -> bool:
+        while _kind(node) == "InputAdapter":  # (codegen wraps what it does not generate)
+            node = node.child()
+        return _kind(node) in ("BroadcastExchangeExec", "ReusedExchangeExec")
+
+    children = [c for c in _seq(plan.children()) if not broadcast(c)]
+    return children[0] if len(children) == 1 else None
+
+
+def _one_task_a_read(plan: Any, tasks: int) -> bool:
+    """True when the map side ``plan`` streams from ``tasks`` reads of one partition each,
+    in order: a union of ``tasks`` single-partition coalesces (one, alone), each under only
+    row-by-row nodes, so task *i* computes read *i* alone."""
+    node = plan
+    while node is not None:
+        kind = _kind(node)
+        if kind == "UnionExec":
+            children = _seq(node.children())
+            return len(children) == tasks and all(_one_task_a_read(c, 1) for c in children)
+        if kind == "CoalesceExec":
+            return tasks == 1 and int(node.numPartitions()) == 1
+        node = _streamed(node)
+    return False
 
 
 def _final_aggregate(plan: Any) -> tuple[Any, list[int | str]] | None:
     """The final aggregation at the top of ``plan`` (under codegen's wrappers) when each of
-    its output columns is a grouping column or an aggregate's result, each aggregate one
-    whose buffer is its result (:data:`_BUFFER_IS_RESULT`), and which column of the map
-    side's output each of its columns is (Spark computes an aggregate written twice once);
+    its output columns is a grouping column, an aggregate's result or a constant, and each
+    aggregate one whose buffer is its result (:data:`_BUFFER_IS_RESULT`, its evaluation its
+    buffer); with, for each output column, the expression id of the map side's output
+    attribute it is (an aggregate written twice is computed once) or the constant's SQL;
     else None."""
     while _kind(plan) in _MAP_SIDE_PASS:
         plan = _single_child(plan)
@@ -176,17 +212,23 @@ def _final_aggregate(plan: Any) -> tuple[Any, list[int | str]] | None:
         function = a.aggregateFunction()
         if str(a.mode().toString()) != "Final" or bool(a.isDistinct()) or \
                 bool(a.filter().isDefined()) or _kind(function) not in _BUFFER_IS_RESULT or \
-                function.dataType().typeName().startswith("decimal") or \
-                len(_seq(function.aggBufferAttributes())) != 1:
+                (_kind(function) == "Sum" and
+                 function.dataType().typeName().startswith("decimal")) or \
+                len(_seq(function.aggBufferAttributes())) != 1 or \
+                len(_seq(function.inputAggBufferAttributes())) != 1 or \
+                not bool(function.evaluateExpression().semanticEquals(
+                    function.aggBufferAttributes().apply(0))):
             return None
     grouping = _seq(plan.groupingExpressions())
     if any(_kind(e) != "AttributeReference" for e in grouping):
         return None
-    # the map side's columns: the grouping columns, then one buffer an aggregate, in order
-    position: dict[int, int | str] = {e.exprId().id(): i for i, e in enumerate(grouping)}
-    for j, a in enumerate(aggregates):
-        position[a.resultAttribute().exprId().id()] = len(grouping) + j
-    columns = _columns(plan.resultExpressions(), position)
+    # each output column as the attribute of the map side's output it is: a grouping column
+    # (the same attribute), or an aggregate's buffer (its input buffer attribute)
+    ids: dict[int, int | str] = {e.exprId().id(): e.exprId().id() for e in grouping}
+    for a in aggregates:
+        ids[a.resultAttribute().exprId().id()] = \
+            a.aggregateFunction().inputAggBufferAttributes().apply(0).exprId().id()
+    columns = _columns(plan.resultExpressions(), ids)
     return None if columns is None else (plan, columns)
 
 
@@ -319,6 +361,8 @@ class ClassicSpark:
 
         branches = _map_branches(df._jdf.queryExecution().executedPlan())
         if branches is None or any(len(c) != len(df.columns) for _, c in branches):
+            return None
+        if not all(_one_task_a_read(child, tasks) for child, _ in branches):
             return None
         frames = []
         for child, columns in branches:

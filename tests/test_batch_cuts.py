@@ -86,6 +86,20 @@ def test_waves_start_small_and_cover_every_partition_once():
         waves = waves_of(list(range(n)), size, ramp=True)
         assert [p for w in waves for p in w] == list(range(n))
         assert all(0 < len(w) <= size for w in waves)
+    # map-side partials: durable task by task, so one Spark job (up to 256 splits) unless
+    # partitionsPerWave says otherwise
+    from spark_ckpt.batch.planning import MAP_SIDE_UNIT, run_units
+    from spark_ckpt.execution.job_graph import Edge, JobVertex
+
+    vertex = JobVertex("agg-partial", 600, inputs=(Edge("src", "forward"),), fn=lambda d: d)
+    vertex.partial_of = "agg"
+    ramped = run_units(vertex, list(range(600)), SETTINGS)
+    assert [len(u) for u in ramped][:3] == [18, 37, 75]  # (waves of 75, ramped)
+    vertex.map_side = True
+    assert [len(u) for u in run_units(vertex, list(range(600)), SETTINGS)] == \
+        [MAP_SIDE_UNIT, MAP_SIDE_UNIT, 600 - 2 * MAP_SIDE_UNIT]
+    three = dataclasses.replace(SETTINGS, batch_partitions_per_wave=3)
+    assert [len(u) for u in run_units(vertex, list(range(7)), three)] == [3, 3, 1]
 
 
 def test_split_aggregate_gives_plain_sparks_answer(spark):
@@ -425,6 +439,30 @@ def test_default_cuts_chain_the_join_and_make_partial_aggregates_durable(
     assert "map-side partial aggregates" in table.output
 
 
+def test_splits_too_large_for_one_task_keep_their_waves_merging(spark, shape_input, tmp_path,
+                                                                  monkeypatch):
+    """Map-side partials run one task a split: where a split is larger than the bound, the
+    planner keeps waves that merge their partials (Spark splits their files as it likes)."""
+    import spark_ckpt.batch.cuts as cuts
+
+    def plan():
+        job = shapes.build("report", BatchJob("report", spark=spark, work_dir=str(tmp_path),
+                                              settings=SETTINGS),
+                           str(shape_input / "report"), str(tmp_path / "out"), parallelism=4)
+        return job.explain(show=False).cuts["report-partial"]
+
+    assert plan().reason.count("Spark's map stage alone") == 1
+    monkeypatch.setattr(cuts, "MAP_SIDE_MAX_SPLIT_BYTES", 1000)
+    cut = plan()
+    assert "per wave of enriched's splits" in cut.reason and not cut.map_side, cut.reason
+    monkeypatch.setattr(cuts, "MAP_SIDE_MAX_SPLIT_BYTES", 1 << 40)
+    off = dataclasses.replace(SETTINGS, batch_map_side_partials=False)
+    job = shapes.build("report", BatchJob("report", spark=spark, work_dir=str(tmp_path),
+                                          settings=off),
+                       str(shape_input / "report"), str(tmp_path / "out"), parallelism=4)
+    assert not job.explain(show=False).cuts["report-partial"].map_side
+
+
 @pytest.mark.parametrize("shape, after", [
     ("sorted_report", "Sort"),
     # (f)'s window runs over the merged partials as (e)'s sort does (the same replacement);
@@ -653,6 +691,9 @@ def test_killed_during_partial_waves_resumes_from_them(spark, shape_input, tmp_p
     defaults = tmp_path / "defaults.conf"  # one event a flush: the kill lands after 2 waves
     defaults.write_text(defaults_text()
                         + "\nspark.ckpt.eventLog.flushMaxEvents 1\n"
+                        # jobs of 2 splits (the map-side partials' one job of 8 tiny tasks
+                        # may record all 8 before a second flush)
+                        + "spark.ckpt.batch.partitionsPerWave 2\n"
                         # 5,000 rows a split: (e)'s partials hardly reduce so few
                         + "spark.ckpt.batch.cutMaxPercent 400\n")
     proc = _shape_driver(shape, shape_input, out, work, "partition.finished:2",

@@ -635,13 +635,25 @@ def _consumer_over(graph: JobGraph, vertex: JobVertex, consumer_id: str, sampler
                          for i, e in enumerate(consumer.inputs)])
 
 
+# Map-side partials run one task a split: a larger split (few large files, or a declared
+# parallelism below the file count) keeps Spark's own splitting of its files, in waves.
+MAP_SIDE_MAX_SPLIT_BYTES = 512 << 20
+
+
 def _map_side_plan(graph: JobGraph, vertex: JobVertex, consumer_id: str,
                    split: AggSplit | SplitSet, sampler: Sampler) -> bool:
     """True when the partial step over a whole split (planned, not run) is an aggregation
     Spark's map stage can run alone (:meth:`SparkApi.map_side_plan
-    <spark_ckpt.sparkapi.SparkApi.map_side_plan>`); the sample's own plan has its limit's
-    shuffle."""
+    <spark_ckpt.sparkapi.SparkApi.map_side_plan>`; the sample's own plan has its limit's
+    shuffle) and no split is larger than :data:`MAP_SIDE_MAX_SPLIT_BYTES`."""
     if sampler.compute_rows is None:
+        return False
+    source = split_source(graph, vertex)
+    largest = max((sampler.input_bytes(source, p) or 0
+                   for p in range(graph.vertices[source].parallelism)), default=0)
+    if largest > MAP_SIDE_MAX_SPLIT_BYTES:  # one task a split: too long a task
+        log.info("Map-side partials of %s not planned: a split of %d bytes would be one "
+                 "task (more than %d)", consumer_id, largest, MAP_SIDE_MAX_SPLIT_BYTES)
         return False
     try:
         whole = sampler.compute_rows(vertex.id, 0, None)

@@ -20,7 +20,6 @@ import batch_shapes as shapes
 from helpers import LONG_FAULTS, ROOT, child_env, defaults_text
 from spark_ckpt import BatchJob, Settings
 from spark_ckpt.batch.aggsplit import NotSplittable, SplitSet, check_split, split_aggregate
-from spark_ckpt.batch.cuts import wave_size, waves_of
 from spark_ckpt.batch.runner import job_paths
 from spark_ckpt.eventlog.reader import read_table
 from spark_ckpt.eventlog.replay import replay_table
@@ -380,9 +379,8 @@ def test_default_cuts_chain_the_join_and_make_partial_aggregates_durable(
         spark, shape_input, tmp_path):
     out = str(tmp_path / "out")
     work = str(tmp_path / "work")
-    settings = dataclasses.replace(SETTINGS, batch_partitions_per_wave=3)  # waves of 3 splits
     job = shapes.build("report", BatchJob("report", spark=spark, work_dir=work,
-                                          settings=settings),
+                                          settings=SETTINGS),
                        str(shape_input / "report"), out, parallelism=4)
     plan = job.explain(show=False)
     assert not plan.cuts["enriched"].durable and plan.cuts["enriched"].partial
@@ -409,15 +407,13 @@ def test_default_cuts_chain_the_join_and_make_partial_aggregates_durable(
     # each partial wave is one stage, Spark's map stage, one task a split of the wave; the
     # session's settings are its own again
     tracker = spark.sparkContext.statusTracker()
-    waves = [len(w) for w in waves_of(list(range(8)), wave_size(8, 3, fine=True), ramp=False)]
-    assert waves == [3, 3, 2]
-    units = [tracker.getJobIdsForGroup(f"spark_ckpt-report-a1-report-partial-u{n}")
-             for n in range(len(waves))]
-    for wave, size in zip(units, waves, strict=True):  # (broadcasts: jobs of one task each)
-        stages = [tracker.getStageInfo(s) for j in wave for s in tracker.getJobInfo(j).stageIds]
-        ran = [(i.stageId, i.numTasks) for i in stages if i is not None and i.numCompletedTasks]
-        # the wave's one stage of many tasks: one task a split (no merge stage)
-        assert [t for _, t in ran if t > 1] == [size], ran
+    # the vertex's 8 splits in one Spark job (one unit, the whole vertex), one stage of one
+    # task a split (no merge stage); waves of several splits: the next test
+    jobs = tracker.getJobIdsForGroup("spark_ckpt-report-a1-report-partial-u0")
+    stages = [tracker.getStageInfo(s) for j in jobs for s in tracker.getJobInfo(j).stageIds]
+    ran = [(i.stageId, i.numTasks) for i in stages if i is not None and i.numCompletedTasks]
+    assert [t for _, t in ran if t > 1] == [8], ran  # (broadcasts: jobs of one task each)
+    assert not tracker.getJobIdsForGroup("spark_ckpt-report-a1-report-partial-u1")
     assert spark.conf.get("spark.sql.adaptive.enabled") == adaptive
     # each split's partials are its task's own file, recorded as that task committed
     storage = Storage(work)

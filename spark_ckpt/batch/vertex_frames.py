@@ -183,13 +183,13 @@ class VertexFrames:
             schema = self.source_schemas[vertex.id]
             if not files:
                 return empty_frame(self.spark, schema)
-            if self.split_tasks and parts is not None and not getattr(self._plain, "on", False):
+            if self.split_tasks and not getattr(self._plain, "on", False):
                 # one task a split, however Spark would pack or cut its files (a split with
                 # no file too: one empty partition)
                 return functools.reduce(lambda a, b: a.union(b), [
                     (source.read(self.spark, schema, [path for path, _ in splits[p]])
                      if splits[p] else empty_frame(self.spark, schema)).coalesce(1)
-                    for p in parts])
+                    for p in chosen])
             return source.read(self.spark, schema, files)
         df = source.build(self.spark)
         if parts is not None and vertex.parallelism > 1:

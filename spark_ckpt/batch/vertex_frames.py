@@ -184,11 +184,11 @@ class VertexFrames:
             if not files:
                 return empty_frame(self.spark, schema)
             if self.split_tasks and not getattr(self._plain, "on", False):
-                # one task a split, however Spark would pack or cut its files (a split with
-                # no file too: one empty partition)
+                # one task a split: a scan each, which the vertex's file settings make one
+                # partition (VertexRunner); a split with no file, one empty partition
                 return functools.reduce(lambda a, b: a.union(b), [
-                    (source.read(self.spark, schema, [path for path, _ in splits[p]])
-                     if splits[p] else empty_frame(self.spark, schema)).coalesce(1)
+                    source.read(self.spark, schema, [path for path, _ in splits[p]])
+                    if splits[p] else empty_frame(self.spark, schema).coalesce(1)
                     for p in chosen])
             return source.read(self.spark, schema, files)
         df = source.build(self.spark)

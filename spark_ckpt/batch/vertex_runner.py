@@ -180,6 +180,12 @@ class VertexRunner:
             # would report the union single-partition, and run it as one task)
             stack.enter_context(session_conf(self.spark, "spark.sql.unionOutputPartitioning",
                                              "false", required=False))
+            # a split's scan is one partition: its files in one task, none cut (splits over
+            # MAP_SIDE_MAX_SPLIT_BYTES are not planned map-side). Not a coalesce(1): its row
+            # boundary between the scan's codegen stage and the aggregation's cost 10-15%
+            for key, value in (("spark.sql.files.maxPartitionBytes", str(1 << 40)),
+                               ("spark.sql.files.minPartitionNum", "1")):
+                stack.enter_context(session_conf(self.spark, key, value, required=False))
         stack.enter_context(session_conf(self.spark, "spark.sql.adaptive.enabled", "false",
                                          required=False))
         stack.enter_context(session_conf(self.spark, "spark.sql.shuffle.partitions",

@@ -179,8 +179,9 @@ def _streamed(plan: Any) -> Any:
 
 def _one_task_a_read(plan: Any, tasks: int) -> bool:
     """True when the map side ``plan`` streams from ``tasks`` reads of one partition each,
-    in order: a union of ``tasks`` single-partition coalesces (one, alone), each under only
-    row-by-row nodes, so task *i* computes read *i* alone."""
+    in order: a union of ``tasks`` file scans of one partition each or single-partition
+    coalesces (one, alone), each under only row-by-row nodes, so task *i* computes read *i*
+    alone. Builds the scans' RDDs (their partitions as this session's settings cut them)."""
     node = plan
     while node is not None:
         kind = _kind(node)
@@ -189,6 +190,8 @@ def _one_task_a_read(plan: Any, tasks: int) -> bool:
             return len(children) == tasks and all(_one_task_a_read(c, 1) for c in children)
         if kind == "CoalesceExec":
             return tasks == 1 and int(node.numPartitions()) == 1
+        if kind == "FileSourceScanExec":
+            return tasks == 1 and int(node.inputRDD().getNumPartitions()) == 1
         node = _streamed(node)
     return False
 

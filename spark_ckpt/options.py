@@ -133,7 +133,8 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "Partitions of a vertex without a key run per Spark job (a wave); a wave's partitions "
         "share its files and become durable when it ends. 0 picks partitions / 4 (rounded up), "
         "partitions / 8 for partial aggregates and durable exchanges, whose two first waves are "
-        "a quarter and a half of that (a job killed early keeps them).",
+        "a quarter and a half of that (a job killed early keeps them); map-side partial "
+        "aggregates, durable task by task, run in one job of up to 256 partitions.",
         minimum=0,
     ),
     _opt(

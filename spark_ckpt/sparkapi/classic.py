@@ -97,6 +97,14 @@ def _single_child(plan: Any) -> Any:
     return children[0] if len(children) == 1 else None
 
 
+def _unwrapped(plan: Any) -> Any:
+    """``plan`` under codegen's wrappers (:data:`_MAP_SIDE_PASS`); None: a wrapper without a
+    single child."""
+    while plan is not None and _kind(plan) in _MAP_SIDE_PASS:
+        plan = _single_child(plan)
+    return plan
+
+
 def _map_branches(plan: Any, planning: bool = False) -> list[tuple[Any, list[int | str]]] | None:
     """The map sides ``plan``'s rows come from: one per final aggregation (a union of several
     aggregations' results has one each), as (the map side's plan, each of ``plan``'s columns
@@ -106,10 +114,9 @@ def _map_branches(plan: Any, planning: bool = False) -> list[tuple[Any, list[int
     as they start)."""
     if _kind(plan) == "AdaptiveSparkPlanExec" and planning:
         plan = plan.executedPlan()
-    while _kind(plan) in _MAP_SIDE_PASS:
-        plan = _single_child(plan)
-        if plan is None:
-            return None
+    plan = _unwrapped(plan)
+    if plan is None:
+        return None
     branches = []
     for child in (_seq(plan.children()) if _kind(plan) == "UnionExec" else [plan]):
         found = _map_branch(child)
@@ -122,19 +129,16 @@ def _map_branches(plan: Any, planning: bool = False) -> list[tuple[Any, list[int
 def _map_branch(plan: Any) -> tuple[Any, list[int | str]] | None:
     """One aggregation's map side (:func:`_map_stage`), under a projection of its columns
     and constants (a union's branch: another aggregation's columns as nulls, a tag)."""
-    while _kind(plan) in _MAP_SIDE_PASS:
-        plan = _single_child(plan)
-        if plan is None:
-            return None
+    plan = _unwrapped(plan)
+    if plan is None:
+        return None
     if _kind(plan) != "ProjectExec":
         return _map_stage(plan)
     found = _map_stage(plan.child())
     if found is None:
         return None
     child, columns = found
-    below = plan.child()
-    while _kind(below) in _MAP_SIDE_PASS:
-        below = _single_child(below)
+    below = _unwrapped(plan.child())
     position: dict[int, int | str] = {a.exprId().id(): columns[i]
                                       for i, a in enumerate(_seq(below.output()))}
     out = _columns(plan.projectList(), position)
@@ -149,9 +153,7 @@ def _map_stage(plan: Any) -> tuple[Any, list[int | str]] | None:
     if found is None:
         return None
     final, ids = found
-    exchange = _single_child(final)
-    while exchange is not None and _kind(exchange) in _MAP_SIDE_PASS:
-        exchange = _single_child(exchange)
+    exchange = _unwrapped(_single_child(final))
     if exchange is None or _kind(exchange) != "ShuffleExchangeExec" or \
             _kind(exchange.outputPartitioning()) != "HashPartitioning" or \
             any(_kind(n) in _SHUFFLES or (_kind(n) == "ReusedExchangeExec" and
@@ -168,12 +170,8 @@ def _map_stage(plan: Any) -> tuple[Any, list[int | str]] | None:
 def _streamed(plan: Any) -> Any:
     """The one child of ``plan`` its rows stream from (a broadcast join's other side is a
     broadcast); None: several."""
-    def broadcast(node: Any) -> bool:
-        while _kind(node) == "InputAdapter":  # (codegen wraps what it does not generate)
-            node = node.child()
-        return _kind(node) in ("BroadcastExchangeExec", "ReusedExchangeExec")
-
-    children = [c for c in _seq(plan.children()) if not broadcast(c)]
+    children = [c for c in _seq(plan.children())
+                if _kind(_unwrapped(c) or c) not in ("BroadcastExchangeExec", "ReusedExchangeExec")]
     return children[0] if len(children) == 1 else None
 
 
@@ -203,10 +201,9 @@ def _final_aggregate(plan: Any) -> tuple[Any, list[int | str]] | None:
     buffer); with, for each output column, the expression id of the map side's output
     attribute it is (an aggregate written twice is computed once) or the constant's SQL;
     else None."""
-    while _kind(plan) in _MAP_SIDE_PASS:
-        plan = _single_child(plan)
-        if plan is None:
-            return None
+    plan = _unwrapped(plan)
+    if plan is None:
+        return None
     if _kind(plan) not in ("HashAggregateExec", "ObjectHashAggregateExec",
                            "SortAggregateExec"):
         return None

@@ -247,10 +247,11 @@ def clean(raw: DataFrame) -> DataFrame:
 
 # -- jobs and their plain twins ----------------------------------------------------------------
 def build(shape: str, job: BatchJob, input_dir: str, output: str, *,
-          parallelism: int) -> BatchJob:
-    """Declare ``shape`` on ``job`` (vertices without durable=: spark_ckpt decides)."""
+          parallelism: int, splits: int | None = None) -> BatchJob:
+    """Declare ``shape`` on ``job`` (vertices without durable=: spark_ckpt decides);
+    ``splits``: the flights' splits (None: a file each)."""
     if shape in FUNCTIONS:  # the report (a) and the shapes over its input (e)-(g)
-        flights = job.read_files("flights", f"{input_dir}/flights")
+        flights = job.read_files("flights", f"{input_dir}/flights", parallelism=splits)
         carriers = job.read_files("carriers", f"{input_dir}/carriers", parallelism=1)
         airports = job.read_files("airports", f"{input_dir}/airports", parallelism=1)
         enriched = job.vertex("enriched", enrich_flights, flights, carriers.broadcast(),

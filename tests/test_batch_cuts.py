@@ -20,6 +20,7 @@ import batch_shapes as shapes
 from helpers import LONG_FAULTS, ROOT, child_env, defaults_text
 from spark_ckpt import BatchJob, Settings
 from spark_ckpt.batch.aggsplit import NotSplittable, SplitSet, check_split, split_aggregate
+from spark_ckpt.batch.cuts import waves_of
 from spark_ckpt.batch.runner import job_paths
 from spark_ckpt.eventlog.reader import read_table
 from spark_ckpt.eventlog.replay import replay_table
@@ -134,58 +135,104 @@ def test_split_aggregate_gives_plain_sparks_answer(spark):
     assert split.final_frame(waves[-1]).count() == 0 == fn(df.where("id < 0")).count()
 
 
-def test_map_side_is_sparks_map_stage_only_where_a_merge_of_buffers_is_the_answer(spark):
-    """The seam's cut below the exchange: each task's partial aggregates of its own input
-    partition, which merged with the same functions give plain Spark's rows; refused (None)
-    where the buffer is not the result, or the plan does more than aggregate."""
-    from spark_ckpt.sparkapi import frame_api
+def test_map_side_is_sparks_map_stage_only_where_a_merge_of_buffers_is_the_answer(
+        spark, tmp_path):
+    """The seam's cut below the exchange: each task's partial aggregates of the files it
+    reads (named for each task, so its split is known), which merged with the same functions
+    give plain Spark's rows; refused (None) where the buffer is not the result, the plan does
+    more than aggregate, or the map side reads anything but files."""
+    from spark_ckpt.sources.job_inputs import normalize_path
+    from spark_ckpt.sparkapi import empty_frame, frame_api
     from spark_ckpt.session import session_conf
 
-    # three reads of one partition each, unioned, as a wave reads its splits
-    reads = [spark.range(i * 1000, (i + 1) * 1000, 1, 2).coalesce(1) for i in range(3)]
-    rows = reads[0].union(reads[1]).union(reads[2]).selectExpr(
-        "id % 7 AS k", "id % 5 AS x", "CAST(id AS DOUBLE) / 3 AS v")
-    # (an aggregate written twice is computed once: both columns are its buffer)
-    good = rows.groupBy("k", "x").agg(F.count("*").alias("n"), F.sum("v").alias("s"),
-                                      F.min("v").alias("lo"), F.max("x").alias("hi"),
-                                      F.count("*").alias("n2"))
-    refused = [rows.groupBy("k").agg(F.avg("v")),  # (sum, count): not its result
-               rows.groupBy("k").agg(F.expr("try_sum(CAST(v AS BIGINT))")),  # (sum, isEmpty)
-               rows.groupBy("k").agg(F.sum("v").alias("s")).orderBy("k"),
-               rows.groupBy("k").agg((F.sum("v") * 2).alias("s")),
-               rows.groupBy("k").agg(F.collect_list("v")),
-               rows.groupBy("k").agg(F.sum(F.col("v").cast("decimal(12,2)")))]
+    files = []
+    for i in range(3):  # three files of 1000 rows
+        spark.range(i * 1000, (i + 1) * 1000, 1, 1).write.parquet(str(tmp_path / f"f{i}"))
+        files.append(next(str(f) for f in (tmp_path / f"f{i}").glob("*.parquet")))
+
+    def rows_of(df):
+        return df.selectExpr("id % 7 AS k", "id % 5 AS x", "CAST(id AS DOUBLE) / 3 AS v")
+
+    def aggregated(df):  # (an aggregate written twice is computed once: both its buffer)
+        return rows_of(df).groupBy("k", "x").agg(
+            F.count("*").alias("n"), F.sum("v").alias("s"), F.min("v").alias("lo"),
+            F.max("x").alias("hi"), F.count("*").alias("n2"))
+
+    def merged(df):
+        return df.groupBy("k", "x").agg(F.sum("n").alias("n"), F.sum("s").alias("s"),
+                                        F.min("lo").alias("lo"), F.max("hi").alias("hi"),
+                                        F.sum("n2").alias("n2"))
+
+    whole = str(1 << 40)
     with session_conf(spark, "spark.sql.adaptive.enabled", "false"), \
-            session_conf(spark, "spark.sql.unionOutputPartitioning", "false"):
+            session_conf(spark, "spark.sql.unionOutputPartitioning", "false"), \
+            session_conf(spark, "spark.sql.files.maxPartitionBytes", whole):
+        # (a) a union of one-file reads (a split's scan each) and an empty split's frame
+        union = spark.read.parquet(files[0]).union(spark.read.parquet(files[2])).union(
+            empty_frame(spark, spark.read.parquet(files[0]).schema).coalesce(1)).union(
+            spark.read.parquet(files[1]))
+        good = aggregated(union)
         api = frame_api(good)
         assert api.map_side_plan(good)
-        assert api.map_side(good, 4) is None  # not one task a partition asked for
-        plain = spark.range(0, 3000, 1, 3).selectExpr("id % 7 AS k").groupBy("k").count()
-        assert api.map_side_plan(plain) and api.map_side(plain, 3) is None  # not one read a task
-        found = api.map_side(good, 3)
-        assert found is not None and found[1] == 1
-        mapped = found[0]
-        assert mapped.columns == good.columns and mapped.rdd.getNumPartitions() == 3
-        merged = mapped.groupBy("k", "x").agg(F.sum("n").alias("n"), F.sum("s").alias("s"),
-                                              F.min("lo").alias("lo"), F.max("hi").alias("hi"),
-                                              F.sum("n2").alias("n2"))
-        assert mapped.count() > merged.count() == good.count()  # each task's own groups
-        assert_same_rows(merged.toPandas(), good.toPandas())
+        found = api.map_side(good)
+        assert found is not None
+        mapped, reads = found
+        assert [[normalize_path(f) for f in r] for r in reads] == \
+            [[normalize_path(files[0])], [normalize_path(files[2])], [], [normalize_path(files[1])]]
+        assert mapped.columns == good.columns and mapped.rdd.getNumPartitions() == 4
+        # each task's own groups: task t's partials are exactly those of its files' rows
+        per_task = mapped.rdd.mapPartitions(lambda it: [sum(r.n for r in it)]).collect()
+        assert per_task == [1000, 1000, 0, 1000]
+        assert mapped.count() > merged(mapped).count() == good.count()
+        assert_same_rows(merged(mapped).toPandas(), good.toPandas())
+        # (b) one scan of the three files, a file a task (its open cost a whole partition):
+        # the stage plain Spark runs, the files of each task named
+        with session_conf(spark, "spark.sql.files.openCostInBytes", whole):
+            one = aggregated(spark.read.parquet(*files))
+            found = frame_api(one).map_side(one)
+            assert found is not None and len(found[1]) == 3
+            assert sorted(normalize_path(f) for r in found[1] for f in r) == \
+                sorted(normalize_path(f) for f in files)
+            assert all(len(r) == 1 for r in found[1])
+            sums = found[0].rdd.mapPartitions(lambda it: [sum(r.n for r in it)]).collect()
+            assert sums == [1000, 1000, 1000]
+            assert_same_rows(merged(found[0]).toPandas(), one.toPandas())
+        # (c) a scan Spark packs into one task (no open cost): one task, both files named
+        with session_conf(spark, "spark.sql.files.openCostInBytes", "0"), \
+                session_conf(spark, "spark.sql.files.minPartitionNum", "1"):
+            packed = aggregated(spark.read.parquet(files[0], files[1]))
+            found = frame_api(packed).map_side(packed)
+        assert found is not None and len(found[1]) == 1 and len(found[1][0]) == 2
+        # refused: not a merge of buffers, more than an aggregation, not files
+        rows = rows_of(union)
+        refused = [rows.groupBy("k").agg(F.avg("v")),  # (sum, count): not its result
+                   rows.groupBy("k").agg(F.expr("try_sum(CAST(v AS BIGINT))")),  # (sum, isEmpty)
+                   rows.groupBy("k").agg(F.sum("v").alias("s")).orderBy("k"),
+                   rows.groupBy("k").agg((F.sum("v") * 2).alias("s")),
+                   rows.groupBy("k").agg(F.collect_list("v")),
+                   rows.groupBy("k").agg(F.sum(F.col("v").cast("decimal(12,2)")))]
         for df in refused:
             assert not api.map_side_plan(df), df
-            assert api.map_side(df, 3) is None
+            assert api.map_side(df) is None
+        ranged = spark.range(0, 3000, 1, 3).selectExpr("id % 7 AS k").groupBy("k").count()
+        assert api.map_side_plan(ranged) and api.map_side(ranged) is None  # no files read
         # two aggregations of one input, tagged and unioned (as SplitSet writes them): a map
-        # stage each, partition t of the answer is input partition t % 3 of branch t // 3
+        # stage each, their tasks in turn (Spark runs a stage's tasks in partition order: a
+        # split's two tasks end together, not the second after every first)
         by_x = rows.groupBy("x").agg(F.count("*").alias("n"))
         both = good.select("k", "x", "n", F.lit(0).alias("tag")).unionByName(
             by_x.select("x", "n", F.lit(1).alias("tag")), allowMissingColumns=True)
         assert api.map_side_plan(both)
-        found = api.map_side(both, 3)
-        assert found is not None and found[1] == 2
+        found = api.map_side(both)
+        assert found is not None and len(found[1]) == 8
+        assert found[1] == [r for r in reads for _ in range(2)]
         parts = found[0].rdd.mapPartitions(lambda it: [sorted({r.tag for r in it})]).collect()
-        assert parts == [[0]] * 3 + [[1]] * 3
-        merged = found[0].groupBy("tag", "k", "x").agg(F.sum("n").alias("n"))
-        assert sorted(map(repr, merged.select(*both.columns).collect())) == \
+        assert parts == [[0], [1]] * 2 + [[], []] + [[0], [1]]
+        # (the other aggregation's columns are nulls: the schema says so)
+        assert [f.nullable for f in found[0].schema.fields] == \
+            [f.nullable for f in both.schema.fields]
+        again = found[0].groupBy("tag", "k", "x").agg(F.sum("n").alias("n"))
+        assert sorted(map(repr, again.select(*both.columns).collect())) == \
             sorted(map(repr, both.collect()))
     assert frame_api(good).map_side_plan(good)  # planned under adaptive execution too
 
@@ -473,12 +520,14 @@ def test_the_cut_is_the_aggregations_exchange_whatever_follows_it(
     the cut is still the aggregations' partials, per wave of enriched's splits (both
     aggregations' in one unit for (g)), and the output is plain Spark's."""
     out, work = str(tmp_path / "out"), str(tmp_path / "work")
-    # 5,000 rows a split here: a wave's partials hardly reduce it (millions of rows would);
-    # waves of 3 splits (read one task a split, unioned)
+    # 5,000 rows a file here: a wave's partials hardly reduce it (millions of rows would);
+    # waves of 3 splits. (g) reads its 8 files as 4 splits of 2 (each split a scan of its
+    # own, one task, unioned); the others a file a split (one scan, a file a task)
     settings = dataclasses.replace(SETTINGS, batch_cut_max_percent=400,
                                    batch_partitions_per_wave=3)
+    splits = 4 if shape == "two_aggregations" else 8
     job = shapes.build(shape, BatchJob(shape, spark=spark, work_dir=work, settings=settings),
-                       str(shape_input / "report"), out, parallelism=4)
+                       str(shape_input / "report"), out, parallelism=4, splits=splits)
     plan = job.explain(show=False)
     partial = plan.cuts[f"{shape}-partial"]
     assert partial.durable and plan.cuts["enriched"].partial, str(plan)
@@ -487,7 +536,8 @@ def test_the_cut_is_the_aggregations_exchange_whatever_follows_it(
     assert f"{shape} then runs " in partial.reason and after in \
         partial.reason.split(f"{shape} then runs ")[1], str(plan)
     result = job.run()
-    assert {v: s.ran for v, s in result.vertices.items()} == {f"{shape}-partial": 8, shape: 4}
+    assert {v: s.ran for v, s in result.vertices.items()} == \
+        {f"{shape}-partial": splits, shape: 4}
     assert_same_rows(_load(f"{out}/{shape}"),
                      _load(f"{plain_output(spark, shape, shape_input, tmp_path)}/{shape}"))
     # each split's partials are its own task's file (one an aggregation), not a wave's
@@ -495,10 +545,18 @@ def test_the_cut_is_the_aggregations_exchange_whatever_follows_it(
     replayed = replay_table(read_table(storage, job_paths(storage, shape)["events"])[0])
     kept = {p: f for (v, p), f in replayed.finished.items() if v == f"{shape}-partial"}
     aggregations = 2 if shape == "two_aggregations" else 1
-    assert sorted(kept) == list(range(8)) and not any(f.shared for f in kept.values())
+    assert sorted(kept) == list(range(splits)) and not any(f.shared for f in kept.values())
     assert all(len(f.outputs) == aggregations for f in kept.values()), \
         [len(f.outputs) for f in kept.values()]
-    assert len({o.path for f in kept.values() for o in f.outputs}) == 8 * aggregations
+    assert len({o.path for f in kept.values() for o in f.outputs}) == splits * aggregations
+    # the waves were Spark's map stages alone: a task a split (and aggregation), 3 splits a
+    # wave, one stage a wave besides broadcasts' one-task stages
+    tracker = spark.sparkContext.statusTracker()
+    for number, wave in enumerate(map(len, waves_of(list(range(splits)), 3, ramp=False))):
+        jobs = tracker.getJobIdsForGroup(f"spark_ckpt-{shape}-a1-{shape}-partial-u{number}")
+        stages = [tracker.getStageInfo(s) for j in jobs for s in tracker.getJobInfo(j).stageIds]
+        ran = [i.numTasks for i in stages if i is not None and i.numCompletedTasks]
+        assert [t for t in ran if t > 1] == [wave * aggregations], (number, ran)
 
 
 def test_cut_rules_and_settings_by_hand(spark, shape_input, tmp_path):

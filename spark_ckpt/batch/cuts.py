@@ -165,14 +165,16 @@ class Sampler:
                  input_bytes: Callable[[str, int | None], int | None],
                  input_rows: Callable[[str, int], int | None],
                  limit: int | None = None,
-                 compute_rows: Callable[[str, int, int | None], DataFrame] | None = None
+                 compute_rows: Callable[..., DataFrame] | None = None
                  ) -> None:
         self.compute = compute  # (vertex id, partitions) -> its output, computed inline
         self.input_bytes = input_bytes  # (vertex id, partition or None) -> bytes on disk
         self.input_rows = input_rows  # (source id, split) -> rows, from footers (or None)
         self.limit = limit  # compute reads at most this many rows of a source split
-        # (vertex id, split, rows) -> its output over the split's first rows (rows None: all
-        # of them); None: only ``compute``'s sample, and a wave's partials are not estimated
+        # (vertex id, split, rows, fraction=None) -> its output over the split's first rows
+        # (rows None: all of them), or over a seeded random ``fraction`` of the split's rows
+        # (sampled as read, before the chain's functions); None: only ``compute``'s sample,
+        # and a wave's partials are not estimated
         self.compute_rows = compute_rows
 
     def ratio(self, output: DataFrame, source_id: str) -> float:
@@ -211,12 +213,14 @@ def planner_sampler(runner: Any, splits: dict[str, list[Any]]) -> Sampler:
             store = Storage(path)
             rows += pq.read_metadata(store.root, filesystem=store.fs).num_rows
         return rows
-    def compute_rows(vertex_id: str, split: int, rows: int | None) -> DataFrame:
-        before, runner.sample_rows = runner.sample_rows, rows  # (read as its source frame
-        try:  # is built; None: the whole split)
+    def compute_rows(vertex_id: str, split: int, rows: int | None,
+                     fraction: float | None = None) -> DataFrame:
+        before = runner.sample_rows, runner.sample_fraction
+        runner.sample_rows, runner.sample_fraction = rows, fraction  # (read as its source
+        try:  # frame is built; both None: the whole split)
             return runner.compute_inline(vertex_id, [split])
         finally:
-            runner.sample_rows = before
+            runner.sample_rows, runner.sample_fraction = before
 
     runner.sample_rows = SAMPLE_ROWS
     return Sampler(runner.compute_inline, input_bytes, input_rows, SAMPLE_ROWS, compute_rows)
@@ -601,10 +605,11 @@ def _wave_estimate(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: 
         return split.group_counts(_consumer_over(graph, vertex, consumer_id, sampler, rows))
 
     # the first split's first rows, and a random sample of the last split (files sorted or
-    # clustered by the key hold only their first keys in their first rows); a fixed seed
+    # clustered by the key hold only their first keys in their first rows); a fixed seed,
+    # sampled as the split is read (the chain's joins run on the sample alone)
     first = group_counts(sampler.compute_rows(vertex.id, 0, half))
     fraction = min(1.0, half / last_rows)
-    sampled = sampler.compute_rows(vertex.id, last, None).sample(False, fraction, seed=17)
+    sampled = sampler.compute_rows(vertex.id, last, None, fraction)
     groups, split_groups, whys, recur = 0.0, 0.0, [], False
     for a, b in zip(first, group_counts(sampled), strict=True):  # one job per aggregation
         stats = group_stats(a, b)

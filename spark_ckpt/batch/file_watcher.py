@@ -6,9 +6,9 @@ without one (an empty partition); written positionally, partition ``parts[i]``'s
 ``part-0000i-*`` (:func:`spark_ckpt.batch.planning.writes_positionally`). Partitioned sink
 writes, whose tasks move several files, count only when their Spark job ended. Split mode:
 every partition of the wave, when the last write ended; but a wave of map-side partial
-aggregates, whose task *i* reads split ``parts[i % len(parts)]`` alone (one task per split and
-aggregation of the function), is recorded positionally, as hash mode is, once every task of
-the split has its file. Each write a unit makes is a
+aggregates, each of whose tasks reads files of one split (``task_parts``: several tasks a
+split where the function aggregates its input several ways, or a split has several files),
+records a split once every task of it has its file. Each write a unit makes is a
 :class:`UnitWrite`: the directory only it writes, watched here.
 
 Thread ownership: a :class:`FileWatcher` belongs to the thread writing its unit; with per-task
@@ -70,7 +70,7 @@ class FileWatcher:
     def __init__(self, job: Attempt, schemas: dict[str, str], progress: JobProgress,
                  vertex: JobVertex, parts: list[int], writes: list[UnitWrite],
                  executions: dict[int, Any], started_ms: int,
-                 positional: bool = False, split_tasks: int = 0) -> None:
+                 positional: bool = False, task_parts: list[int] | None = None) -> None:
         self.job = job
         self.schemas = schemas  # the output schema (JSON) of each vertex
         self.progress = progress
@@ -83,10 +83,14 @@ class FileWatcher:
         self.recorded: set[int] = set()
         self.hash = hash_mode(vertex)
         # each task's file holds one partition: the partition's own (not a wave's, shared);
-        # map-side partials: ``split_tasks`` tasks a partition, task i partition
-        # parts[i % len(parts)] (one task an aggregation of the function)
-        self.split_tasks = split_tasks
-        self.own_files = self.hash or split_tasks > 0
+        # map-side partials: task i computes partition task_parts[i] (-1: none, it reads no
+        # file), a partition as many tasks as read its files
+        self.task_parts = task_parts
+        self.tasks_of = {p: 0 for p in parts}
+        for p in task_parts or ():
+            if p in self.tasks_of:
+                self.tasks_of[p] += 1
+        self.own_files = self.hash or task_parts is not None
         self.per_task = self.own_files and commits_per_task(job.spark)
         self._footers: dict[str, tuple[int, int]] = {}
         self._linked: set[str] = set()  # mirror files in place (a wave's, once for the wave)
@@ -94,11 +98,10 @@ class FileWatcher:
     def _partition_of(self, index: int | None) -> int | None:
         """The partition Spark partition ``index`` of a write holds (None: not a task's file;
         -1: none, a Spark partition past the positional layout's, which never has rows)."""
+        if index is not None and self.task_parts is not None:
+            return self.task_parts[index] if index < len(self.task_parts) else -1
         if index is None or not self.positional:
             return index
-        if self.split_tasks:
-            return self.parts[index % len(self.parts)] \
-                if index < self.split_tasks * len(self.parts) else -1
         return self.parts[index] if index < len(self.parts) else -1
 
     def _listing(self) -> list[list[tuple[str, int | None]]]:
@@ -177,20 +180,26 @@ class FileWatcher:
         done = [w.done for w in self.writes]
         listing = self._listing()
         by_write: list[dict[int, list[str]]] = []
+        tasks: list[dict[int, set[int | None]]] = []  # the tasks whose files are in place
         for w, ended, listed in zip(self.writes, done, listing, strict=True):
             files: dict[int, list[str]] = {}
+            seen: dict[int, set[int | None]] = {}
             if ended or (self.per_task and not w.partition_by):
                 for path, index in listed:
                     p = self._partition_of(index)
                     if p is not None:
                         files.setdefault(p, []).append(path)
+                        seen.setdefault(p, set()).add(index)
             by_write.append(files)
+            tasks.append(seen)
         for p in self.parts:
             if p in self.recorded:
                 continue
-            # (a task that wrote no rows has no file: its partition waits for the write's end)
-            ready = all(ended or len(files.get(p, ())) >= max(1, self.split_tasks)
-                        for ended, files in zip(done, by_write, strict=True))
+            # (a task that wrote no rows has no file: its partition waits for the write's end;
+            # tasks, not files, are counted: a task may roll its output over several files,
+            # all in place when it commits)
+            ready = all(ended or len(seen.get(p, ())) >= max(1, self.tasks_of[p])
+                        for ended, seen in zip(done, tasks, strict=True))
             if ready:
                 self._record(p, [(w, path) for w, files in zip(self.writes, by_write,
                                                                  strict=True)
@@ -199,7 +208,7 @@ class FileWatcher:
     def finish(self) -> None:
         """Record the unit's partitions once every write ended."""
         if self.own_files:
-            if self.hash:
+            if self.hash or self.task_parts is not None:
                 self.check_attribution()
             self.record_visible()  # every write has ended: the rest, empty ones included
             return
@@ -219,6 +228,12 @@ class FileWatcher:
                 p = self._partition_of(index)
                 if p is not None and p not in running and self._footer(path)[1]:
                     which = f"partition {p}" if p >= 0 else "a partition"
+                    if self.task_parts is not None:  # spark_ckpt's own mapping is wrong
+                        raise TaskExecutionError(
+                            f"vertex {self.vertex.id}: map task {index} of partitions "
+                            f"{self.parts[0]}..{self.parts[-1]} wrote rows of {which}, which "
+                            "it reads no file of (a scheduling bug; nothing was recorded "
+                            "for it)")
                     raise TaskExecutionError(
                         f"vertex {self.vertex.id}: rows of {which}, which is not "
                         f"running, came out of partitions {self.parts[0]}..{self.parts[-1]}; the "

@@ -99,19 +99,19 @@ class UnitWriter:
               writes: list[UnitWrite], executions: dict[int, Any], started_ms: int,
               keep: DataFrame | None = None,
               operations: list[str] | None = None, positional: bool = False,
-              split_tasks: int = 0) -> None:
+              task_parts: list[int] | None = None) -> None:
         """Run ``writes`` of ``df`` (``parts`` of ``vertex``) and record the partitions as
         their files appear; ``keep``: the frame persisted on the server meanwhile;
         ``operations``: the ids the writes' operations take (the unit's record);
-        ``split_tasks``: that many tasks compute each partition (map-side partials: task *i*
-        partition ``parts[i % len(parts)]``), recorded when their files are in place."""
+        ``task_parts``: the partition each Spark task computes (map-side partials: several
+        tasks may compute one, from its files), recorded when all of their files are in
+        place."""
         from pyspark.storagelevel import StorageLevel
 
         for execution in executions.values():
             execution.machine.move_to(ExecutionState.RUNNING)
         tracker = FileWatcher(self.job, self.frames.schemas, self.progress, vertex, parts,
-                              writes, executions, started_ms, positional or split_tasks > 0,
-                              split_tasks)
+                              writes, executions, started_ms, positional, task_parts)
         cached = sum(w.mirror_of is None for w in writes) > 1 and keep is None
         if cached:
             df = df.persist()

@@ -58,8 +58,10 @@ class VertexFrames:
         # schema, so a vertex's plan shows its own exchanges only. Nothing is written.
         self.planning: str | None = None
         self.sample_rows: int | None = None  # planning: read at most this many rows a source
-        # While a vertex of map-side partial aggregates runs (VertexRunner): a file source's
-        # splits are read one Spark partition each, in order (task i reads parts[i]).
+        # planning: read this fraction of a source's rows (a seeded random sample) instead
+        self.sample_fraction: float | None = None
+        # While a vertex of map-side partial aggregates whose splits have several files runs
+        # (VertexRunner): a file source's splits are read one Spark partition each, in order.
         self.split_tasks = False
         self._plain = threading.local()  # this thread reads sources as the function sees them
         # durable exchanges' catalog tables
@@ -168,8 +170,11 @@ class VertexFrames:
 
     def _source_frame(self, vertex: JobVertex, parts: list[int] | None) -> DataFrame:
         df = self._source_rows(vertex, parts)
-        if self.planning == "inline" and self.sample_rows is not None and parts is not None:
-            df = df.limit(self.sample_rows)
+        if self.planning == "inline" and parts is not None:
+            if self.sample_fraction is not None:  # before the chain's joins: they run on it
+                df = df.sample(False, self.sample_fraction, seed=17)
+            elif self.sample_rows is not None:
+                df = df.limit(self.sample_rows)
         return df
 
     def _source_rows(self, vertex: JobVertex, parts: list[int] | None) -> DataFrame:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.batch.adoption import Adoption
 from spark_ckpt.batch.arrangement import Arrangement
+from spark_ckpt.batch.cuts import split_source
 from spark_ckpt.batch.lineage import Lineages
 from spark_ckpt.batch.planning import check_reads, hash_mode, run_units
 from spark_ckpt.batch.unit_writer import UnitWriter
@@ -53,6 +54,7 @@ from spark_ckpt.batch.vertex_frames import VertexFrames
 from spark_ckpt.errors import TaskExecutionError
 from spark_ckpt.execution.attempt_states import ExecutionState
 from spark_ckpt.session import session_conf
+from spark_ckpt.sources.job_inputs import normalize_path
 from spark_ckpt.sparkapi import is_connect, spark_api
 
 if TYPE_CHECKING:
@@ -83,6 +85,7 @@ class VertexRunner:
         self.arrangement = Arrangement(job, self.frames, self.lineages)
         self.writer = UnitWriter(job, self.frames, self.lineages, sinks, progress)
         self.adoption = Adoption(job, self.frames, self.lineages, self.writer, progress)
+        self._map_side: str | None = None  # the vertex running as map-side partials, if any
 
     # -- planning (batch.cuts, BatchJob.explain): see VertexFrames ---------------------------
     @property
@@ -100,6 +103,14 @@ class VertexRunner:
     @sample_rows.setter
     def sample_rows(self, rows: int | None) -> None:
         self.frames.sample_rows = rows
+
+    @property
+    def sample_fraction(self) -> float | None:
+        return self.frames.sample_fraction
+
+    @sample_fraction.setter
+    def sample_fraction(self, fraction: float | None) -> None:
+        self.frames.sample_fraction = fraction
 
     @property
     def tables(self) -> BucketedTables:
@@ -164,27 +175,37 @@ class VertexRunner:
         but its waves is planned meanwhile (one vertex at a time), and a session that
         refuses them keeps its own (the waves then run as before).
 
-        And, planned so (no bucketed layout: batch.cuts chose map-side partials), each
-        source split read as one Spark partition (:attr:`VertexFrames.split_tasks`): a wave
-        then runs as Spark's map stage alone, task *i* writing split ``parts[i]``'s partials
-        (:meth:`SparkApi.map_side <spark_ckpt.sparkapi.SparkApi.map_side>`)."""
+        And, planned so (no bucketed layout: batch.cuts chose map-side partials), the wave
+        runs as Spark's map stage alone (:meth:`SparkApi.map_side
+        <spark_ckpt.sparkapi.SparkApi.map_side>`), each task's partials durable when every
+        task reading the files of its split committed (:meth:`_task_parts`). Where every split
+        is one file, the source is one scan of them with a file a task (its open cost as
+        large as a partition: Spark packs no two files into one task, and cuts none), so the
+        stage is the one plain Spark runs; where a split has several files, each split is a
+        scan of its own, one partition (a union of them costs a row boundary between the
+        scans' codegen stage and the aggregation's: +8% task time on shape (f))."""
         if vertex.partial_of is None:
             return contextlib.nullcontext()
         consumer = self.graph.vertices[vertex.partial_of]
         stack = contextlib.ExitStack()
         if vertex.map_side and self.job.settings.batch_map_side_partials and \
                 not is_connect(self.spark):  # planned so (batch.cuts)
-            self.frames.split_tasks = True
-            stack.callback(setattr, self.frames, "split_tasks", False)
-            # a union of single-partition reads keeps one partition a read (Spark 4.1+
-            # would report the union single-partition, and run it as one task)
-            stack.enter_context(session_conf(self.spark, "spark.sql.unionOutputPartitioning",
-                                             "false", required=False))
-            # a split's scan is one partition: its files in one task, none cut (splits over
-            # MAP_SIDE_MAX_SPLIT_BYTES are not planned map-side). Not a coalesce(1): its row
-            # boundary between the scan's codegen stage and the aggregation's cost 10-15%
-            for key, value in (("spark.sql.files.maxPartitionBytes", str(1 << 40)),
-                               ("spark.sql.files.minPartitionNum", "1")):
+            self._map_side = vertex.id
+            stack.callback(setattr, self, "_map_side", None)
+            splits = self.frames.splits.get(split_source(self.graph, vertex), [])
+            whole = str(1 << 40)  # no file cut (splits over MAP_SIDE_MAX_SPLIT_BYTES are not
+            # planned map-side)
+            settings = [("spark.sql.files.maxPartitionBytes", whole),
+                        ("spark.sql.files.minPartitionNum", "1")]
+            if all(len(split) <= 1 for split in splits):
+                settings.append(("spark.sql.files.openCostInBytes", whole))
+            else:
+                self.frames.split_tasks = True
+                stack.callback(setattr, self.frames, "split_tasks", False)
+                # a union of single-partition reads keeps one partition a read (Spark 4.1+
+                # would report the union single-partition, and run it as one task)
+                settings.append(("spark.sql.unionOutputPartitioning", "false"))
+            for key, value in settings:
                 stack.enter_context(session_conf(self.spark, key, value, required=False))
         stack.enter_context(session_conf(self.spark, "spark.sql.adaptive.enabled", "false",
                                          required=False))
@@ -225,22 +246,25 @@ class VertexRunner:
                            owner=job.owner_tag):
             df, keep, positional = self.arrangement.for_unit(vertex, parts)
             self.frames.schemas[vertex.id] = df.schema.json()
-            # map-side partials: task i writes partition parts[i % n]'s (of aggregation
-            # i // n, where the function aggregates its input several ways), durable when
-            # its tasks committed
-            mapped = None
-            if self.frames.split_tasks:
+            # map-side partials: each task writes the partials of the files it reads, its
+            # split's, durable when every task of the split committed
+            mapped, task_parts = None, None
+            if self._map_side == vertex.id:
                 try:
-                    mapped = api.map_side(df, len(parts))
+                    mapped = api.map_side(df)
+                    if mapped is not None:
+                        task_parts = self._task_parts(vertex, parts, mapped[1])
                 except Exception as exc:  # noqa: BLE001 - Spark's internals refused: merge
                     log.warning("Job %s attempt %d: vertex %s: no map stage cut from the plan "
                                 "(%s): the wave merges its partials", job.run_id, job.attempt,
                                 vertex.id, str(exc).splitlines()[0][:300] if str(exc) else
                                 type(exc).__name__)
-            if self.frames.split_tasks:
+                if task_parts is None:
+                    mapped = None
                 log.info("Job %s attempt %d: vertex %s partitions %d..%d: %s", job.run_id,
                          job.attempt, vertex.id, parts[0], parts[-1],
-                         "map-side partials, one task a split" if mapped is not None else
+                         f"map-side partials, {len(task_parts)} tasks for {len(parts)} splits"
+                         if task_parts is not None else
                          "partials merged per wave (no map stage to cut from the plan)")
             tag = f"a{job.attempt}-u{number}-{uuid.uuid4().hex[:8]}"
             writes = self.writer.writes(vertex, number, tag, bucketed=mapped is None)
@@ -249,4 +273,25 @@ class VertexRunner:
                                                    positional)
             self.writer.write(vertex, parts, df if mapped is None else mapped[0], writes,
                               executions, started_ms, keep, operations, positional,
-                              split_tasks=0 if mapped is None else mapped[1])
+                              task_parts=task_parts)
+
+    def _task_parts(self, vertex: JobVertex, parts: list[int],
+                    reads: list[tuple[str, ...]]) -> list[int] | None:
+        """For each task of a map-side wave, the split of ``parts`` whose partials it writes
+        (-1: it reads no file, so writes no rows), from the files it reads; None (the wave
+        merges its partials instead) when a task reads files of two splits, or a file of no
+        split of the wave."""
+        splits = self.frames.splits.get(split_source(self.graph, vertex), [])
+        owner = {normalize_path(path): p for p in parts if p < len(splits)
+                 for path, _ in splits[p]}
+        out = []
+        for task, files in enumerate(reads):
+            found = {owner.get(normalize_path(f), -2) for f in files}
+            if len(found) > 1 or -2 in found:
+                log.warning("Job %s attempt %d: vertex %s: map task %d reads %s, not one "
+                            "split's files of partitions %d..%d", self.job.run_id,
+                            self.job.attempt, vertex.id, task, list(files)[:3], parts[0],
+                            parts[-1])
+                return None
+            out.append(found.pop() if found else -1)
+        return out

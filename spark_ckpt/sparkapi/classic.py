@@ -175,23 +175,48 @@ def _streamed(plan: Any) -> Any:
     return children[0] if len(children) == 1 else None
 
 
-def _one_task_a_read(plan: Any, tasks: int) -> bool:
-    """True when the map side ``plan`` streams from ``tasks`` reads of one partition each,
-    in order: a union of ``tasks`` file scans of one partition each or single-partition
-    coalesces (one, alone), each under only row-by-row nodes, so task *i* computes read *i*
-    alone. Builds the scans' RDDs (their partitions as this session's settings cut them)."""
+def _task_reads(plan: Any) -> list[tuple[str, ...]] | None:
+    """The files each task of the map side ``plan`` reads, in task order, when its rows
+    stream from file scans alone under row-by-row nodes: a scan (a task per file partition
+    of it, as this session's settings cut them), a union of such reads (its tasks are theirs,
+    in order), or a coalesce into one partition (one task: every file below it; an empty
+    range, none). None: any other read. Builds the scans' RDDs."""
     node = plan
     while node is not None:
         kind = _kind(node)
         if kind == "UnionExec":
-            children = _seq(node.children())
-            return len(children) == tasks and all(_one_task_a_read(c, 1) for c in children)
+            out: list[tuple[str, ...]] = []
+            for child in _seq(node.children()):
+                reads = _task_reads(child)
+                if reads is None:
+                    return None
+                out.extend(reads)
+            return out
         if kind == "CoalesceExec":
-            return tasks == 1 and int(node.numPartitions()) == 1
+            if int(node.numPartitions()) != 1:
+                return None
+            below = _task_reads(node.child())
+            return None if below is None else [tuple(f for task in below for f in task)]
         if kind == "FileSourceScanExec":
-            return tasks == 1 and int(node.inputRDD().getNumPartitions()) == 1
+            return _scan_reads(node)
+        if kind == "RangeExec" and int(node.start()) == int(node.end()):
+            return []  # no rows (an empty split's frame)
         node = _streamed(node)
-    return False
+    return None
+
+
+def _scan_reads(scan: Any) -> list[tuple[str, ...]] | None:
+    """The files of each partition of a file scan (None: not file partitions)."""
+    partitions = scan.inputRDD().partitions()
+    out = []
+    for i in range(len(partitions)):
+        partition = partitions[i]
+        if _kind(partition) != "FilePartition":
+            return None
+        files = partition.files()
+        out.append(tuple(str(files[j].filePath().toPath().toString())
+                         for j in range(len(files))))
+    return out
 
 
 def _final_aggregate(plan: Any) -> tuple[Any, list[int | str]] | None:
@@ -355,32 +380,67 @@ class ClassicSpark:
         plan = df._jdf.queryExecution().executedPlan()
         return _map_branches(plan, planning=True) is not None
 
-    def map_side(self, df: DataFrame, tasks: int) -> tuple[DataFrame, int] | None:
+    def map_side(self, df: DataFrame) -> tuple[DataFrame, list[tuple[str, ...]]] | None:
         from pyspark.sql import DataFrame as PyDataFrame
         from pyspark.sql import functions as F
 
         branches = _map_branches(df._jdf.queryExecution().executedPlan())
         if branches is None or any(len(c) != len(df.columns) for _, c in branches):
             return None
-        if not all(_one_task_a_read(child, tasks) for child, _ in branches):
-            return None
-        frames = []
+        frames, reads = [], []
         for child, columns in branches:
-            rows = child.execute()  # builds the map stage's RDD (and waits for its broadcasts)
-            if int(rows.getNumPartitions()) != tasks:
+            found = _task_reads(child)
+            if found is None:
                 return None
+            rows = child.execute()  # builds the map stage's RDD (and waits for its broadcasts)
+            if int(rows.getNumPartitions()) != len(found):
+                return None
+            reads.extend(found)
             jdf = self.spark._jsparkSession.internalCreateDataFrame(rows, child.schema(), False)
             mapped = PyDataFrame(jdf, self.spark)
             mapped = mapped.toDF(*[f"c{i}" for i in range(len(mapped.columns))])
             frames.append(mapped.select(*[
                 (F.col(f"c{c}") if isinstance(c, int) else F.expr(c)).alias(name)
                 for c, name in zip(columns, df.columns, strict=True)]))
+        same = [(f.dataType, g.dataType) for frame in frames
+                for f, g in zip(frame.schema.fields, df.schema.fields, strict=True)]
+        if not all(a == b for a, b in same):
+            return None
+        if len(frames) > 1 and len(reads) % len(frames) == 0:
+            return self._interleaved(frames, reads, df._jdf.schema())
         out = frames[0]
         for frame in frames[1:]:
             out = out.union(frame)
-        same = [(f.dataType, g.dataType) for f, g in zip(out.schema.fields, df.schema.fields,
-                                                          strict=True)]
-        return (out, len(frames)) if all(a == b for a, b in same) else None
+        return out, reads
+
+    def _interleaved(self, frames: list[DataFrame], reads: list[tuple[str, ...]],
+                     schema: Any) -> tuple[DataFrame, list[tuple[str, ...]]]:
+        """Several aggregations' map stages over the same reads as one frame whose Spark
+        partition ``t * k + b`` is branch *b*'s task *t*: Spark launches a stage's tasks in
+        partition order, so a split's tasks (one an aggregation) finish together, not the
+        last aggregation's after every other's (shape (g): nothing was durable at 60% of
+        the run). Each branch's rows as an RDD, pruned to one partition, unioned in turn;
+        ``schema``: the union's (nullable where any branch is)."""
+        from pyspark.sql import DataFrame as PyDataFrame
+
+        jvm = self.spark._jvm
+        assert jvm is not None
+        k = len(frames)
+        tasks = len(reads) // k
+        rdds = [f._jdf.queryExecution().toRdd() for f in frames]
+        pieces = []
+        for t in range(tasks):
+            keep = jvm.java.util.HashSet()
+            keep.add(t)  # (a Scala set is a function of the partition index)
+            only = jvm.scala.jdk.javaapi.CollectionConverters.asScala(keep)
+            for rdd in rdds:
+                pieces.append(jvm.org.apache.spark.rdd.PartitionPruningRDD.create(rdd, only))
+        context = self.spark._jsparkSession.sparkContext()
+        row = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.InternalRow")
+        union = context.union(self._scala_seq(pieces), jvm.scala.reflect.ClassTag.apply(row))
+        jdf = self.spark._jsparkSession.internalCreateDataFrame(union, schema, False)
+        order = [reads[b * tasks + t] for t in range(tasks) for b in range(k)]
+        return PyDataFrame(jdf, self.spark), order
 
     def replace_plan(self, df: DataFrame, path: tuple[int, ...],
                      replacement: DataFrame) -> DataFrame | None:

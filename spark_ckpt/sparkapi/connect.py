@@ -164,7 +164,7 @@ class ConnectSpark:
     def map_side_plan(self, df: DataFrame) -> bool:
         return False  # a physical plan cannot be cut from a client
 
-    def map_side(self, df: DataFrame, tasks: int) -> tuple[DataFrame, int] | None:
+    def map_side(self, df: DataFrame) -> tuple[DataFrame, list[tuple[str, ...]]] | None:
         return None
 
     def replace_plan(self, df: DataFrame, path: tuple[int, ...],

@@ -121,17 +121,17 @@ class SparkApi(Protocol):
         """True when :meth:`map_side` can cut ``df``'s plan (asked while planning; runs
         nothing)."""
 
-    def map_side(self, df: DataFrame, tasks: int) -> tuple[DataFrame, int] | None:
-        """The rows that enter the shuffle of ``df``'s aggregation: its map stage alone, one
-        task per partition of its input, each task's partial aggregates (Spark's own, from
-        its physical plan), in ``df``'s columns and types; merging them with the same
-        aggregates gives ``df``'s rows. ``df`` may be a union of several such aggregations
-        of one input (each branch's other columns constants): then each has its map stage,
-        and the answer's Spark partition *t* is input partition ``t % tasks`` of branch
-        ``t // tasks``. Returns (the rows, how many branches). None when ``df`` is not such
+    def map_side(self, df: DataFrame) -> tuple[DataFrame, list[tuple[str, ...]]] | None:
+        """The rows that enter the shuffle of ``df``'s aggregation: its map stage alone, each
+        task's partial aggregates (Spark's own, from its physical plan), in ``df``'s columns
+        and types; merging them with the same aggregates gives ``df``'s rows. ``df`` may be a
+        union of several such aggregations of one input (each branch's other columns
+        constants): then each has its map stage, one after the other in the answer's
+        partitions. Returns (the rows, the files each of their Spark partitions reads: task
+        *t* computes the partials of exactly those files' rows). None when ``df`` is not such
         an aggregation (an aggregate whose buffer is not its result, anything after the
-        aggregation, a second shuffle), a map stage would not have ``tasks`` tasks, or this
-        session cannot cut a physical plan (Spark Connect). Runs the plan's broadcasts."""
+        aggregation, a second shuffle), its map side reads anything but files, or this session
+        cannot cut a physical plan (Spark Connect). Runs the plan's broadcasts."""
 
     def session_id(self) -> str | None:
         """The Spark Connect session this client works in; None on a classic session (whose

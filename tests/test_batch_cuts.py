@@ -145,10 +145,14 @@ def test_map_side_is_sparks_map_stage_only_where_a_merge_of_buffers_is_the_answe
     from spark_ckpt.sparkapi import empty_frame, frame_api
     from spark_ckpt.session import session_conf
 
-    files = []
-    for i in range(3):  # three files of 1000 rows
-        spark.range(i * 1000, (i + 1) * 1000, 1, 1).write.parquet(str(tmp_path / f"f{i}"))
+    files, sizes = [], {}
+    for i, (lo, hi) in enumerate([(0, 1000), (1000, 3000), (3000, 6000)]):  # 1000, 2000, 3000
+        spark.range(lo, hi, 1, 1).write.parquet(str(tmp_path / f"f{i}"))
         files.append(next(str(f) for f in (tmp_path / f"f{i}").glob("*.parquet")))
+        sizes[normalize_path(files[-1])] = hi - lo
+
+    def rows_read(reads):  # the rows of the files each task names
+        return [sum(sizes[normalize_path(f)] for f in r) for r in reads]
 
     def rows_of(df):
         return df.selectExpr("id % 7 AS k", "id % 5 AS x", "CAST(id AS DOUBLE) / 3 AS v")
@@ -182,7 +186,7 @@ def test_map_side_is_sparks_map_stage_only_where_a_merge_of_buffers_is_the_answe
         assert mapped.columns == good.columns and mapped.rdd.getNumPartitions() == 4
         # each task's own groups: task t's partials are exactly those of its files' rows
         per_task = mapped.rdd.mapPartitions(lambda it: [sum(r.n for r in it)]).collect()
-        assert per_task == [1000, 1000, 0, 1000]
+        assert per_task == rows_read(reads) == [1000, 3000, 0, 2000]
         assert mapped.count() > merged(mapped).count() == good.count()
         assert_same_rows(merged(mapped).toPandas(), good.toPandas())
         # (b) one scan of the three files, a file a task (its open cost a whole partition):
@@ -195,7 +199,7 @@ def test_map_side_is_sparks_map_stage_only_where_a_merge_of_buffers_is_the_answe
                 sorted(normalize_path(f) for f in files)
             assert all(len(r) == 1 for r in found[1])
             sums = found[0].rdd.mapPartitions(lambda it: [sum(r.n for r in it)]).collect()
-            assert sums == [1000, 1000, 1000]
+            assert sums == rows_read(found[1]) and sorted(sums) == [1000, 2000, 3000]
             assert_same_rows(merged(found[0]).toPandas(), one.toPandas())
         # (c) a scan Spark packs into one task (no open cost): one task, both files named
         with session_conf(spark, "spark.sql.files.openCostInBytes", "0"), \
@@ -228,6 +232,8 @@ def test_map_side_is_sparks_map_stage_only_where_a_merge_of_buffers_is_the_answe
         assert found[1] == [r for r in reads for _ in range(2)]
         parts = found[0].rdd.mapPartitions(lambda it: [sorted({r.tag for r in it})]).collect()
         assert parts == [[0], [1]] * 2 + [[], []] + [[0], [1]]
+        counted = found[0].rdd.mapPartitions(lambda it: [sum(r.n for r in it)]).collect()
+        assert counted == rows_read(found[1])  # each aggregation counts its task's rows
         # (the other aggregation's columns are nulls: the schema says so)
         assert [f.nullable for f in found[0].schema.fields] == \
             [f.nullable for f in both.schema.fields]
@@ -235,6 +241,86 @@ def test_map_side_is_sparks_map_stage_only_where_a_merge_of_buffers_is_the_answe
         assert sorted(map(repr, again.select(*both.columns).collect())) == \
             sorted(map(repr, both.collect()))
     assert frame_api(good).map_side_plan(good)  # planned under adaptive execution too
+
+
+def test_a_split_of_map_side_partials_is_recorded_once_every_task_of_it_committed(
+        spark, tmp_path):
+    """FileWatcher with a task a file: the split of tasks 0 and 1 waits for both files; a
+    split whose tasks are not all in place waits for its write's end; a file of a task that
+    reads no split's file with rows is refused, not dropped. Real Parquet files, named as
+    Spark's tasks name theirs."""
+    import types
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_ckpt.batch.file_watcher import FileWatcher, UnitWrite
+    from spark_ckpt.clock import ManualClock
+    from spark_ckpt.errors import TaskExecutionError
+    from spark_ckpt.execution.job_graph import JobVertex
+
+    recorded = []
+
+    def finished(result):
+        recorded.append((result.partition, sorted(o.path.rsplit("/", 1)[1][:10]
+                                                   for o in result.outputs), result.rows))
+        return True
+
+    job = types.SimpleNamespace(spark=spark, settings=SETTINGS, clock=ManualClock(0),
+                                run_id="j", finished={}, partition_finished=finished)
+    progress = types.SimpleNamespace(advance=lambda vertex_id: None)
+    executions = {p: types.SimpleNamespace(attempt_id=f"e{p}") for p in (4, 5)}
+    out = tmp_path / "unit"
+    out.mkdir()
+
+    def task_file(index, rows):
+        pq.write_table(pa.table({"n": list(range(rows))}),
+                       str(out / f"part-{index:05d}-0f1e-c000.snappy.parquet"))
+
+    def watcher(task_parts):
+        write = UnitWrite("result", "v", str(out))
+        return write, FileWatcher(job, {"v": "{}"}, progress, JobVertex("v", 2), [4, 5],
+                                  [write], executions, 0, task_parts=task_parts)
+
+    write, tracker = watcher([4, 4, 5, 5, -1])  # splits 4 and 5, two tasks each
+    task_file(1, 3)
+    tracker.record_visible()
+    assert recorded == []  # split 4's task 0 has not committed
+    task_file(3, 2)
+    task_file(0, 1)
+    tracker.record_visible()
+    assert recorded == [(4, ["part-00000", "part-00001"], 4)]  # not 5: task 2 is missing
+    write.done = True  # task 2 wrote no rows: its split's rows are task 3's
+    tracker.finish()
+    assert recorded[1:] == [(5, ["part-00003"], 2)]
+    # rows in the file of a task that reads no split's file: a scheduling bug, said so
+    recorded.clear()
+    task_file(4, 1)
+    write, tracker = watcher([4, 4, 5, 5, -1])
+    write.done = True
+    with pytest.raises(TaskExecutionError, match="map task 4 .* reads no file of"):
+        tracker.finish()
+
+    # which split each task's files belong to; a task reading two splits' files, or a file
+    # of no split of the unit, or two files spelled alike: no mapping (the wave merges)
+    from spark_ckpt.batch.vertex_runner import VertexRunner
+
+    source = JobVertex("src", 3, source=types.SimpleNamespace())
+    runner = types.SimpleNamespace(
+        graph=None, job=types.SimpleNamespace(run_id="j", attempt=1),
+        frames=types.SimpleNamespace(splits={"src": [[("file:///d/a%20b.parquet", 1)],
+                                                     [("/d/c.parquet", 1)],
+                                                     [("/d/e.parquet", 1), ("/d/f.parquet", 1)]]}))
+
+    def task_parts(parts, reads):
+        return VertexRunner._task_parts(runner, source, parts, reads)
+
+    assert task_parts([0, 1, 2], [("file:/d/a b.parquet",), ("/d/f.parquet", "/d/e.parquet"),
+                                  (), ("file:/d/c.parquet",)]) == [0, 2, -1, 1]
+    assert task_parts([0, 1], [("/d/c.parquet", "/d/a b.parquet")]) is None
+    assert task_parts([0, 1], [("/d/e.parquet",)]) is None  # split 2 is not in the unit
+    runner.frames.splits["src"][1] = [("/d/a b.parquet", 1)]
+    assert task_parts([0, 1], [("/d/a b.parquet",)]) is None
 
 
 def test_an_aggregation_is_split_whatever_the_function_does_after_it(spark):

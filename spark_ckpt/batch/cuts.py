@@ -37,6 +37,7 @@ pays no sample. Estimated bytes are the sample's ratio times the input's size on
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import math
@@ -554,7 +555,9 @@ def _ratio_and_estimate(graph: JobGraph, vertex: JobVertex, sampler: Sampler,
                         ) -> tuple[float, WaveEstimate | None]:
     """The sample split's ratio and, when it is over ``max_ratio``, the wave's estimate, run
     side by side (the estimate's jobs in a job group of their own, cancelled when the ratio
-    does not need them)."""
+    does not need them). Both are small jobs of a task or two; where the cluster has idle
+    cores they run at once (on 2 cores they share them: shape (f)'s planning took 8.9 s
+    against 9.0 s one after the other)."""
     source = split_source(graph, vertex)
     if estimate is None:
         return sampler.ratio(partial, source), None
@@ -563,26 +566,36 @@ def _ratio_and_estimate(graph: JobGraph, vertex: JobVertex, sampler: Sampler,
     cancelled = threading.Event()
 
     def run() -> WaveEstimate | None:
-        with api.job_group(group, f"spark_ckpt job {graph.job_id}: estimating a wave's "
-                           f"partials of {vertex.id}"):
-            found = estimate(cancelled)
+        try:
+            with api.job_group(group, f"spark_ckpt job {graph.job_id}: estimating a wave's "
+                               f"partials of {vertex.id}"):
+                found = estimate(cancelled)
+        except Exception as exc:  # noqa: BLE001 - an estimate, never a reason to fail a job
+            if not cancelled.is_set():
+                log.warning("Job %s: vertex %s: no estimate of a wave's partials (%s)",
+                            graph.job_id, vertex.id, str(exc).splitlines()[0][:200]
+                            if str(exc) else type(exc).__name__)
+            return None
         return None if cancelled.is_set() else found
 
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spark-ckpt-estimate") \
-            as pool:
-        pending = pool.submit(run)
-        try:
-            ratio = sampler.ratio(partial, source)
-        except BaseException:
-            cancelled.set()
-            api.cancel_group(group)
-            raise
-        if ratio <= max_ratio:  # not needed: stop it (a job it starts meanwhile too)
-            cancelled.set()
-            while not pending.done():
+    def stop() -> None:  # (a job it starts meanwhile too)
+        cancelled.set()
+        while not pending.done():
+            with contextlib.suppress(Exception):
                 api.cancel_group(group)
-                concurrent.futures.wait([pending], timeout=0.2)
+            concurrent.futures.wait([pending], timeout=0.2)
+
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spark-ckpt-estimate")
+    pending = pool.submit(run)
+    try:
+        ratio = sampler.ratio(partial, source)
+        if ratio <= max_ratio:
+            stop()  # not needed
         wave = pending.result()
+    finally:
+        if not pending.done():
+            stop()
+        pool.shutdown(wait=True)
     return ratio, (wave if ratio > max_ratio else None)
 
 

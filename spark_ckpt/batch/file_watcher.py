@@ -196,10 +196,12 @@ class FileWatcher:
             if p in self.recorded:
                 continue
             # (a task that wrote no rows has no file: its partition waits for the write's end;
-            # tasks, not files, are counted: a task may roll its output over several files,
-            # all in place when it commits)
-            ready = all(ended or len(seen.get(p, ())) >= max(1, self.tasks_of[p])
-                        for ended, seen in zip(done, tasks, strict=True))
+            # every task of it must have its file, so tasks are counted; a task writes one
+            # file (PER_TASK_WRITE_OPTIONS), and where one wrote several, moved into place one
+            # by one, its partition waits for the write's end too)
+            ready = all(ended or (len(seen.get(p, ())) >= max(1, self.tasks_of[p]) and
+                                  len(files.get(p, ())) == len(seen.get(p, ())))
+                        for ended, seen, files in zip(done, tasks, by_write, strict=True))
             if ready:
                 self._record(p, [(w, path) for w, files in zip(self.writes, by_write,
                                                                  strict=True)

@@ -197,7 +197,7 @@ class VertexRunner:
             # planned map-side)
             settings = [("spark.sql.files.maxPartitionBytes", whole),
                         ("spark.sql.files.minPartitionNum", "1")]
-            if all(len(split) <= 1 for split in splits):
+            if splits and all(len(split) <= 1 for split in splits):
                 settings.append(("spark.sql.files.openCostInBytes", whole))
             else:
                 self.frames.split_tasks = True
@@ -282,8 +282,14 @@ class VertexRunner:
         merges its partials instead) when a task reads files of two splits, or a file of no
         split of the wave."""
         splits = self.frames.splits.get(split_source(self.graph, vertex), [])
-        owner = {normalize_path(path): p for p in parts if p < len(splits)
-                 for path, _ in splits[p]}
+        named = [(normalize_path(path), p) for p in parts if p < len(splits)
+                 for path, _ in splits[p]]
+        owner = dict(named)
+        if len(owner) < len(named):  # two files, one spelling: which split is whose?
+            log.warning("Job %s attempt %d: vertex %s: two input files of partitions %d..%d "
+                        "read as one path", self.job.run_id, self.job.attempt, vertex.id,
+                        parts[0], parts[-1])
+            return None
         out = []
         for task, files in enumerate(reads):
             found = {owner.get(normalize_path(f), -2) for f in files}

@@ -389,13 +389,13 @@ class ClassicSpark:
             return None
         frames, reads = [], []
         for child, columns in branches:
-            found = _task_reads(child)
-            if found is None:
+            # (the map stage's RDD first: it runs the plan's broadcasts and subqueries, which
+            # a scan's partitions may depend on, dynamic partition pruning's)
+            rows = child.execute()
+            found = _task_reads(child)  # the same scans' partitions: the RDD's own
+            if found is None or int(rows.getNumPartitions()) != len(found):
                 return None
-            rows = child.execute()  # builds the map stage's RDD (and waits for its broadcasts)
-            if int(rows.getNumPartitions()) != len(found):
-                return None
-            reads.extend(found)
+            reads.append(found)
             jdf = self.spark._jsparkSession.internalCreateDataFrame(rows, child.schema(), False)
             mapped = PyDataFrame(jdf, self.spark)
             mapped = mapped.toDF(*[f"c{i}" for i in range(len(mapped.columns))])
@@ -406,27 +406,28 @@ class ClassicSpark:
                 for f, g in zip(frame.schema.fields, df.schema.fields, strict=True)]
         if not all(a == b for a, b in same):
             return None
-        if len(frames) > 1 and len(reads) % len(frames) == 0:
-            return self._interleaved(frames, reads, df._jdf.schema())
+        if len(frames) > 1 and len({len(r) for r in reads}) == 1 and reads[0]:
+            return self._interleaved(frames, reads)
         out = frames[0]
         for frame in frames[1:]:
             out = out.union(frame)
-        return out, reads
+        return out, [task for branch in reads for task in branch]
 
-    def _interleaved(self, frames: list[DataFrame], reads: list[tuple[str, ...]],
-                     schema: Any) -> tuple[DataFrame, list[tuple[str, ...]]]:
-        """Several aggregations' map stages over the same reads as one frame whose Spark
-        partition ``t * k + b`` is branch *b*'s task *t*: Spark launches a stage's tasks in
-        partition order, so a split's tasks (one an aggregation) finish together, not the
-        last aggregation's after every other's (shape (g): nothing was durable at 60% of
-        the run). Each branch's rows as an RDD, pruned to one partition, unioned in turn;
-        ``schema``: the union's (nullable where any branch is)."""
+    def _interleaved(self, frames: list[DataFrame], reads: list[list[tuple[str, ...]]]
+                     ) -> tuple[DataFrame, list[tuple[str, ...]]] | None:
+        """Several aggregations' map stages over the same number of tasks (``reads``: each
+        branch's tasks' files) as one frame whose Spark partition ``t * k + b`` is branch
+        *b*'s task *t*: Spark launches a stage's tasks in partition order (where no locality
+        preference reorders them), so a split's tasks (one an aggregation) run side by side,
+        not the last aggregation's after every other's (shape (g): nothing was durable at 60%
+        of the run). Each branch's rows as an RDD, pruned to one partition, unioned in turn,
+        under the branches' schema, a column nullable where any branch's is."""
         from pyspark.sql import DataFrame as PyDataFrame
+        from pyspark.sql.types import StructField, StructType
 
         jvm = self.spark._jvm
         assert jvm is not None
-        k = len(frames)
-        tasks = len(reads) // k
+        k, tasks = len(frames), len(reads[0])
         rdds = [f._jdf.queryExecution().toRdd() for f in frames]
         pieces = []
         for t in range(tasks):
@@ -438,9 +439,15 @@ class ClassicSpark:
         context = self.spark._jsparkSession.sparkContext()
         row = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.InternalRow")
         union = context.union(self._scala_seq(pieces), jvm.scala.reflect.ClassTag.apply(row))
-        jdf = self.spark._jsparkSession.internalCreateDataFrame(union, schema, False)
-        order = [reads[b * tasks + t] for t in range(tasks) for b in range(k)]
-        return PyDataFrame(jdf, self.spark), order
+        if int(union.getNumPartitions()) != k * tasks:
+            return None
+        schema = StructType([
+            StructField(f.name, f.dataType, any(fr.schema.fields[i].nullable for fr in frames))
+            for i, f in enumerate(frames[0].schema.fields)])
+        jdf = self.spark._jsparkSession.internalCreateDataFrame(
+            union, self.spark._jsparkSession.parseDataType(schema.json()), False)
+        return PyDataFrame(jdf, self.spark), [reads[b][t] for t in range(tasks)
+                                              for b in range(k)]
 
     def replace_plan(self, df: DataFrame, path: tuple[int, ...],
                      replacement: DataFrame) -> DataFrame | None:

@@ -126,9 +126,10 @@ class SparkApi(Protocol):
         task's partial aggregates (Spark's own, from its physical plan), in ``df``'s columns
         and types; merging them with the same aggregates gives ``df``'s rows. ``df`` may be a
         union of several such aggregations of one input (each branch's other columns
-        constants): then each has its map stage, one after the other in the answer's
-        partitions. Returns (the rows, the files each of their Spark partitions reads: task
-        *t* computes the partials of exactly those files' rows). None when ``df`` is not such
+        constants): then each has its map stage, their tasks in turn in the answer's
+        partitions where they have as many tasks (a split's tasks side by side). Returns
+        (the rows, the files each of their Spark partitions reads: task *t* computes the
+        partials of exactly those files' rows). None when ``df`` is not such
         an aggregation (an aggregate whose buffer is not its result, anything after the
         aggregation, a second shuffle), its map side reads anything but files, or this session
         cannot cut a physical plan (Spark Connect). Runs the plan's broadcasts."""

@@ -36,12 +36,9 @@ pays no sample. Estimated bytes are the sample's ratio times the input's size on
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import dataclasses
 import logging
 import math
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -54,7 +51,7 @@ from spark_ckpt.batch.aggsplit import (
     split_aggregate,
 )
 from spark_ckpt.execution.job_graph import Edge, JobGraph, JobVertex
-from spark_ckpt.sparkapi import empty_frame, frame_api, spark_api
+from spark_ckpt.sparkapi import empty_frame, frame_api
 from spark_ckpt.storage import human_size
 
 if TYPE_CHECKING:
@@ -487,16 +484,11 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
             except NotSplittable as exc:
                 why = f"{consumer_id}'s function: {exc}"
             else:
-                # a wave's estimate is needed when the sample's partials look large: its
-                # frames are built here, its jobs run beside the sample's (both small, each
-                # a task or two: planning waits for the longer, not for both in turn)
-                estimate = _wave_ratio(graph, vertex, consumer_id, split, partial, sampler,
-                                       per_wave)
-                ratio, wave = _ratio_and_estimate(graph, vertex, sampler, partial, max_ratio,
-                                                  estimate)
-                split_ratio = ratio
+                ratio = split_ratio = sampler.ratio(partial, split_source(graph, vertex))
                 measured = f"{ratio:.2%} of the input on a sample split"
                 if ratio > max_ratio:  # a wave holds fewer groups per row than a sample?
+                    wave = _wave_ratio(graph, vertex, consumer_id, split, partial, sampler,
+                                       per_wave)
                     if wave is not None and wave[0] is not None:
                         ratio, split_ratio = wave[0], wave[2]
                         measured = f"~{ratio:.2%} of a wave's input: {wave[1]}"
@@ -549,56 +541,6 @@ def _decide(graph: JobGraph, vertex: JobVertex, consumers: dict[str, list[tuple[
                "Spark keeps its exchange inside that vertex's job")
 
 
-def _ratio_and_estimate(graph: JobGraph, vertex: JobVertex, sampler: Sampler,
-                        partial: DataFrame, max_ratio: float,
-                        estimate: Callable[..., WaveEstimate | None] | None
-                        ) -> tuple[float, WaveEstimate | None]:
-    """The sample split's ratio and, when it is over ``max_ratio``, the wave's estimate, run
-    side by side (the estimate's jobs in a job group of their own, cancelled when the ratio
-    does not need them). Both are small jobs of a task or two; where the cluster has idle
-    cores they run at once (on 2 cores they share them: shape (f)'s planning took 8.9 s
-    against 9.0 s one after the other)."""
-    source = split_source(graph, vertex)
-    if estimate is None:
-        return sampler.ratio(partial, source), None
-    api = spark_api(partial.sparkSession)
-    group = f"spark_ckpt-{graph.job_id}-estimate-{vertex.id}"
-    cancelled = threading.Event()
-
-    def run() -> WaveEstimate | None:
-        try:
-            with api.job_group(group, f"spark_ckpt job {graph.job_id}: estimating a wave's "
-                               f"partials of {vertex.id}"):
-                found = estimate(cancelled)
-        except Exception as exc:  # noqa: BLE001 - an estimate, never a reason to fail a job
-            if not cancelled.is_set():
-                log.warning("Job %s: vertex %s: no estimate of a wave's partials (%s)",
-                            graph.job_id, vertex.id, str(exc).splitlines()[0][:200]
-                            if str(exc) else type(exc).__name__)
-            return None
-        return None if cancelled.is_set() else found
-
-    def stop() -> None:  # (a job it starts meanwhile too)
-        cancelled.set()
-        while not pending.done():
-            with contextlib.suppress(Exception):
-                api.cancel_group(group)
-            concurrent.futures.wait([pending], timeout=0.2)
-
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spark-ckpt-estimate")
-    pending = pool.submit(run)
-    try:
-        ratio = sampler.ratio(partial, source)
-        if ratio <= max_ratio:
-            stop()  # not needed
-        wave = pending.result()
-    finally:
-        if not pending.done():
-            stop()
-        pool.shutdown(wait=True)
-    return ratio, (wave if ratio > max_ratio else None)
-
-
 def why_text(readers: list[tuple[str, Edge]]) -> str:
     return ", ".join(c for c, _ in readers)
 
@@ -620,47 +562,27 @@ def _partial_candidate(vertex: JobVertex, consumer: JobVertex, edge: Edge) -> st
     return None
 
 
-WaveEstimate = tuple[float | None, str, float]
-
-
 def _wave_ratio(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: Any,
                 partial: DataFrame, sampler: Sampler,
-                per_wave: int) -> Callable[..., WaveEstimate | None] | None:
-    """What runs the estimate of the partials' bytes over a wave's input bytes where a wave
-    holds fewer groups per row than the sample split (groups that recur across splits:
-    batch.wave_groups), its frames built here and its Spark jobs run when it is called (on
-    another thread, beside the sample's own job: :func:`_decide`); it answers the estimate,
-    why, and the same estimate for one whole split (what a task of map-side partials
-    writes); (None, why, 1.0): groups that do not recur, keep the sample split's ratio;
-    None: no estimate (one split a wave, row counts unknown, or it failed or was cancelled:
-    it may cost a cut, never a job). None here: no estimate to run."""
-    def failed(exc: Exception) -> None:
+                per_wave: int) -> tuple[float | None, str, float] | None:
+    """The partials' estimated bytes over a wave's input bytes where a wave holds fewer groups
+    per row than the sample split (groups that recur across splits: batch.wave_groups), why,
+    and the same estimate for one whole split (what a task of map-side partials writes);
+    (None, why, 1.0): groups that do not recur, keep the sample split's ratio; None: no
+    estimate (one split a wave, row counts unknown, or it failed: it may cost a cut, never a
+    job)."""
+    try:
+        return _wave_estimate(graph, vertex, consumer_id, split, partial, sampler, per_wave)
+    except Exception as exc:  # noqa: BLE001 - an estimate, never a reason to fail a job
         log.warning("Job %s: vertex %s: no estimate of a wave's partials for %s (%s: %s); "
                     "the sample split's ratio decides", graph.job_id, vertex.id, consumer_id,
                     type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
-
-    try:
-        run = _wave_estimate(graph, vertex, consumer_id, split, partial, sampler, per_wave)
-    except Exception as exc:  # noqa: BLE001 - an estimate, never a reason to fail a job
-        failed(exc)
         return None
-    if run is None:
-        return None
-
-    def guarded(quiet: threading.Event | None = None) -> WaveEstimate | None:
-        try:
-            return run(quiet)
-        except Exception as exc:  # noqa: BLE001 - as above
-            if quiet is None or not quiet.is_set():  # (not when cancelled as not needed)
-                failed(exc)
-            return None
-    return guarded
 
 
 def _wave_estimate(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: Any,
                    partial: DataFrame, sampler: Sampler,
-                   per_wave: int
-                   ) -> Callable[[threading.Event | None], WaveEstimate | None] | None:
+                   per_wave: int) -> tuple[float | None, str, float] | None:
     from spark_ckpt.batch.wave_groups import estimate_wave_groups, group_stats
 
     source_id = split_source(graph, vertex)
@@ -687,29 +609,23 @@ def _wave_estimate(graph: JobGraph, vertex: JobVertex, consumer_id: str, split: 
     # sampled as the split is read (the chain's joins run on the sample alone)
     first = group_counts(sampler.compute_rows(vertex.id, 0, half))
     fraction = min(1.0, half / last_rows)
-    sampled = group_counts(sampler.compute_rows(vertex.id, last, None, fraction))
+    sampled = sampler.compute_rows(vertex.id, last, None, fraction)
+    groups, split_groups, whys, recur = 0.0, 0.0, [], False
+    for a, b in zip(first, group_counts(sampled), strict=True):  # one job per aggregation
+        stats = group_stats(a, b)
+        # the wave's rows entering this aggregation: its input rows times the sample's share
+        share = stats.rows / (min(half, first_rows) + fraction * last_rows)
+        estimate = estimate_wave_groups(stats, int(wave_rows * share))
+        split_groups += estimate_wave_groups(stats, int(first_rows * share)).groups
+        groups += estimate.groups
+        recur = recur or estimate.recur
+        whys.append(estimate.why)
+    why = "; ".join(dict.fromkeys(whys)) + \
+        f" (sampled in splits 0 and {last} of a wave of {last + 1})"
+    if not recur:
+        return None, why, 1.0
     width = row_width(partial.schema) / row_width(sampler.compute(source_id, [0]).schema)
-
-    def run(stop: threading.Event | None) -> WaveEstimate | None:
-        groups, split_groups, whys, recur = 0.0, 0.0, [], False
-        for a, b in zip(first, sampled, strict=True):  # one job per aggregation
-            if stop is not None and stop.is_set():
-                return None
-            stats = group_stats(a, b)
-            # the wave's rows entering this aggregation: its input rows times the sample's
-            # share
-            share = stats.rows / (min(half, first_rows) + fraction * last_rows)
-            estimate = estimate_wave_groups(stats, int(wave_rows * share))
-            split_groups += estimate_wave_groups(stats, int(first_rows * share)).groups
-            groups += estimate.groups
-            recur = recur or estimate.recur
-            whys.append(estimate.why)
-        why = "; ".join(dict.fromkeys(whys)) + \
-            f" (sampled in splits 0 and {last} of a wave of {last + 1})"
-        if not recur:
-            return None, why, 1.0
-        return groups * width / wave_rows, why, split_groups * width / first_rows
-    return run
+    return groups * width / wave_rows, why, split_groups * width / first_rows
 
 
 def _consumer_over(graph: JobGraph, vertex: JobVertex, consumer_id: str, sampler: Sampler,

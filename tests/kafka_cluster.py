@@ -7,7 +7,7 @@ machine fetches them itself). Each broker is a ``kafka.Kafka`` JVM in its own pr
 both broker and controller; a cluster of three has three voters (a static quorum), so one
 broker may die and the others go on.
 
-    python tests/kafka_cluster.py fetch          # the jars, now
+    python tests/kafka_cluster.py fetch          # the jars (broker, Spark's connector), now
     python tests/kafka_cluster.py run DIR [N]    # N brokers until Ctrl-C (their address printed)
 """
 
@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 POM = ROOT / "jvm" / "kafka" / "pom.xml"
+CONNECTOR_POM = ROOT / "jvm" / "spark-kafka" / "pom.xml"
 # small heaps: the brokers share two cores and a test's data is small
 BROKER_HEAP = os.environ.get("SPARK_CKPT_KAFKA_HEAP", "384m")
 
@@ -46,26 +47,41 @@ def cache_dir() -> Path:
 
 def jars_dir() -> Path:
     """The broker's jars (fetched first if they are not there yet)."""
-    target = cache_dir() / f"kafka-{_kafka_version()}"
+    return _fetched(POM, f"kafka-{_kafka_version()}", "libs")
+
+
+def connector_jars() -> list[str]:
+    """Spark's own Kafka connector and what it needs beyond Spark's jars (fetched first if
+    they are not there yet), for ``spark.jars``."""
+    text = CONNECTOR_POM.read_text()
+    version = text.split("<connector.version>", 1)[1].split("</connector.version>", 1)[0]
+    target = _fetched(CONNECTOR_POM, f"spark-sql-kafka-{version.strip()}", "jars")
+    return sorted(str(p) for p in (target / "jars").glob("*.jar"))
+
+
+def _fetched(pom: Path, name: str, inner: str) -> Path:
+    """``pom``'s dependencies copied once into ``<cache>/<name>/<inner>`` (pytest-xdist
+    workers: one fetches, the rest wait)."""
+    target = cache_dir() / name
     done = target / ".complete"
     if done.exists():
         return target
     cache_dir().mkdir(parents=True, exist_ok=True)
-    with open(cache_dir() / f"kafka-{_kafka_version()}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers: one fetches, the rest wait
+    with open(cache_dir() / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
             partial = target.with_name(target.name + f".partial-{os.getpid()}")
             shutil.rmtree(partial, ignore_errors=True)
             mvn = shutil.which("mvn")
             if mvn is None:
-                raise RuntimeError("expected Maven (mvn) on PATH to fetch Kafka's broker jars "
-                                   f"from Maven Central ({POM}), found none")
+                raise RuntimeError("expected Maven (mvn) on PATH to fetch jars from Maven "
+                                   f"Central ({pom}), found none")
             run = subprocess.run(
-                [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-                 f"-DoutputDirectory={partial / 'libs'}"],
+                [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+                 f"-DoutputDirectory={partial / inner}"],
                 capture_output=True, text=True, timeout=900)
             if run.returncode != 0:
-                raise RuntimeError(f"fetching Kafka's jars failed ({POM}): "
+                raise RuntimeError(f"fetching jars failed ({pom}): "
                                    f"{(run.stdout + run.stderr)[-2000:]}")
             shutil.rmtree(target, ignore_errors=True)
             os.replace(partial, target)
@@ -275,6 +291,7 @@ def kafka_cluster(directory: Path, brokers: int = 1) -> Iterator[KafkaCluster]:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["fetch"]:
         print(jars_dir())
+        print("\n".join(connector_jars()))
     elif sys.argv[1:2] == ["run"]:
         with kafka_cluster(Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 1) \
                 as running:

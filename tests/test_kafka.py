@@ -149,6 +149,60 @@ def test_each_batch_reads_its_recorded_offsets_in_sparks_kafka_schema(spark, kaf
     assert sum(p["num_input_rows"] for p in progress) == 1000
 
 
+
+_SPARK_READER = """
+import sys
+from pyspark.sql import SparkSession
+from spark_ckpt import StreamingContext
+from spark_ckpt.options import Settings
+bootstrap, ckpt, out, jars = sys.argv[1:5]
+spark = (SparkSession.builder.master("local[2]").config("spark.jars", jars)
+         .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
+         .getOrCreate())
+ctx = StreamingContext(spark, 0.1, ckpt, "both-spark", settings=Settings(
+    checkpoint_interval_ms=0, state_parallelism=2, progress="never"))
+stream = ctx.kafka_stream("records", bootstrap, pattern="both-.*", starting_offsets="earliest",
+                          max_offsets_per_batch=250, reader="spark")
+stream.write_parquet(out, name="rows")
+print("ROWS", sum(p["num_input_rows"] for p in ctx.process_available()), flush=True)
+"""
+
+
+def test_sparks_connector_and_the_python_reader_give_the_same_rows(spark, kafka, tmp_path):
+    """The same offset ranges read through Spark's own Kafka connector (on the driver's
+    classpath at its start, as Databricks has it: spark-sql-kafka from Maven Central,
+    jvm/spark-kafka/pom.xml) and by the Python tasks give equal rows: keys null and not,
+    headers with a null value, create times and a topic stamped at log append (timestampType
+    1), batches of 250 offsets over five partitions of two topics."""
+    from kafka_cluster import connector_jars
+
+    kafka.create_topic("both-create", 3)
+    kafka.create_topic("both-append", 2, config={"message.timestamp.type": "LogAppendTime"})
+    rows = records(600, 3)
+    for i, r in enumerate(rows):
+        if i % 5 == 0:
+            r["key"] = None
+    produce(kafka, "both-create", rows)
+    produce(kafka, "both-append", records(300, 2))
+    child = subprocess.run(
+        [sys.executable, "-c", _SPARK_READER, kafka.bootstrap, str(tmp_path / "ckpt-spark"),
+         str(tmp_path / "out-spark"), ",".join(connector_jars())],
+        env=child_env(), capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0 and "ROWS 900" in child.stdout, child.stderr[-3000:]
+    ctx = StreamingContext(spark, 0.1, str(tmp_path / "ckpt-python"), "both-python",
+                           settings=SETTINGS)
+    ctx.kafka_stream("records", kafka.bootstrap, pattern="both-.*", starting_offsets="earliest",
+                     max_offsets_per_batch=250, reader="python") \
+        .write_parquet(str(tmp_path / "out-python"), name="rows")
+    assert sum(p["num_input_rows"] for p in ctx.process_available()) == 900
+    got = {r: spark.read.parquet(str(tmp_path / f"out-{r}")).toPandas()
+           for r in ("spark", "python")}
+    expected = pd.concat([consume_all(kafka, "both-create"), consume_all(kafka, "both-append")])
+    assert as_rows(got["spark"]) == as_rows(got["python"]) == as_rows(expected)
+    assert {int(t) for t in got["spark"].timestampType} == {0, 1}
+    assert int(got["spark"].key.isna().sum()) == 120
+
+
 def test_partitions_added_and_topics_matching_the_pattern_are_read_from_their_start(
         spark, kafka, tmp_path):
     """A pattern source over evt-a (2 partitions): after a run, evt-a gets two more partitions

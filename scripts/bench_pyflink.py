@@ -25,7 +25,12 @@ import time
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--csv", required=True, help="directory of the input as CSV files")
+    parser.add_argument("--csv", help="directory of the input as CSV files")
+    parser.add_argument("--kafka", help="bootstrap servers: read topic --topic instead "
+                        "(scripts/bench_kafka.py), its JSON records, bounded at the latest "
+                        "offsets when the job starts")
+    parser.add_argument("--topic", default="events")
+    parser.add_argument("--jars", default="", help="';'-separated connector jars (file URLs)")
     parser.add_argument("--work", required=True)
     parser.add_argument("--rows-per-key", type=int, required=True)
     parser.add_argument("--rows", type=int, required=True)
@@ -47,10 +52,15 @@ def main() -> None:
     conf.set_string("execution.checkpointing.incremental", "true")
     conf.set_string("execution.checkpointing.dir", f"file://{args.work}/ckpt")
     conf.set_string("python.state.cache-size", str(args.cache_size))
+    if args.jars:
+        conf.set_string("pipeline.jars", args.jars)
     env = StreamExecutionEnvironment.get_execution_environment(conf)
     env.set_parallelism(2)
     env.enable_checkpointing(10_000)
     t_env = StreamTableEnvironment.create(env)
+    if args.kafka:
+        run_kafka(t_env, args)
+        return
     t_env.execute_sql(f"""CREATE TABLE src (id BIGINT, `key` BIGINT, `value` DOUBLE,
         event_time STRING) WITH ('connector' = 'filesystem', 'path' = 'file://{args.csv}',
         'format' = 'csv')""")
@@ -92,6 +102,29 @@ def run_agg(t_env, args: argparse.Namespace) -> None:
     in the JVM; the state in RocksDB). Its update stream is filtered to each key's final row
     (every key has ``rows_per_key`` rows) and printed by the ``print`` connector, which takes
     updates (the filesystem sink takes only appends); the parent parses those lines."""
+    t_env.execute_sql("""CREATE TABLE sink (`key` BIGINT, n BIGINT, total DOUBLE)
+        WITH ('connector' = 'print', 'print-identifier' = 'OUT')""")
+    print(f"READY {time.time():.3f}", flush=True)
+    t0 = time.perf_counter()
+    t_env.execute_sql(f"""INSERT INTO sink SELECT `key`, n, total FROM (
+        SELECT `key`, COUNT(*) AS n, SUM(`value`) AS total FROM src GROUP BY `key`)
+        WHERE n = {args.rows_per_key}""").wait()
+    seconds = time.perf_counter() - t0
+    print("RESULT " + json.dumps({"seconds": seconds, "rows": args.rows, "batches": 1}),
+          flush=True)
+
+
+def run_kafka(t_env, args: argparse.Namespace) -> None:
+    """What a Flink SQL user writes for bench_kafka.py's keyed count/sum: a Kafka table in
+    Flink's JSON format (Flink's Kafka connector, bounded at the offsets that are the latest
+    when the job starts, as an available-now run), a ``GROUP BY`` (RocksDB, incremental
+    checkpoints every 10 s), each key's final row printed (every key has ``rows_per_key``
+    records) for the parent to check."""
+    t_env.execute_sql(f"""CREATE TABLE src (`key` BIGINT, carrier STRING, `value` DOUBLE,
+        event_time BIGINT, note STRING) WITH ('connector' = 'kafka', 'topic' = '{args.topic}',
+        'properties.bootstrap.servers' = '{args.kafka}',
+        'properties.group.id' = 'bench-flink', 'scan.startup.mode' = 'earliest-offset',
+        'scan.bounded.mode' = 'latest-offset', 'format' = 'json')""")
     t_env.execute_sql("""CREATE TABLE sink (`key` BIGINT, n BIGINT, total DOUBLE)
         WITH ('connector' = 'print', 'print-identifier' = 'OUT')""")
     print(f"READY {time.time():.3f}", flush=True)

@@ -197,7 +197,10 @@ def child_ckpt(args: argparse.Namespace, spark) -> dict:
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "rows": sum(p["num_input_rows"] or 0 for p in progress),
             "batches": sum(1 for p in progress if p["num_input_rows"]),
-            "batch_ms": [p["durations_ms"]["total"] for p in progress]}
+            "batch_ms": [p["durations_ms"]["total"] for p in progress],
+            "durations_ms": [p["durations_ms"] for p in progress],
+            "checkpoints": [{k: c.get(k) for k in ("checkpoint_id", "status", "duration_ms")}
+                            for c in ctx.recent_checkpoints]}
 
 
 def child(args: argparse.Namespace) -> None:

@@ -318,12 +318,6 @@ class KafkaSink(TwoPhaseCommitSink):
         return max((m["last_batch"] for m in markers.values()), default=None)
 
 
-# librdkafka reports only failed deliveries to the producer's callbacks: a report per record
-# delivered costs a Python call each (about a third of a Kafka-to-Kafka pipeline's time);
-# a record not delivered is still reported, and flush/commit_transaction still fail with it
-_REPORT_ERRORS_ONLY = {"delivery.report.only.error": True}
-
-
 class _Send:
     """At-least-once: each task sends its rows, flushes, and yields how many it sent."""
 
@@ -334,8 +328,7 @@ class _Send:
         import pyarrow as pa
 
         kafka = load_kafka()
-        producer = kafka.Producer({**self.spec["config"], "enable.idempotence": True,
-                                   **_REPORT_ERRORS_ONLY})
+        producer = kafka.Producer({**self.spec["config"], "enable.idempotence": True})
         sent = 0
         errors: list[str] = []
         for batch in batches:
@@ -378,7 +371,7 @@ class _CommitSlices:
                 f"{sorted(spec['ids'])}); refusing to send them under another slice's id")
         checkpoint = int(spec["checkpoint"])
         marker = kafka.TopicPartition(spec["marker_topic"], 0)
-        producer = kafka.Producer({**spec["config"], **_REPORT_ERRORS_ONLY, "transactional.id": tid,
+        producer = kafka.Producer({**spec["config"], "transactional.id": tid,
                                    "transaction.timeout.ms": spec["config"].get(
                                        "transaction.timeout.ms", _TRANSACTION_TIMEOUT_MS)})
         # fences every earlier producer of this slice and ends its open transaction

@@ -12,6 +12,7 @@ from spark_ckpt.storage.delta_reader import read_delta
 from spark_ckpt.options import Settings
 
 BASE_S = 1_767_225_600
+JSON_OUTPUT_JOBS = 1  # the output's write (a Parquet file sink: one job)
 
 
 @pytest.mark.slow
@@ -45,3 +46,43 @@ def test_two_windows_over_one_source_write_every_malformed_line_once(spark, tmp_
     dead = read_delta(str(tmp_path / "ckpt" / "deadletter")).to_pandas()
     assert sorted(dead.record.str.strip()) == sorted(bad)  # each malformed line once
     assert sorted(dead.batch_id) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_json_rows_are_counted_and_routed_within_the_batchs_own_jobs(spark, tmp_path):
+    """A JSON batch is parsed once, by the pipeline's own job: its rows are counted and its
+    malformed rows found as that job reads them (no persist, no counting job before it), and
+    only a batch with malformed rows reads its files again to write them to the dead-letter
+    table. Every malformed line reaches it once, every good row the output, and the progress
+    counts every line."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        pytest.skip("a Connect client persists and counts first (no metrics before an action)")
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    # the third is malformed only in a column the pipeline does not select: still malformed
+    # (Spark's reader parses only the columns a query reads; the batch is read as a whole)
+    bad = ['{"id": 15, "name": "oops", "score": "x"', "not json at all",
+           '{"id": 16, "name": "typed", "score": "not-a-number"}']
+    for f in range(3):
+        lines = [f'{{"id": {f * 10 + i}, "name": "n{i}", "score": {i}.5}}' for i in range(5)]
+        path = landing / f"f{f}.json"
+        path.write_text("\n".join(lines + (bad if f == 1 else [])) + "\n")
+        os.utime(path, (BASE_S + f, BASE_S + f))
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "jsononce",
+                           settings=Settings(progress="never"))
+    src = ctx.file_stream("js", str(landing), "json",
+                          schema="id INT, name STRING, score DOUBLE", max_files_per_batch=1)
+    src.select("id").write_parquet(str(tmp_path / "out"), name="rows")
+    progress = ctx.process_available(timeout=300)
+    assert [p["num_input_rows"] for p in progress] == [5, 8, 5]
+    assert [p["sources"]["js"]["dead_letter_rows"] for p in progress] == [0, 3, 0]
+    out = spark.read.parquet(str(tmp_path / "out")).toPandas()
+    assert sorted(out.id) == [f * 10 + i for f in range(3) for i in range(5)]
+    dead = read_delta(str(tmp_path / "ckpt" / "deadletter")).to_pandas()
+    assert sorted(dead.record.str.strip()) == sorted(bad)
+    assert list(dead.batch_id) == [1, 1, 1]
+    tracker = spark.sparkContext.statusTracker()
+    jobs = [len(tracker.getJobIdsForGroup(f"spark_ckpt-jsononce-b{b}")) for b in range(3)]
+    # a batch without malformed rows runs its output's write alone; the one with them, the
+    # write and then the dead letters' read and write
+    assert jobs[0] == jobs[2] == JSON_OUTPUT_JOBS, jobs
+    assert jobs[1] > jobs[0], jobs

@@ -351,9 +351,19 @@ class FileStreamSource(Source):
         return [f for f in files if f not in set(missing)]
 
     def _read_text(self, run: SourceRun, files: list[str], schema: StructType) -> DataFrame:
-        from pyspark import StorageLevel
+        """The batch's JSON or CSV rows that parse; the others go to the dead-letter table.
+
+        On a classic session, the rows and the malformed ones are counted as the batch's own
+        job reads them (Spark's ``observe``: no job of their own); once the batch's jobs have
+        run, malformed rows found are read again and written to the dead-letter table (a job
+        only when there are some), before the batch commits. Where no job reported the counts
+        (nothing read the source whole), they are counted in a job then. On Spark Connect,
+        whose client learns metrics only with an action's own result, the rows are persisted,
+        counted and routed before the pipeline reads them."""
         from pyspark.sql import functions as F
         from pyspark.sql.types import StringType, StructField, StructType
+
+        from spark_ckpt.sparkapi import spark_api
 
         with_corrupt = StructType(list(schema.fields) +
                                   [StructField(CORRUPT_COLUMN, StringType(), True)])
@@ -362,27 +372,79 @@ class FileStreamSource(Source):
                                                        CORRUPT_COLUMN))
         raw = reader.json(files) if self.fmt == "json" else reader.csv(files)
         parsed = raw.withColumn("_ckpt_file", F.col("_metadata.file_path"))
+        counts = (F.count(F.lit(1)).alias("rows"),
+                  F.count(F.when(F.col(CORRUPT_COLUMN).isNotNull(),
+                                 _with_data(schema))).alias("bad"))
+        observed = spark_api(run.spark).observe(
+            parsed, f"spark_ckpt-{self.name}-b{run.batch_id}-{id(parsed):x}", *counts)
+        if observed is None:
+            return self._read_text_persisted(run, parsed, schema, counts)
+        frame, values = observed
+        batch_id = run.batch_id
+
+        def route() -> None:
+            # Spark hands the counts over as the query that read them ends (before its
+            # action returns); a grace for a listener's delay, no more: in a batch whose jobs
+            # did not read the source (a window that does not fire), nothing will come
+            seen = values(0.2)
+            if seen is None or not {"rows", "bad"} <= seen.keys():  # nothing (or an empty
+                # row: the query ended without them) from the batch's jobs: count them now
+                log.info("File source %s: batch %d's rows were not counted by its jobs; "
+                         "counting them", self.name, batch_id)
+                row = parsed.agg(*counts).first()
+                assert row is not None  # an aggregate without grouping has one row
+                seen = row.asDict()
+            self._counted(run, parsed, schema, int(seen["rows"]), int(seen["bad"]))
+
+        run.after_jobs(route)
+        return frame.where(F.col(CORRUPT_COLUMN).isNull()).drop(CORRUPT_COLUMN, "_ckpt_file")
+
+    def _read_text_persisted(self, run: SourceRun, parsed: DataFrame, schema: StructType,
+                             counts: tuple[Any, ...]) -> DataFrame:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
         parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
         run.on_cleanup(parsed.unpersist)
-        counts = parsed.agg(F.count(F.lit(1)).alias("rows"),
-                            F.count(CORRUPT_COLUMN).alias("bad")).first()
-        assert counts is not None  # an aggregate without grouping has one row
-        rows, bad = int(counts["rows"]), int(counts["bad"])
+        row = parsed.agg(*counts).first()
+        assert row is not None  # an aggregate without grouping has one row
+        self._counted(run, parsed, schema, int(row["rows"]), int(row["bad"]))
+        return parsed.where(F.col(CORRUPT_COLUMN).isNull()).drop(CORRUPT_COLUMN, "_ckpt_file")
+
+    def _counted(self, run: SourceRun, parsed: DataFrame, schema: StructType, rows: int,
+                 bad: int) -> None:
+        """The batch's input rows in its progress; its ``bad`` malformed rows (read again
+        from ``parsed``) to the dead-letter table."""
+        from pyspark.sql import functions as F
+
         if run.batch_id == run.stats.batch_id:
             run.stats.input_rows[self.name] = rows
-        if bad:
-            reason = F.lit(f"malformed {self.fmt} record (does not match the schema "
-                           f"{schema.simpleString()})")
-            if self.fmt == "json":  # Spark's JSON reader refuses longer strings as malformed
-                limit = int(next((v for k, v in self.options.items()
-                                  if k.lower() == "maxstringlen"), JSON_MAX_STRING_LEN))
-                reason = F.when(F.length(CORRUPT_COLUMN) > limit, F.lit(
-                    f"json record longer than the JSON reader's maxStringLen={limit} "
-                    "characters: a string in it may exceed that limit (Spark reads such a "
-                    "record as malformed); set the source option maxStringLen to read it, "
-                    f"or it does not match the schema {schema.simpleString()}")).otherwise(reason)
-            run.dead_letter(self.name, parsed.where(F.col(CORRUPT_COLUMN).isNotNull()).select(
-                F.col("_ckpt_file").alias("file"), F.col(CORRUPT_COLUMN).alias("record"),
-                reason.alias("reason"),
-            ), bad)
-        return parsed.where(F.col(CORRUPT_COLUMN).isNull()).drop(CORRUPT_COLUMN, "_ckpt_file")
+        if not bad:
+            return
+        reason = F.lit(f"malformed {self.fmt} record (does not match the schema "
+                       f"{schema.simpleString()})")
+        if self.fmt == "json":  # Spark's JSON reader refuses longer strings as malformed
+            limit = int(next((v for k, v in self.options.items()
+                              if k.lower() == "maxstringlen"), JSON_MAX_STRING_LEN))
+            reason = F.when(F.length(CORRUPT_COLUMN) > limit, F.lit(
+                f"json record longer than the JSON reader's maxStringLen={limit} "
+                "characters: a string in it may exceed that limit (Spark reads such a "
+                "record as malformed); set the source option maxStringLen to read it, "
+                f"or it does not match the schema {schema.simpleString()}")).otherwise(reason)
+        run.dead_letter(self.name, parsed.where(F.col(CORRUPT_COLUMN).isNotNull()).select(
+            F.col("_ckpt_file").alias("file"), _with_data(schema).alias("record"),
+            reason.alias("reason"),
+        ), bad)
+
+
+def _with_data(schema: StructType) -> Any:
+    """The corrupt-record column, read with every data column: Spark's JSON and CSV readers
+    parse only the columns a query reads, so a row is malformed or not by those columns
+    alone (a query of the corrupt-record column alone is refused); referenced here, every
+    column of the schema is parsed, and a row is malformed as the whole schema says (as the
+    batch read whole says: what the pipeline selects later does not change it). Their values
+    are never used: a malformed row's record is never null."""
+    from pyspark.sql import functions as F
+
+    every = [F.col("`" + f.name.replace("`", "``") + "`").cast("string") for f in schema.fields]
+    return F.coalesce(F.col(CORRUPT_COLUMN), F.concat_ws(",", *every))

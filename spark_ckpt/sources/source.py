@@ -48,13 +48,17 @@ class RunStats(Protocol):
 
 class SourceRun(Protocol):
     """What a source's ``read`` sees of the batch it reads for (the runtime's ``BatchRun``):
-    the session, the batch id, its counters, a place for cleanups, and its dead-letter table."""
+    the session, the batch id, its counters, a place for cleanups and for what to do once the
+    batch's jobs have read it, and its dead-letter table."""
 
     spark: SparkSession
     batch_id: int
     stats: RunStats
 
     def on_cleanup(self, fn: Callable[[], Any]) -> None: ...
+
+    def after_jobs(self, fn: Callable[[], Any]) -> None:
+        """``fn`` runs once the batch's jobs have run, before the batch commits."""
 
     def dead_letter(self, source: str, rows: DataFrame, count: int) -> None: ...
 

@@ -8,13 +8,13 @@ The only module of spark_ckpt that touches py4j, ``_jdf``, ``_jsc``, ``_jvm`` or
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.sparkapi.types import Expr, PlanNode, walk
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from spark_ckpt.clock import Clock
 
@@ -350,6 +350,32 @@ class ClassicSpark:
     def size_estimate(self, df: DataFrame) -> int | None:
         size = df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()
         return int(str(size))  # a Scala BigInt: any size
+
+    def observe(self, df: DataFrame, name: str, *columns: Column, clock: Clock | None = None
+                ) -> tuple[DataFrame, Callable[[float], dict[str, Any] | None]] | None:
+        from pyspark.sql import Observation
+
+        from spark_ckpt.clock import SystemClock
+
+        time = clock or SystemClock()
+        observation = Observation(name)
+        observed = df.observe(observation, *columns)
+
+        def values(wait_s: float) -> dict[str, Any] | None:
+            # Spark completes the observation's future when a query that ran its metrics
+            # ends (from its listener: maybe just after the action returned); never get()
+            # before that, it would wait for a job that may never come
+            jo = observation._jo
+            if jo is None:
+                return None
+            deadline = time.monotonic_s() + wait_s
+            while not jo.future().isCompleted():
+                if time.monotonic_s() >= deadline:
+                    return None
+                time.sleep(0.01)  # polling Spark's future until a bounded deadline
+            return dict(observation.get)
+
+        return observed, values
 
     def provably_empty(self, df: DataFrame) -> bool:
         plan = df._jdf.queryExecution().optimizedPlan()

@@ -16,7 +16,7 @@ import copy
 import logging
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.clock import Clock, SystemClock
@@ -25,7 +25,7 @@ from spark_ckpt.sparkapi import plans
 from spark_ckpt.sparkapi.types import PlanNode
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.connect.client import SparkConnectClient
 
 __all__ = ["ConnectSpark"]
@@ -137,6 +137,10 @@ class ConnectSpark:
         if not found:
             return None
         return int(float(found.group(1)) * _UNITS[found.group(2)])
+
+    def observe(self, df: DataFrame, name: str, *columns: Column, clock: Clock | None = None
+                ) -> tuple[DataFrame, Callable[[float], dict[str, Any] | None]] | None:
+        return None  # a Connect client learns metrics with an action's own result only
 
     def provably_empty(self, df: DataFrame) -> bool:
         lines = _section(df._explain_string(mode="extended"), "Optimized Logical Plan")  # type: ignore[operator]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
     from spark_ckpt.clock import Clock
 
@@ -95,6 +95,15 @@ class SparkApi(Protocol):
 
     def size_estimate(self, df: DataFrame) -> int | None:
         """The optimizer's size estimate of ``df`` in bytes; None: cannot tell."""
+
+    def observe(self, df: DataFrame, name: str, *columns: Column, clock: Clock | None = None
+                ) -> tuple[DataFrame, Callable[[float], dict[str, Any] | None]] | None:
+        """``df`` with the aggregates ``columns`` computed over its rows as a job reads them
+        (Spark's ``observe``: no job of its own), and a reader of their values: a dict once a
+        job that read ``df`` has reported them (waiting at most the seconds given, of ``clock``,
+        for Spark to hand them over), None when none has. A job that reads only part of ``df`` (a
+        limit) reports what it read. None: this session cannot tell when they are reported
+        (Spark Connect)."""
 
     def provably_empty(self, df: DataFrame) -> bool:
         """True when the optimizer reduced ``df`` to no rows."""

@@ -334,6 +334,9 @@ class JobScheduler:
                     staged[name] = output.sink.stage(df, b)
                 durations[f"output.{name}"] = _ms(self._clock.monotonic_s() - t1)
             durations["planning"] = _ms(planning)
+            t0 = self._clock.monotonic_s()
+            run.finish_reads()  # rows counted, malformed rows to the dead-letter table
+            durations["reads"] = _ms(self._clock.monotonic_s() - t0)
             fault_point("stream.batch.staged")
             t0 = self._clock.monotonic_s()
             for output in self._graph.outputs:

@@ -104,6 +104,9 @@ class BatchStats:
     computed: list[str] = dataclasses.field(default_factory=list)
     state: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     cleanups: list[Callable[[], Any]] = dataclasses.field(default_factory=list)
+    # what sources learn from the batch's own jobs (rows counted, malformed rows found as the
+    # jobs read them), run once those jobs have run, before the batch commits
+    after_jobs: list[Callable[[], Any]] = dataclasses.field(default_factory=list)
 
 
 class BatchRun:
@@ -144,6 +147,15 @@ class BatchRun:
     def on_cleanup(self, fn: Callable[[], Any]) -> None:
         self.stats.cleanups.append(fn)
 
+    def after_jobs(self, fn: Callable[[], Any]) -> None:
+        self.stats.after_jobs.append(fn)
+
+    def finish_reads(self) -> None:
+        """Run what the sources asked for once the batch's jobs have read them (in order; a
+        failure fails the batch before it commits)."""
+        while self.stats.after_jobs:
+            self.stats.after_jobs.pop(0)()
+
     def dead_letter(self, source: str, rows: DataFrame, count: int) -> None:
         if self.batch_id == self.stats.batch_id:
             self.stats.dead_letters[source] = self.stats.dead_letters.get(source, 0) + count
@@ -156,4 +168,5 @@ class BatchRun:
             except Exception as exc:  # noqa: BLE001 - never hide the batch's own outcome
                 log.warning("Batch %d: cleanup failed: %s", self.batch_id, exc)
         self.stats.cleanups.clear()
+        self.stats.after_jobs.clear()
         self.memo.clear()

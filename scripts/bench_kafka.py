@@ -203,12 +203,87 @@ def child_ckpt(args: argparse.Namespace, spark) -> dict:
                             for c in ctx.recent_checkpoints]}
 
 
+def child_steady(args: argparse.Namespace, spark) -> dict:
+    """The keyed count/sum (and each key's newest produce time, for the latency) over a topic
+    being produced at a steady rate, merged into Delta, running until the parent stops it
+    (SIGTERM): Structured Streaming's default trigger (a batch as soon as the last ends),
+    spark_ckpt with a batch every 0.1 s and a checkpoint every second (its Delta output is
+    visible when a checkpoint completes)."""
+    import signal
+    import threading
+
+    from pyspark.sql import functions as F
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    out = str(Path(args.work) / "out")
+    if args.system == "ss_steady":
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass",
+                       "org.apache.spark.sql.execution.streaming.state."
+                       "RocksDBStateStoreProvider")
+        spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+                       "true")
+        rows = (spark.readStream.format("kafka")
+                .option("kafka.bootstrap.servers", args.bootstrap)
+                .option("subscribe", args.out_topic).option("startingOffsets", "earliest")
+                .load()
+                .select(F.from_json(F.col("value").cast("string"), VALUE_SCHEMA).alias("v"))
+                .select("v.key", "v.value", "v.event_time"))
+        result = rows.groupBy("key").agg(F.count(F.lit(1)).alias("n"),
+                                         F.sum("value").alias("total"),
+                                         F.max("event_time").alias("last_ms"))
+
+        def merge(df, batch_id: int) -> None:
+            from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+            table_rows = df.toArrow()
+            props = CommitProperties(app_transactions=[Transaction(app_id="bench",
+                                                                   version=batch_id)])
+            if not DeltaTable.is_deltatable(out):
+                write_deltalake(out, table_rows, commit_properties=props)
+                return
+            DeltaTable(out).merge(table_rows, "t.key = s.key", source_alias="s",
+                                  target_alias="t", commit_properties=props) \
+                .when_matched_update_all().when_not_matched_insert_all().execute()
+
+        query = (result.writeStream.outputMode("update").foreachBatch(merge)
+                 .option("checkpointLocation", str(Path(args.work) / "ckpt")).start())
+        print("RUNNING", flush=True)
+        while not stop.is_set() and query.isActive:
+            stop.wait(0.5)
+        query.stop()
+        return {"seconds": 0.0, "rows": 0, "batches": len(query.recentProgress)}
+    from spark_ckpt import Settings, StreamingContext
+    from spark_ckpt.state import count, max_, sum_
+
+    work = Path(args.work)
+    ctx = StreamingContext(spark, 0.1, str(work / "ckpt"), "bench-steady", settings=Settings(
+        progress="never", checkpoint_interval_ms=1000, state_parallelism=2))
+    parsed = ctx.kafka_stream("events", args.bootstrap, topics=[args.out_topic],
+                              starting_offsets="earliest", reader="spark") \
+        .select(F.from_json(F.col("value").cast("string"), VALUE_SCHEMA).alias("v")) \
+        .select("v.key", "v.value", "v.event_time")
+    parsed.key_by("key").agg(name="totals", n=count(), total=sum_("value"),
+                             last_ms=max_("event_time")) \
+        .write_delta(out, name="totals", merge_keys=["key"])
+    ctx.start()
+    print("RUNNING", flush=True)
+    stop.wait()
+    ctx.stop()
+    return {"seconds": 0.0, "rows": 0, "batches": len(ctx.recent_progress)}
+
+
 def child(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     jars = "" if args.system == "ckpt_py" else args.jars
     spark = session(f"bench-kafka-{args.system}", jars)
     started = time.perf_counter() - t0
-    result = child_ss(args, spark) if args.system == "ss" else child_ckpt(args, spark)
+    if args.system.endswith("_steady"):
+        result = child_steady(args, spark)
+    elif args.system == "ss":
+        result = child_ss(args, spark)
+    else:
+        result = child_ckpt(args, spark)
     result["session_start_s"] = started
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -306,6 +381,124 @@ def run(args: argparse.Namespace, system: str, work: Path, cluster, jars: str,
     return result
 
 
+def _produce_steady(bootstrap: str, topic: str, rate: int, seconds: float, keys: int,
+                    partitions: int) -> None:
+    """``rate`` records a second for ``seconds``, in slices of 10 ms; each record's
+    event_time is when it was produced (ms)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
+    per_tick = rate // 100
+    start = time.time()
+    i = 0
+    for tick in range(int(seconds * 100)):
+        due = start + tick / 100
+        delay = due - time.time()
+        if delay > 0:
+            time.sleep(delay)  # pacing the producer to its rate, not a wait for a result
+        now = int(time.time() * 1000)
+        for _ in range(per_tick):
+            key = i % keys
+            value = (f'{{"key":{key},"carrier":"C{key % 17:02d}","value":{value_of(i)},'
+                     f'"event_time":{now},"note":"{PAD[i % 26]}"}}')
+            producer.produce(topic, value.encode(), str(key).encode(),
+                             partition=key % partitions)
+            i += 1
+        producer.poll(0)
+    assert producer.flush(120) == 0
+
+
+def _watch(table: str, until: Any, seen: list[tuple[float, int]]) -> None:
+    """Each new Delta version of ``table``: when it became visible here and the newest
+    produce time it includes (the largest ``last_ms``)."""
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    version = -1
+    while not until():
+        try:
+            dt = DeltaTable(table)
+        except Exception:  # noqa: BLE001 - not created yet
+            time.sleep(0.02)  # polling for the table's first version
+            continue
+        if dt.version() != version:
+            visible = time.time()
+            version = dt.version()
+            newest = pc.max(dt.to_pyarrow_table(columns=["last_ms"])["last_ms"]).as_py()
+            if newest is not None:
+                seen.append((visible, int(newest)))
+        time.sleep(0.02)  # polling for the next version
+
+
+def latencies(seen: list[tuple[float, int]], warmup_ms: int) -> dict:
+    """Each record produced in (newest of version v-1, newest of version v] became visible
+    with version v: at a steady rate its produce times are uniform in that span, so its
+    latency is visible(v) - produce time, counted per millisecond of the span."""
+    import numpy as np
+
+    out: list[Any] = []
+    first = seen[0][1] + warmup_ms if seen else 0
+    for (_vis0, newest0), (vis, newest) in zip(seen, seen[1:], strict=False):
+        if newest <= newest0 or newest0 < first:
+            continue
+        produced = np.arange(newest0 + 1, newest + 1, dtype=np.int64)
+        out.append(vis * 1000 - produced)
+    if not out:
+        return {}
+    ms = np.concatenate(out)
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+            "max_ms": float(ms.max()), "versions": len(seen), "measured_ms": int(len(ms))}
+
+
+def run_steady(args: argparse.Namespace, system: str, work: Path, cluster, jars: str) -> dict:
+    import threading
+
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    topic = f"steady-{system}-{int(time.time() * 1000)}"
+    cluster.create_topic(topic, args.partitions)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               PYSPARK_SUBMIT_ARGS="--driver-memory 4g pyspark-shell",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, __file__, "--child", system, "--work", str(work), "--bootstrap",
+           cluster.bootstrap, "--jars", jars, "--out-topic", topic]
+    log = open(work.parent / f"{work.name}.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+                            cwd=ROOT)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the query is running (its session started)
+        if line.startswith("RUNNING"):
+            break
+    else:
+        raise SystemExit(f"{system} did not start (see {log.name})")
+    done = threading.Event()
+    seen: list[tuple[float, int]] = []
+    watcher = threading.Thread(target=_watch, args=(str(work / "out"), done.is_set, seen))
+    watcher.start()
+    producer = multiprocessing.Process(target=_produce_steady, args=(
+        cluster.bootstrap, topic, args.steady, args.steady_seconds, args.keys, args.partitions))
+    started = time.time()
+    producer.start()
+    producer.join()
+    last_produced = int(time.time() * 1000) - 50
+    deadline = time.time() + 120
+    while time.time() < deadline and not (seen and seen[-1][1] >= last_produced):
+        time.sleep(0.2)  # until the last records are visible (at most 2 minutes)
+    done.set()
+    watcher.join()
+    proc.terminate()
+    try:
+        proc.wait(120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+    result = latencies(seen, args.steady_warmup * 1000)
+    result.update({"rate": args.steady, "seconds": args.steady_seconds,
+                   "drained": bool(seen and seen[-1][1] >= last_produced),
+                   "first_visible_s": (seen[0][0] - started) if seen else None})
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -324,6 +517,12 @@ def main() -> None:
     parser.add_argument("--base", default="/tmp/spark-ckpt-bench-kafka")
     parser.add_argument("--broker-heap", default="2g")
     parser.add_argument("--json")
+    parser.add_argument("--steady", type=int, default=0,
+                        help="instead: records/s produced while the pipelines run "
+                        "(ss_steady, ckpt_steady); end-to-end latency to Delta")
+    parser.add_argument("--steady-seconds", type=float, default=120.0)
+    parser.add_argument("--steady-warmup", type=float, default=30.0,
+                        help="seconds of the start left out of the latencies")
     args = parser.parse_args()
     if args.child:
         args.system = args.child
@@ -351,6 +550,16 @@ def main() -> None:
                                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "command": " ".join(sys.argv)}
     try:
+        if args.steady:
+            figures["steady"] = {s: [] for s in systems}
+            for rep in range(args.reps):
+                for system in (systems if rep % 2 == 0 else systems[::-1]):
+                    r = run_steady(args, system, base / f"{system}-{rep}", cluster, jars)
+                    figures["steady"][system].append(r)
+                    print(f"rep {rep + 1} {system}: {r}", flush=True)
+                    if args.json:
+                        Path(args.json).write_text(json.dumps(figures, indent=1))
+            return
         cluster.create_topic(TOPIC, args.partitions)
         figures["produce_seconds"] = produce(cluster.bootstrap, args.records, args.keys,
                                              args.partitions)

@@ -259,6 +259,23 @@ def child_generate(args: argparse.Namespace) -> dict:
     return {}
 
 
+def _as_json_lines(directory: str) -> str:
+    """A copy of ``directory``'s Parquet files as JSON lines, file by file, with the same
+    modification times (the same batches, in the same order); its path."""
+    import pyarrow.parquet as pq
+
+    target = Path(directory + "-json")
+    target.mkdir(parents=True, exist_ok=True)
+    for part in sorted(Path(directory).glob("*.parquet")):
+        dst = target / (part.stem + ".json")
+        frame = pq.read_table(part).to_pandas()
+        frame["event_time"] = frame["event_time"].dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        dst.write_text(frame.to_json(orient="records", lines=True, double_precision=15))
+        stat = part.stat()
+        os.utime(dst, (stat.st_atime, stat.st_mtime))
+    return str(target)
+
+
 def check_output(spark, out_dir: str, expected_dir: str) -> dict:
     """The newest row per key (largest n) of an update output against the expected totals."""
     from pyspark.sql import functions as F
@@ -327,7 +344,7 @@ def child_ckpt(args: argparse.Namespace, spark) -> dict:
     ctx = StreamingContext(spark, args.batch_interval, str(work / "ckpt"), "bench",
                            settings=settings)
     schema = TOTALS_SCHEMA if args.scenario == "totals" else SCHEMA
-    src = ctx.file_stream("in", args.input, "parquet", schema=schema,
+    src = ctx.file_stream("in", args.input, args.input_format, schema=schema,
                           max_files_per_batch=args.files_per_batch)
     if args.scenario == "process":
         processor = RunningVec() if args.system == "ckpt_vec" else Running()
@@ -384,7 +401,7 @@ def child_ss(args: argparse.Namespace, spark) -> dict:
     out = str(work / "out")
     schema = TOTALS_SCHEMA if args.scenario == "totals" else SCHEMA
     stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", args.files_per_batch) \
-        .parquet(args.input)
+        .format(args.input_format).load(args.input)
     if args.scenario == "totals":
         result = stream.groupBy("carrier", "key").agg(
             F.count(F.lit(1)).alias("n"), F.sum("value").alias("total"),
@@ -689,6 +706,8 @@ class Bench:
         path.write_text(json.dumps(spec))
         t0 = time.perf_counter()
         run_child("gen", "spark", None, spec=path)
+        if self.args.input_format == "json" and "totals" in self.data:
+            self.data["totals"]["input"] = _as_json_lines(self.data["totals"]["input"])
         return time.perf_counter() - t0
 
     def run_flink(self, data: str) -> dict:
@@ -756,6 +775,8 @@ class Bench:
         opts.setdefault("batch_interval", 0.5)
         label = f"{scenario}-{system}" + (f"-{opts['tag']}" if "tag" in opts else "")
         opts.pop("tag", None)
+        if data == "totals" and self.args.input_format != "parquet":
+            opts["input_format"] = self.args.input_format
         return run_child(scenario, system, self.base / "work" / label, input=d["input"],
                          expected=d["expected"], **opts)
 
@@ -1250,6 +1271,9 @@ def main() -> None:
     parser.add_argument("--batch-interval", type=float, default=0.5, help=argparse.SUPPRESS)
     parser.add_argument("--files-per-batch", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--skip-check", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--input-format", choices=["parquet", "json"], default="parquet",
+                        help="the totals scenario's input: its Parquet files, or the same rows "
+                        "as JSON lines (one JSON file per Parquet file, same order)")
     args = parser.parse_args()
     if args.child:
         child(args)

@@ -23,6 +23,10 @@ Then, each arm its own driver process reading the whole topic from its start in 
               connector (flink-sql-connector-kafka 5.0.0-2.2), its JSON format, ``GROUP BY``,
               RocksDB, incremental checkpoints every 10 s, parallelism 2, bounded at the latest
               offsets (scripts/bench_pyflink.py);
+``floor``     what any Spark engine does for this pipeline and nothing more: each batch's
+              offsets read through Spark's connector, ``from_json``, the count and sum, to
+              Spark's ``noop`` sink (no state, no output, no checkpoint): the least time on
+              Spark, against which the others' ratios are bounded;
 ``eo``/``alo`` spark_ckpt Kafka to Kafka: the records' key and value sent on to a topic of 8
               partitions, ``delivery="exactly_once"`` against ``"at_least_once"``.
 
@@ -273,6 +277,29 @@ def child_steady(args: argparse.Namespace, spark) -> dict:
     return {"seconds": 0.0, "rows": 0, "batches": len(ctx.recent_progress)}
 
 
+def child_floor(args: argparse.Namespace, spark) -> dict:
+    """What every Spark engine does for this pipeline, and nothing else: each batch's
+    offsets read through Spark's Kafka connector, ``from_json``, the keyed count and sum,
+    written nowhere (Spark's ``noop`` sink); no state, no sink, no checkpoint."""
+    from pyspark.sql import functions as F
+
+    ends = {p: args.records // args.partitions for p in range(args.partitions)}
+    step = args.per_batch // args.partitions
+    t0 = time.perf_counter()
+    batches = 0
+    for start in range(0, max(ends.values()), step):
+        starting = {TOPIC: {str(p): start for p in ends}}
+        ending = {TOPIC: {str(p): min(start + step, e) for p, e in ends.items()}}
+        (spark.read.format("kafka").option("kafka.bootstrap.servers", args.bootstrap)
+         .option("subscribe", TOPIC).option("startingOffsets", json.dumps(starting))
+         .option("endingOffsets", json.dumps(ending)).load()
+         .select(F.from_json(F.col("value").cast("string"), VALUE_SCHEMA).alias("v"))
+         .groupBy("v.key").agg(F.count(F.lit(1)).alias("n"), F.sum("v.value").alias("total"))
+         .write.format("noop").mode("overwrite").save())
+        batches += 1
+    return {"seconds": time.perf_counter() - t0, "rows": args.records, "batches": batches}
+
+
 def child(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     jars = "" if args.system == "ckpt_py" else args.jars
@@ -280,6 +307,8 @@ def child(args: argparse.Namespace) -> None:
     started = time.perf_counter() - t0
     if args.system.endswith("_steady"):
         result = child_steady(args, spark)
+    elif args.system == "floor":
+        result = child_floor(args, spark)
     elif args.system == "ss":
         result = child_ss(args, spark)
     else:
@@ -356,7 +385,8 @@ def run(args: argparse.Namespace, system: str, work: Path, cluster, jars: str,
             cluster.create_topic(out_topic, args.partitions)
         cmd = [sys.executable, __file__, "--child", system, "--work", str(work), "--bootstrap",
                cluster.bootstrap, "--per-batch", str(args.per_batch), "--jars", jars,
-               "--out-topic", out_topic]
+               "--out-topic", out_topic, "--records", str(args.records), "--partitions",
+               str(args.partitions)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
@@ -367,7 +397,9 @@ def run(args: argparse.Namespace, system: str, work: Path, cluster, jars: str,
                          f"{proc.stderr[-6000:]}")
     result = {**json.loads(line[7:]), "process_seconds": wall}
     n_exp, total_exp = args.expected
-    if system == "flink":
+    if system == "floor":
+        result["check"] = {"equal": True, "note": "writes nothing (noop)"}
+    elif system == "flink":
         result["check"] = check_flink(proc.stdout, n_exp, total_exp)
     elif system in ("eo", "alo"):
         got = count_committed(cluster.bootstrap, out_topic)
@@ -582,7 +614,7 @@ def main() -> None:
         figures["median_throughput"] = med
         ratios = {}
         for a, b in (("ckpt", "ss"), ("ckpt_py", "ss"), ("ckpt", "flink"), ("ckpt_py", "flink"),
-                     ("eo", "alo")):
+                     ("eo", "alo"), ("floor", "ss"), ("floor", "ckpt")):
             if a in med and b in med:
                 ratios[f"{a}/{b}"] = med[a] / med[b]
         figures["ratios"] = ratios

@@ -591,6 +591,11 @@ def _split(ranges: list[tuple[str, int, int, int]], tasks: int
 
 def _has_connector(spark: SparkSession) -> bool:
     """True when Spark's Kafka data source resolves in this session (classic or Connect)."""
+    from spark_ckpt.sparkapi import spark_api
+
+    found = spark_api(spark).data_source_available("kafka")  # Spark's lookup (classic)
+    if found is not None:
+        return found
     try:
         schema = (spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
                   .option("assign", '{"t":[0]}').option("startingOffsets", '{"t":{"0":0}}')

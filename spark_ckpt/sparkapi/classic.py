@@ -351,6 +351,15 @@ class ClassicSpark:
         size = df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()
         return int(str(size))  # a Scala BigInt: any size
 
+    def data_source_available(self, name: str) -> bool | None:
+        jvm = self._sc._jvm
+        try:
+            jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+                name, self.spark._jsparkSession.sessionState().conf())
+        except Exception:  # noqa: BLE001 - Spark's "failed to find the data source"
+            return False
+        return True
+
     def observe(self, df: DataFrame, name: str, *columns: Column, clock: Clock | None = None
                 ) -> tuple[DataFrame, Callable[[float], dict[str, Any] | None]] | None:
         from pyspark.sql import Observation

@@ -138,6 +138,9 @@ class ConnectSpark:
             return None
         return int(float(found.group(1)) * _UNITS[found.group(2)])
 
+    def data_source_available(self, name: str) -> bool | None:
+        return None  # the server resolves it: only a read built there tells
+
     def observe(self, df: DataFrame, name: str, *columns: Column, clock: Clock | None = None
                 ) -> tuple[DataFrame, Callable[[float], dict[str, Any] | None]] | None:
         return None  # a Connect client learns metrics with an action's own result only

@@ -86,3 +86,33 @@ def test_json_rows_are_counted_and_routed_within_the_batchs_own_jobs(spark, tmp_
     # write and then the dead letters' read and write
     assert jobs[0] == jobs[2] == JSON_OUTPUT_JOBS, jobs
     assert jobs[1] > jobs[0], jobs
+
+
+def test_a_foreach_batch_that_reads_part_of_a_batch_still_dead_letters_all_of_it(spark,
+                                                                                 tmp_path):
+    """A foreach_batch function that first asks ``df.isEmpty()`` (a job that reads one row)
+    and only then reads the batch: the batch is counted and routed as a whole, not by what
+    its first job happened to read (counting as the pipeline's jobs read a batch is only for
+    pipelines whose operators and sinks are all spark_ckpt's own)."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    good = [f'{{"id": {i}, "name": "n{i}", "score": {i}.5}}' for i in range(6)]
+    bad = ["broken one", '{"id": 7, "name": "typed", "score": "nan-ish"}']
+    (landing / "f0.json").write_text("\n".join(good[:3] + bad + good[3:]) + "\n")
+    os.utime(landing / "f0.json", (BASE_S, BASE_S))
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "partial",
+                           settings=Settings(progress="never"))
+    seen: list[int] = []
+
+    def peek_then_read(df, _b: int) -> None:
+        if not df.isEmpty():
+            seen.extend(r.id for r in df.collect())
+
+    ctx.file_stream("js", str(landing), "json", schema="id INT, name STRING, score DOUBLE") \
+        .foreach_batch(peek_then_read, name="peek")
+    progress = ctx.process_available(timeout=300)
+    assert sorted(seen) == list(range(6))
+    assert progress[0]["num_input_rows"] == 8
+    assert progress[0]["sources"]["js"]["dead_letter_rows"] == 2
+    dead = read_delta(str(tmp_path / "ckpt" / "deadletter")).to_pandas()
+    assert sorted(dead.record.str.strip()) == sorted(bad)

@@ -607,3 +607,18 @@ def test_a_broker_killed_in_a_three_broker_cluster_loses_and_repeats_nothing(
             assert final.returncode == 0, final.stdout[-5000:] + final.stderr[-5000:]
         out = read_committed(cluster, "bout")
         assert_numbered_once(out, n)
+
+
+def test_whether_sparks_connector_is_there_is_sparks_own_lookup(spark):
+    """On a classic session the Kafka source asks Spark's own data-source lookup (no read
+    built to probe it) and checks the Kafka client the connector needs beside its jar: a
+    connector without kafka-clients is not taken for one that reads."""
+    from spark_ckpt.sparkapi import spark_api
+
+    api = spark_api(spark)
+    if api.kind != "classic":
+        assert api.data_source_available("kafka") is None  # Connect: a read tells
+        return
+    assert api.data_source_available("parquet") is True
+    assert api.data_source_available("parquet", requires=("no.such.KafkaClass",)) is False
+    assert api.data_source_available("kafka") is False  # not on the tests' session

@@ -353,13 +353,16 @@ class FileStreamSource(Source):
     def _read_text(self, run: SourceRun, files: list[str], schema: StructType) -> DataFrame:
         """The batch's JSON or CSV rows that parse; the others go to the dead-letter table.
 
-        On a classic session, the rows and the malformed ones are counted as the batch's own
-        job reads them (Spark's ``observe``: no job of their own); once the batch's jobs have
-        run, malformed rows found are read again and written to the dead-letter table (a job
-        only when there are some), before the batch commits. Where no job reported the counts
-        (nothing read the source whole), they are counted in a job then. On Spark Connect,
-        whose client learns metrics only with an action's own result, the rows are persisted,
-        counted and routed before the pipeline reads them."""
+        On a classic session, where everything the pipeline computes from the source reads
+        each batch whole (spark_ckpt's own operators and sinks: ``BatchRun.reads_whole``), the
+        rows and the malformed ones are counted as the batch's own job reads them (Spark's
+        ``observe``: no job of their own); once the batch's jobs have run, malformed rows
+        found are read again and written to the dead-letter table (a job only when there are
+        some), before the batch commits. Where no job reported the counts (nothing read the
+        source in this batch), they are counted in a job then. Elsewhere (a ``transform`` or
+        ``foreach_batch`` function of the user's, which may read part of a batch; Spark
+        Connect, whose client learns metrics only with an action's own result) the rows are
+        persisted, counted and routed before the pipeline reads them."""
         from pyspark.sql import functions as F
         from pyspark.sql.types import StringType, StructField, StructType
 
@@ -375,8 +378,10 @@ class FileStreamSource(Source):
         counts = (F.count(F.lit(1)).alias("rows"),
                   F.count(F.when(F.col(CORRUPT_COLUMN).isNotNull(),
                                  _with_data(schema))).alias("bad"))
-        observed = spark_api(run.spark).observe(
-            parsed, f"spark_ckpt-{self.name}-b{run.batch_id}-{id(parsed):x}", *counts)
+        observed = None
+        if run.reads_whole(self.name):  # else a user's function may read part of it
+            observed = spark_api(run.spark).observe(
+                parsed, f"spark_ckpt-{self.name}-b{run.batch_id}-{id(parsed):x}", *counts)
         if observed is None:
             return self._read_text_persisted(run, parsed, schema, counts)
         frame, values = observed
@@ -391,9 +396,11 @@ class FileStreamSource(Source):
                 # row: the query ended without them) from the batch's jobs: count them now
                 log.info("File source %s: batch %d's rows were not counted by its jobs; "
                          "counting them", self.name, batch_id)
-                row = parsed.agg(*counts).first()
+                # over the observed frame: the query completes the observation, which Spark
+                # keeps in the session until one does
+                row = frame.agg(*counts).first()
                 assert row is not None  # an aggregate without grouping has one row
-                seen = row.asDict()
+                seen = {"rows": row[0], "bad": row[1]}
             self._counted(run, parsed, schema, int(seen["rows"]), int(seen["bad"]))
 
         run.after_jobs(route)

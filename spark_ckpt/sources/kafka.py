@@ -593,7 +593,9 @@ def _has_connector(spark: SparkSession) -> bool:
     """True when Spark's Kafka data source resolves in this session (classic or Connect)."""
     from spark_ckpt.sparkapi import spark_api
 
-    found = spark_api(spark).data_source_available("kafka")  # Spark's lookup (classic)
+    # Spark's own lookup (classic), and the Kafka client its connector needs beside it
+    found = spark_api(spark).data_source_available(
+        "kafka", requires=("org.apache.kafka.clients.consumer.ConsumerConfig",))
     if found is not None:
         return found
     try:

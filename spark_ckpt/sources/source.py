@@ -60,6 +60,10 @@ class SourceRun(Protocol):
     def after_jobs(self, fn: Callable[[], Any]) -> None:
         """``fn`` runs once the batch's jobs have run, before the batch commits."""
 
+    def reads_whole(self, source: str) -> bool:
+        """True when everything the pipeline computes from ``source`` reads each of its
+        batches whole (spark_ckpt's own operators and sinks only)."""
+
     def dead_letter(self, source: str, rows: DataFrame, count: int) -> None: ...
 
 

@@ -8,10 +8,13 @@ The only module of spark_ckpt that touches py4j, ``_jdf``, ``_jsc``, ``_jvm`` or
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.sparkapi.types import Expr, PlanNode, walk
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -351,12 +354,16 @@ class ClassicSpark:
         size = df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()
         return int(str(size))  # a Scala BigInt: any size
 
-    def data_source_available(self, name: str) -> bool | None:
+    def data_source_available(self, name: str, requires: tuple[str, ...] = ()) -> bool | None:
         jvm = self._sc._jvm
         try:
             jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
                 name, self.spark._jsparkSession.sessionState().conf())
-        except Exception:  # noqa: BLE001 - Spark's "failed to find the data source"
+            for cls in requires:  # the loader Spark's lookup uses
+                jvm.org.apache.spark.util.Utils.classForName(cls, True, False)
+        except Exception as exc:  # noqa: BLE001 - not found, or a class it needs is missing
+            _log.debug("data source %s not available: %s", name,
+                       str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
             return False
         return True
 

@@ -107,6 +107,8 @@ class BatchStats:
     # what sources learn from the batch's own jobs (rows counted, malformed rows found as the
     # jobs read them), run once those jobs have run, before the batch commits
     after_jobs: list[Callable[[], Any]] = dataclasses.field(default_factory=list)
+    # source -> whether everything computed from it reads its batches whole
+    whole_reads: dict[str, bool] = dataclasses.field(default_factory=dict)
 
 
 class BatchRun:
@@ -149,6 +151,9 @@ class BatchRun:
 
     def after_jobs(self, fn: Callable[[], Any]) -> None:
         self.stats.after_jobs.append(fn)
+
+    def reads_whole(self, source: str) -> bool:
+        return self.stats.whole_reads.get(source, False)
 
     def finish_reads(self) -> None:
         """Run what the sources asked for once the batch's jobs have read them (in order; a

@@ -93,30 +93,32 @@ class Stream:
 
     def filter(self, condition: Column | str) -> Stream:
         """The rows where ``condition`` holds (``where`` is the same)."""
-        return self.transform(lambda df: df.where(condition), name=f"{self.name}.filter")
+        return Transformed(self.pipeline, (self,), lambda df: df.where(condition),
+                           f"{self.name}.filter", whole=True)
 
     where = filter
 
     def select(self, *columns: Column | str) -> Stream:
         """The given columns or expressions of each batch."""
-        return self.transform(lambda df: df.select(*columns), name=f"{self.name}.select")
+        return Transformed(self.pipeline, (self,), lambda df: df.select(*columns),
+                           f"{self.name}.select", whole=True)
 
     def with_column(self, name: str, column: Column) -> Stream:
         """Each batch with column ``name`` added or replaced."""
-        return self.transform(lambda df: df.withColumn(name, column),
-                              name=f"{self.name}.with_column({name})")
+        return Transformed(self.pipeline, (self,), lambda df: df.withColumn(name, column),
+                           f"{self.name}.with_column({name})", whole=True)
 
     def union(self, *others: Stream) -> Stream:
         """Rows of this stream and ``others`` in each batch (columns matched by name)."""
 
         return Transformed(self.pipeline, (self, *others), lambda *dfs: union_by_name(dfs),
-                           f"{self.name}.union")
+                           f"{self.name}.union", whole=True)
 
     def join(self, other: Stream, on: str | Sequence[str] | Column, how: str = "inner") -> Stream:
         """Join each batch of this stream with the same batch of ``other``."""
         cond: Any = on  # pyspark's stubs want a list where any sequence works
         return Transformed(self.pipeline, (self, other), lambda a, b: a.join(b, cond, how),
-                           f"{self.name}.join({other.name})")
+                           f"{self.name}.join({other.name})", whole=True)
 
     def join_static(self, table: DataFrame | Callable[[], DataFrame],
                     on: str | Sequence[str] | Column, how: str = "inner",
@@ -131,7 +133,8 @@ class Stream:
             right = table() if callable(table) else table
             return df.join(F.broadcast(right) if broadcast else right, cond, how)
 
-        return Transformed(self.pipeline, (self,), join_it, f"{self.name}.join_static")
+        return Transformed(self.pipeline, (self,), join_it, f"{self.name}.join_static",
+                           whole=True)
 
     def key_by(self, *keys: str, parallelism: int | None = None,
                max_parallelism: int | None = None) -> Any:
@@ -229,15 +232,18 @@ class InputStream(Stream):
         current = run.batch_id == run.stats.batch_id  # not an earlier batch of a window
         if current:
             run.stats.input_rows[self.source.name] = self.source.rows(piece)
+        run.stats.whole_reads[self.source.name] = self.pipeline.graph.reads_whole(self)
         # a BatchRun is a SourceRun (its stats a RunStats; the protocol's attribute is invariant)
         return self.source.read(cast("SourceRun", run), piece)
 
 
 class Transformed(Stream):
     def __init__(self, pipeline: Template, parents: Sequence[Stream],
-                 fn: Callable[..., DataFrame], name: str) -> None:
+                 fn: Callable[..., DataFrame], name: str, *, whole: bool = False) -> None:
         super().__init__(pipeline, parents, name)
         self.fn = fn
+        # spark_ckpt's own row-by-row operators read every row; a user's function may not
+        self.reads_whole = whole
 
     def compute(self, run: BatchRun) -> DataFrame | None:
         inputs = [run.get_or_compute(p) for p in self.parents]
@@ -289,7 +295,19 @@ class Output(Stream):
         self.sink = sink
         self.two_phase = two_phase
         self.output_name = name
+        # spark_ckpt's own sinks write every row; a foreach_batch function or a user's own
+        # two-phase sink may read part of a batch
+        self.reads_whole = all(_own_sink(x) for x in (sink, two_phase))
         pipeline.graph.add_output(self)
 
     def compute(self, run: BatchRun) -> DataFrame | None:
         return run.get_or_compute(self.parents[0])
+
+
+def _own_sink(sink: Any) -> bool:
+    """True for no sink or one of spark_ckpt's own (they write every row of a batch)."""
+    from spark_ckpt.sinks.per_batch import ForeachBatchSink
+
+    return sink is None or (type(sink).__module__.startswith("spark_ckpt.")
+                            and not isinstance(sink, ForeachBatchSink))
+

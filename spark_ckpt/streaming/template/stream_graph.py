@@ -130,6 +130,25 @@ class StreamGraph:
             if output.id not in state:
                 visit(output, [])
 
+    def reads_whole(self, stream: GraphStream) -> bool:
+        """True when every stream computed from ``stream`` reads each of its batches whole:
+        spark_ckpt's own operators (select, filter, joins, unions, windows, stateful
+        operators) up to spark_ckpt's own sinks. A user's ``transform`` function, a
+        ``foreach_batch`` function or a user's two-phase sink may read part of a batch (a
+        limit, ``isEmpty()``), so whatever is counted as the batch is read is not the
+        batch's count there."""
+        children: dict[int, list[Any]] = {}
+        for s in self.reachable():
+            for parent in s.parents:
+                children.setdefault(parent.id, []).append(s)
+        queue: deque[Any] = deque(children.get(stream.id, ()))
+        while queue:
+            s = queue.popleft()
+            if not getattr(s, "reads_whole", True):
+                return False
+            queue.extend(children.get(s.id, ()))
+        return True
+
     def reachable(self) -> list[Any]:
         """Every stream some output needs, found by BFS from the outputs (each once)."""
         seen: dict[int, Any] = {}

@@ -211,8 +211,8 @@ def child_steady(args: argparse.Namespace, spark) -> dict:
     """The keyed count/sum (and each key's newest produce time, for the latency) over a topic
     being produced at a steady rate, merged into Delta, running until the parent stops it
     (SIGTERM): Structured Streaming's default trigger (a batch as soon as the last ends),
-    spark_ckpt with a batch every 0.1 s and a checkpoint every second (its Delta output is
-    visible when a checkpoint completes)."""
+    spark_ckpt with a batch every 0.1 s and a checkpoint every ``--checkpoint-ms`` (its
+    Delta output is visible when a checkpoint completes)."""
     import signal
     import threading
 
@@ -262,7 +262,7 @@ def child_steady(args: argparse.Namespace, spark) -> dict:
 
     work = Path(args.work)
     ctx = StreamingContext(spark, 0.1, str(work / "ckpt"), "bench-steady", settings=Settings(
-        progress="never", checkpoint_interval_ms=1000, state_parallelism=2))
+        progress="never", checkpoint_interval_ms=args.checkpoint_ms, state_parallelism=2))
     parsed = ctx.kafka_stream("events", args.bootstrap, topics=[args.out_topic],
                               starting_offsets="earliest", reader="spark") \
         .select(F.from_json(F.col("value").cast("string"), VALUE_SCHEMA).alias("v")) \
@@ -493,7 +493,8 @@ def run_steady(args: argparse.Namespace, system: str, work: Path, cluster, jars:
                PYSPARK_SUBMIT_ARGS="--driver-memory 4g pyspark-shell",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, __file__, "--child", system, "--work", str(work), "--bootstrap",
-           cluster.bootstrap, "--jars", jars, "--out-topic", topic]
+           cluster.bootstrap, "--jars", jars, "--out-topic", topic, "--checkpoint-ms",
+           str(args.checkpoint_ms)]
     log = open(work.parent / f"{work.name}.log", "w")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
                             cwd=ROOT)
@@ -553,6 +554,9 @@ def main() -> None:
                         help="instead: records/s produced while the pipelines run "
                         "(ss_steady, ckpt_steady); end-to-end latency to Delta")
     parser.add_argument("--steady-seconds", type=float, default=120.0)
+    parser.add_argument("--checkpoint-ms", type=int, default=1000,
+                        help="spark_ckpt's checkpoint interval in the steady run (its Delta "
+                        "output is visible when a checkpoint completes)")
     parser.add_argument("--steady-warmup", type=float, default=30.0,
                         help="seconds of the start left out of the latencies")
     args = parser.parse_args()

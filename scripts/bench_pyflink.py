@@ -125,16 +125,7 @@ def run_kafka(t_env, args: argparse.Namespace) -> None:
         'properties.bootstrap.servers' = '{args.kafka}',
         'properties.group.id' = 'bench-flink', 'scan.startup.mode' = 'earliest-offset',
         'scan.bounded.mode' = 'latest-offset', 'format' = 'json')""")
-    t_env.execute_sql("""CREATE TABLE sink (`key` BIGINT, n BIGINT, total DOUBLE)
-        WITH ('connector' = 'print', 'print-identifier' = 'OUT')""")
-    print(f"READY {time.time():.3f}", flush=True)
-    t0 = time.perf_counter()
-    t_env.execute_sql(f"""INSERT INTO sink SELECT `key`, n, total FROM (
-        SELECT `key`, COUNT(*) AS n, SUM(`value`) AS total FROM src GROUP BY `key`)
-        WHERE n = {args.rows_per_key}""").wait()
-    seconds = time.perf_counter() - t0
-    print("RESULT " + json.dumps({"seconds": seconds, "rows": args.rows, "batches": 1}),
-          flush=True)
+    run_agg(t_env, args)
 
 
 if __name__ == "__main__":

@@ -594,8 +594,7 @@ def _has_connector(spark: SparkSession) -> bool:
     from spark_ckpt.sparkapi import spark_api
 
     # Spark's own lookup (classic), and the Kafka client its connector needs beside it
-    found = spark_api(spark).data_source_available(
-        "kafka", requires=("org.apache.kafka.clients.consumer.ConsumerConfig",))
+    found = spark_api(spark).data_source_available("kafka")
     if found is not None:
         return found
     try:

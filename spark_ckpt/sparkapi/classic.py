@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 from spark_ckpt.sparkapi.types import Expr, PlanNode, walk
 
 _log = logging.getLogger(__name__)
+# what a data source's jar needs beside it to read (a connector without its client library
+# resolves, then fails at its first read)
+_SOURCE_NEEDS = {"kafka": ("org.apache.kafka.clients.consumer.ConsumerConfig",)}
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -354,12 +357,12 @@ class ClassicSpark:
         size = df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()
         return int(str(size))  # a Scala BigInt: any size
 
-    def data_source_available(self, name: str, requires: tuple[str, ...] = ()) -> bool | None:
+    def data_source_available(self, name: str) -> bool | None:
         jvm = self._sc._jvm
         try:
             jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
                 name, self.spark._jsparkSession.sessionState().conf())
-            for cls in requires:  # the loader Spark's lookup uses
+            for cls in _SOURCE_NEEDS.get(name, ()):  # the loader Spark's lookup uses
                 jvm.org.apache.spark.util.Utils.classForName(cls, True, False)
         except Exception as exc:  # noqa: BLE001 - not found, or a class it needs is missing
             _log.debug("data source %s not available: %s", name,
@@ -373,7 +376,7 @@ class ClassicSpark:
 
         from spark_ckpt.clock import SystemClock
 
-        time = clock or SystemClock()
+        clk = clock or SystemClock()
         observation = Observation(name)
         observed = df.observe(observation, *columns)
 
@@ -384,11 +387,11 @@ class ClassicSpark:
             jo = observation._jo
             if jo is None:
                 return None
-            deadline = time.monotonic_s() + wait_s
+            deadline = clk.monotonic_s() + wait_s
             while not jo.future().isCompleted():
-                if time.monotonic_s() >= deadline:
+                if clk.monotonic_s() >= deadline:
                     return None
-                time.sleep(0.01)  # polling Spark's future until a bounded deadline
+                clk.sleep(0.01)  # polling Spark's future until a bounded deadline
             return dict(observation.get)
 
         return observed, values

@@ -138,7 +138,7 @@ class ConnectSpark:
             return None
         return int(float(found.group(1)) * _UNITS[found.group(2)])
 
-    def data_source_available(self, name: str, requires: tuple[str, ...] = ()) -> bool | None:
+    def data_source_available(self, name: str) -> bool | None:
         return None  # the server resolves it: only a read built there tells
 
     def observe(self, df: DataFrame, name: str, *columns: Column, clock: Clock | None = None

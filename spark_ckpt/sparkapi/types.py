@@ -96,10 +96,10 @@ class SparkApi(Protocol):
     def size_estimate(self, df: DataFrame) -> int | None:
         """The optimizer's size estimate of ``df`` in bytes; None: cannot tell."""
 
-    def data_source_available(self, name: str, requires: tuple[str, ...] = ()) -> bool | None:
+    def data_source_available(self, name: str) -> bool | None:
         """Whether ``spark.read.format(name)`` resolves in this session (Spark's own lookup,
-        runs nothing) and the classes ``requires`` names load (what the source needs besides
-        its own jar); None: cannot tell without building a read (Spark Connect)."""
+        runs nothing), with what it needs beside its own jar (Kafka's: its client library);
+        None: cannot tell without building a read (Spark Connect)."""
 
     def observe(self, df: DataFrame, name: str, *columns: Column, clock: Clock | None = None
                 ) -> tuple[DataFrame, Callable[[float], dict[str, Any] | None]] | None:

@@ -4,6 +4,7 @@ batches' sources are parsed in."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -81,7 +82,17 @@ def test_json_rows_are_counted_and_routed_within_the_batchs_own_jobs(spark, tmp_
     assert sorted(dead.record.str.strip()) == sorted(bad)
     assert list(dead.batch_id) == [1, 1, 1]
     tracker = spark.sparkContext.statusTracker()
-    jobs = [len(tracker.getJobIdsForGroup(f"spark_ckpt-jsononce-b{b}")) for b in range(3)]
+
+    def jobs_of_batches() -> list[int]:
+        return [len(tracker.getJobIdsForGroup(f"spark_ckpt-jsononce-b{b}")) for b in range(3)]
+
+    deadline = time.monotonic() + 30
+    jobs = jobs_of_batches()
+    # the status tracker is fed by Spark's listener bus, which may lag the jobs' ends: polled
+    # until every batch's jobs are listed (or a deadline), then checked
+    while time.monotonic() < deadline and (min(jobs) < JSON_OUTPUT_JOBS or jobs[1] < 2):
+        time.sleep(0.1)
+        jobs = jobs_of_batches()
     # a batch without malformed rows runs its output's write alone; the one with them, the
     # write and then the dead letters' read and write
     assert jobs[0] == jobs[2] == JSON_OUTPUT_JOBS, jobs

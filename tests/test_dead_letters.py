@@ -89,7 +89,9 @@ def test_json_rows_are_counted_and_routed_within_the_batchs_own_jobs(spark, tmp_
     deadline = time.monotonic() + 30
     jobs = jobs_of_batches()
     # the status tracker is fed by Spark's listener bus, which may lag the jobs' ends: polled
-    # until every batch's jobs are listed (or a deadline), then checked
+    # until every batch's jobs are listed (or a 30 s deadline), then checked. The sleep only
+    # paces the poll: it cannot make the test flaky, since a lagging bus is waited for and the
+    # counts asserted are those of jobs that have already ended
     while time.monotonic() < deadline and (min(jobs) < JSON_OUTPUT_JOBS or jobs[1] < 2):
         time.sleep(0.1)
         jobs = jobs_of_batches()

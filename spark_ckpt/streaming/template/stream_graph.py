@@ -64,6 +64,8 @@ class StreamGraph:
         self.outputs: list[Any] = []  # Output (GraphOutput)
         self.stateful: list[Any] = []  # StatefulStream (GraphStateful)
         self.remember_batches = 1  # the longest window: how far back batches are read again
+        self._whole: dict[int, bool] = {}  # reads_whole's answers (the graph is fixed once
+        # batches run; a stream or output added clears them)
 
     def add_stream(self, stream: GraphStream) -> None:
         names = {s.name for s in self.streams}
@@ -73,6 +75,7 @@ class StreamGraph:
                 n += 1
             stream.name = f"{stream.name}#{n}"  # unique names in progress and logs
         self.streams.append(stream)
+        self._whole.clear()
         if stream.is_input:
             source = cast(Any, stream).source  # an InputStream (template.stream)
             if any(i.source.name == source.name for i in self.inputs):
@@ -102,6 +105,7 @@ class StreamGraph:
 
     def add_output(self, output: GraphOutput) -> None:
         self.outputs.append(output)
+        self._whole.clear()
 
     def remember(self, batches: int) -> None:
         self.remember_batches = max(self.remember_batches, batches)
@@ -136,7 +140,13 @@ class StreamGraph:
         operators) up to spark_ckpt's own sinks. A user's ``transform`` function, a
         ``foreach_batch`` function or a user's two-phase sink may read part of a batch (a
         limit, ``isEmpty()``), so whatever is counted as the batch is read is not the
-        batch's count there."""
+        batch's count there. Asked every batch; found once."""
+        if stream.id in self._whole:
+            return self._whole[stream.id]
+        self._whole[stream.id] = self._reads_whole(stream)
+        return self._whole[stream.id]
+
+    def _reads_whole(self, stream: GraphStream) -> bool:
         children: dict[int, list[Any]] = {}
         for s in self.reachable():
             for parent in s.parents:

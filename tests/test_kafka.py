@@ -88,7 +88,8 @@ def as_rows(df: pd.DataFrame) -> list[tuple]:
         return tuple((x["key"], x["value"]) if isinstance(x, dict) else tuple(x)
                      for x in (h if h is not None else []))
 
-    out = [(bytes(r.key) if r.key is not None else None, bytes(r.value), r.topic,
+    out = [(bytes(r.key) if r.key is not None else None,
+            bytes(r.value) if r.value is not None else None, r.topic,
             int(r.partition), int(r.offset), pd.Timestamp(r.timestamp).tz_convert("UTC")
             if pd.Timestamp(r.timestamp).tzinfo else pd.Timestamp(r.timestamp, tz="UTC"),
             int(r.timestampType), headers(r.headers)) for r in df.itertuples()]
@@ -164,8 +165,14 @@ ctx = StreamingContext(spark, 0.1, ckpt, "both-spark", settings=Settings(
 stream = ctx.kafka_stream("records", bootstrap, pattern="both-.*", starting_offsets="earliest",
                           max_offsets_per_batch=250, reader="spark")
 stream.write_parquet(out, name="rows")
+ctx.kafka_stream("parsed", bootstrap, pattern="both-.*", starting_offsets="earliest",
+                 max_offsets_per_batch=250, reader="spark", value_format="json",
+                 value_schema="amount BIGINT, note STRING",
+                 metadata_columns=PARSED_METADATA).write_parquet(out + "-json", name="parsed")
 print("ROWS", sum(p["num_input_rows"] for p in ctx.process_available()), flush=True)
 """
+# the Kafka columns a parsed stream keeps in the test below, renamed
+_PARSED_METADATA = {"at": "offset", "topic": "topic", "partition": "partition", "ts": "timestamp"}
 
 
 def test_sparks_connector_and_the_python_reader_give_the_same_rows(spark, kafka, tmp_path):
@@ -173,8 +180,11 @@ def test_sparks_connector_and_the_python_reader_give_the_same_rows(spark, kafka,
     classpath at its start, as Databricks has it: spark-sql-kafka from Maven Central,
     jvm/spark-kafka/pom.xml) and by the Python tasks give equal rows: keys null and not,
     headers with a null value, create times and a topic stamped at log append (timestampType
-    1), batches of 250 offsets over five partitions of two topics."""
+    1), batches of 250 offsets over five partitions of two topics. The same records read with
+    ``value_format="json"`` (values malformed or of the wrong types among them) give the
+    rows of Spark's ``from_json`` over the records, from both readers."""
     from kafka_cluster import connector_jars
+    from pyspark.sql import functions as F
 
     kafka.create_topic("both-create", 3)
     kafka.create_topic("both-append", 2, config={"message.timestamp.type": "LogAppendTime"})
@@ -182,23 +192,49 @@ def test_sparks_connector_and_the_python_reader_give_the_same_rows(spark, kafka,
     for i, r in enumerate(rows):
         if i % 5 == 0:
             r["key"] = None
+        if i % 11 == 0:
+            r["value"] = b'{"amount": "x", "note": 3}'
+        elif i % 13 == 0:
+            r["value"] = b"not json" if i % 2 else None
+        elif i % 3 == 0:
+            r["value"] = json.dumps({"amount": i, "note": f"n\u00e9{i}", "x": [1]}).encode()
     produce(kafka, "both-create", rows)
     produce(kafka, "both-append", records(300, 2))
     child = subprocess.run(
-        [sys.executable, "-c", _SPARK_READER, kafka.bootstrap, str(tmp_path / "ckpt-spark"),
+        [sys.executable, "-c", _SPARK_READER.replace("PARSED_METADATA", repr(_PARSED_METADATA)),
+         kafka.bootstrap, str(tmp_path / "ckpt-spark"),
          str(tmp_path / "out-spark"), ",".join(connector_jars())],
         env=child_env(), capture_output=True, text=True, timeout=600)
-    assert child.returncode == 0 and "ROWS 900" in child.stdout, child.stderr[-3000:]
+    assert child.returncode == 0 and "ROWS 1800" in child.stdout, child.stderr[-3000:]
     ctx = StreamingContext(spark, 0.1, str(tmp_path / "ckpt-python"), "both-python",
                            settings=SETTINGS)
     ctx.kafka_stream("records", kafka.bootstrap, pattern="both-.*", starting_offsets="earliest",
                      max_offsets_per_batch=250, reader="python") \
         .write_parquet(str(tmp_path / "out-python"), name="rows")
-    assert sum(p["num_input_rows"] for p in ctx.process_available()) == 900
+    ctx.kafka_stream("parsed", kafka.bootstrap, pattern="both-.*", starting_offsets="earliest",
+                     max_offsets_per_batch=250, reader="python", value_format="json",
+                     value_schema="amount BIGINT, note STRING",
+                     metadata_columns=_PARSED_METADATA) \
+        .write_parquet(str(tmp_path / "out-python-json"), name="parsed")
+    assert sum(p["num_input_rows"] for p in ctx.process_available()) == 1800
     got = {r: spark.read.parquet(str(tmp_path / f"out-{r}")).toPandas()
            for r in ("spark", "python")}
     expected = pd.concat([consume_all(kafka, "both-create"), consume_all(kafka, "both-append")])
     assert as_rows(got["spark"]) == as_rows(got["python"]) == as_rows(expected)
+    # the parsed streams: Spark's from_json over the records' values
+    raw = spark.read.parquet(str(tmp_path / "out-spark"))
+    want = raw.select(F.from_json(F.col("value").cast("string"), "amount BIGINT, note STRING")
+                      .alias("v"), F.col("offset").alias("at"), "topic", "partition",
+                      F.col("timestamp").alias("ts")).select("v.*", "at", "topic", "partition",
+                                                             "ts")
+    order = ["topic", "partition", "at"]
+    expected_parsed = want.toPandas().sort_values(order).reset_index(drop=True)
+    for side in ("spark", "python"):
+        parsed = spark.read.parquet(str(tmp_path / f"out-{side}-json"))
+        assert parsed.columns == ["amount", "note", "at", "topic", "partition", "ts"]
+        pd.testing.assert_frame_equal(
+            parsed.toPandas().sort_values(order).reset_index(drop=True), expected_parsed)
+    assert expected_parsed.amount.isna().sum() >= 60  # malformed and mistyped values among them
     assert {int(t) for t in got["spark"].timestampType} == {0, 1}
     assert int(got["spark"].key.isna().sum()) == 120
 

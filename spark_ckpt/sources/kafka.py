@@ -40,6 +40,7 @@ from spark_ckpt.formats import BOOL, STR, ListOf, MapOf, Opt, Row, integer
 from spark_ckpt.kafka_client import client_config, error_text
 from spark_ckpt.kafka_client import load as load_kafka
 from spark_ckpt.sources.kafka_reader import ReadRanges
+from spark_ckpt.sources.kafka_values import ValueFormat
 from spark_ckpt.sources.source import Source, SourceRun
 
 if TYPE_CHECKING:
@@ -56,6 +57,9 @@ _LIBRDKAFKA = logging.getLogger("spark_ckpt.kafka.librdkafka")
 KAFKA_SCHEMA = ("key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "
                 "timestamp TIMESTAMP, timestampType INT, "
                 "headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
+# the Python reader's fetches, unless the options say otherwise: librdkafka's defaults (1 MB
+# per partition a fetch) read a range about 3x slower than these (measured, docs/kafka.md)
+_READER_FETCH = {"max.partition.fetch.bytes": 16 << 20, "fetch.max.bytes": 64 << 20}
 # where a new pipeline may start, besides a map of offsets or a timestamp
 _STARTING = ("earliest", "latest")
 
@@ -89,6 +93,15 @@ class KafkaSource(Source):
             ``"spark"`` or ``"python"``.
         min_partitions: at least this many reading tasks a batch (ranges split by offsets,
             as Spark's ``minPartitions``); None: one per topic-partition range.
+        value_format: None (the default): rows in Spark's Kafka schema; ``"json"``: each
+            value parsed into ``value_schema``'s columns exactly as Spark's
+            ``from_json(CAST(value AS STRING), value_schema)`` parses it (Flink SQL's
+            ``'value.format' = 'json'``); Python tasks parse it with Arrow where that is
+            certainly Spark's answer (sources/kafka_values.py).
+        value_schema: the value's schema (DDL string or StructType), with ``value_format``.
+        metadata_columns: with ``value_format``, the Kafka columns kept beside the value's
+            fields: a list of names (``["timestamp", "partition"]``) or ``{output name:
+            Kafka column}``.
     """
 
     kind = "kafka"
@@ -101,8 +114,16 @@ class KafkaSource(Source):
                  starting_offsets: str | int | dict[str, dict[Any, int]] = "latest",
                  max_offsets_per_batch: int | None = None, fail_on_data_loss: bool = True,
                  options: dict[str, str] | None = None, reader: str = "auto",
-                 min_partitions: int | None = None) -> None:
+                 min_partitions: int | None = None, value_format: str | None = None,
+                 value_schema: str | StructType | None = None,
+                 metadata_columns: list[str] | dict[str, str] | None = None) -> None:
         super().__init__(name)
+        if value_format is None and (value_schema is not None or metadata_columns):
+            raise JobDefinitionError(
+                f"kafka source {name}: value_schema and metadata_columns go with "
+                "value_format='json'; found them without a value_format")
+        self.value_format = (ValueFormat(name, value_format, value_schema, metadata_columns)
+                             if value_format is not None else None)
         if (topics is None) == (pattern is None):
             raise JobDefinitionError(
                 f"kafka source {name}: expected exactly one of topics=[...] and pattern=..., "
@@ -169,6 +190,8 @@ class KafkaSource(Source):
 
         from pyspark.sql.types import StructType
 
+        if self.value_format is not None:
+            return self.value_format.schema()
         return cast(StructType, StructType.fromDDL(KAFKA_SCHEMA))
 
     def _check_places(self, piece: dict[str, Any], field: str) -> None:
@@ -501,6 +524,8 @@ class KafkaSource(Source):
                   .option("failOnDataLoss", str(self.fail_on_data_loss).lower()))
         if self.min_partitions:
             reader = reader.option("minPartitions", str(self.min_partitions))
+        if self.value_format is not None:
+            return self.value_format.from_connector(reader.load())
         return reader.load()
 
     def _read_python(self, spark: SparkSession, ranges: list[tuple[str, int, int, int]]
@@ -508,13 +533,17 @@ class KafkaSource(Source):
         from pyspark.sql import functions as F
 
         tasks = _split(ranges, self.min_partitions or len(ranges))
-        config = self._client_config(f"spark-ckpt-{self.name}-reader")
+        config = {**_READER_FETCH, **self._client_config(f"spark-ckpt-{self.name}-reader")}
+        form = self.value_format
         spec = {"config": config, "fail_on_data_loss": self.fail_on_data_loss,
-                "source": self.name, "bootstrap": self.bootstrap}
+                "source": self.name, "bootstrap": self.bootstrap,
+                "format": form.reader_spec() if form is not None else None}
         rows = spark.createDataFrame(
             [(i, t, p, s, e) for i, (t, p, s, e) in enumerate(tasks)],
             "i INT, topic STRING, partition INT, start BIGINT, `end` BIGINT")
         spread = rows.repartitionById(len(tasks), F.col("i"))
+        if form is not None:
+            return form.from_tasks(spread.mapInArrow(ReadRanges(spec), form.task_schema()))
         return spread.mapInArrow(ReadRanges(spec), self.schema())
 
 

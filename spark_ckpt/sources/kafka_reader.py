@@ -9,6 +9,7 @@ real broker in real time.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Any
 
 from spark_ckpt.errors import SourceError
 from spark_ckpt.kafka_client import load as load_kafka
+from spark_ckpt.sources.kafka_values import RAW, parse_block
 
 __all__ = ["ReadRanges"]
 
@@ -28,6 +30,9 @@ _BATCH_ROWS = 10_000  # records per Arrow batch a reading task yields
 # librdkafka's codes for an offset out of range: the broker's, and its own (auto.offset.reset
 # is "error": a reader never jumps elsewhere by itself)
 _OUT_OF_RANGE = (1, -140)
+# Spark's Kafka schema (includeHeaders=true), in its order
+_KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType",
+                  "headers")
 
 
 class ReadRanges:
@@ -50,9 +55,6 @@ class ReadRanges:
         consumer = kafka.Consumer(self.spec["config"])
         try:
             consumer.assign([kafka.TopicPartition(topic, partition, start)])
-            columns: dict[str, list[Any]] = {c: [] for c in (
-                "key", "value", "topic", "partition", "offset", "timestamp", "timestampType",
-                "headers")}
             first = True
             waited_since = time.monotonic()
             position = start
@@ -73,42 +75,68 @@ class ReadRanges:
                             f"(the consumer stands at {at})")
                     continue
                 waited_since = time.monotonic()
-                for message in messages:
-                    error = message.error()
-                    if error is not None:
-                        if error.code() in _OUT_OF_RANGE:
-                            yield from self._lost(consumer, topic, partition, position, end,
-                                                  columns)
-                            return
-                        raise SourceError(
-                            f"kafka source {self.spec['source']}: reading {topic}-{partition} "
-                            f"at offset {position}: {error.str()}")
-                    offset = message.offset()
-                    if offset >= end:
-                        position = end
-                        break
-                    if first and offset > start:
-                        self._check_gap(consumer, topic, partition, start, offset)
+                failed = next((i for i, m in enumerate(messages) if m.error() is not None),
+                              None)
+                good = messages if failed is None else messages[:failed]
+                if good and good[-1].offset() >= end:  # records past the range: not read
+                    offsets = [m.offset() for m in good]
+                    good = good[:bisect.bisect_left(offsets, end)]
+                    failed = None
+                    position = end
+                if good:
+                    if first and good[0].offset() > start:
+                        self._check_gap(consumer, topic, partition, start, good[0].offset())
                     first = False
-                    kind, stamp = message.timestamp()
-                    columns["key"].append(message.key())
-                    columns["value"].append(message.value())
-                    columns["topic"].append(topic)
-                    columns["partition"].append(partition)
-                    columns["offset"].append(offset)
-                    columns["timestamp"].append(stamp * 1000 if kind else None)
-                    columns["timestampType"].append(_TIMESTAMP_TYPES.get(kind, -1))
-                    headers = message.headers()
-                    columns["headers"].append(
-                        [{"key": k, "value": v} for k, v in headers] if headers else [])
-                    position = offset + 1
-                if len(columns["offset"]) >= _BATCH_ROWS:
-                    yield _arrow_batch(pa, columns)
-                    columns = {c: [] for c in columns}
-            if columns["offset"]:
-                yield _arrow_batch(pa, columns)
+                    position = max(position, good[-1].offset() + 1)
+                    yield self._batch(pa, topic, partition, good)
+                if failed is not None:
+                    error = messages[failed].error()
+                    if error.code() in _OUT_OF_RANGE:
+                        yield from self._lost(consumer, topic, partition, position, end)
+                        return
+                    raise SourceError(
+                        f"kafka source {self.spec['source']}: reading {topic}-{partition} "
+                        f"at offset {position}: {error.str()}")
         finally:
             consumer.close()
+
+    def _batch(self, pa: Any, topic: str, partition: int, messages: list[Any]) -> Any:
+        """One Arrow batch of ``messages``: Spark's Kafka schema, or the value format's
+        columns (values parsed where Arrow's answer is Spark's, else left raw to Spark)."""
+        form = self.spec.get("format")
+        wanted = _KAFKA_COLUMNS if form is None else form["metadata"]
+        columns: dict[str, Any] = {}
+        if form is not None:
+            values = [m.value() for m in messages]
+            parsed, ok = parse_block(pa, values, form)
+            for i, (name, _kind) in enumerate(form["fields"]):
+                # not parsed here: the fields null, Spark's from_json parses the raw values
+                columns[name] = parsed[i] if ok else pa.nulls(len(values), form["types"][i])
+        n = len(messages)
+        for name in wanted:
+            if name == "key":
+                columns[name] = pa.array([m.key() for m in messages], pa.binary())
+            elif name == "value":
+                columns[name] = pa.array([m.value() for m in messages], pa.binary())
+            elif name == "topic":
+                columns[name] = pa.array([topic] * n, pa.string())
+            elif name == "partition":
+                columns[name] = pa.array([partition] * n, pa.int32())
+            elif name == "offset":
+                columns[name] = pa.array([m.offset() for m in messages], pa.int64())
+            elif name in ("timestamp", "timestampType"):
+                stamps = [m.timestamp() for m in messages]
+                columns[name] = (
+                    pa.array([s * 1000 if k else None for k, s in stamps],
+                             pa.timestamp("us", tz="UTC")) if name == "timestamp" else
+                    pa.array([_TIMESTAMP_TYPES.get(k, -1) for k, _s in stamps], pa.int32()))
+            elif name == "headers":
+                columns[name] = pa.array(
+                    [[{"key": k, "value": v} for k, v in h] if (h := m.headers()) else []
+                     for m in messages], _headers_type(pa))
+        if form is not None:
+            columns[RAW] = pa.nulls(n, pa.binary()) if ok else pa.array(values, pa.binary())
+        return pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
 
     def _check_gap(self, consumer: Any, topic: str, partition: int, start: int,
                    first: int) -> None:
@@ -120,8 +148,8 @@ class ReadRanges:
         if low > start:
             self._data_lost(topic, partition, start, low, first)
 
-    def _lost(self, consumer: Any, topic: str, partition: int, position: int, end: int,
-              columns: dict[str, list[Any]]) -> Iterator[Any]:
+    def _lost(self, consumer: Any, topic: str, partition: int, position: int, end: int
+              ) -> Iterator[Any]:
         kafka = load_kafka()
         low, high = consumer.get_watermark_offsets(kafka.TopicPartition(topic, partition),
                                                    timeout=30.0, cached=False)
@@ -134,12 +162,6 @@ class ReadRanges:
                 f"{high - 1} only: the partition was truncated (an unclean leader election) or "
                 "the topic recreated")
         # skipping: what is left of the range, never before where this range stands
-        import pyarrow as pa
-
-        if columns["offset"]:
-            yield _arrow_batch(pa, columns)
-            for c in columns:
-                columns[c].clear()
         resume = max(low, position)
         if low > position and resume < min(end, high):
             yield from self._range(topic, partition, resume, end)
@@ -159,15 +181,5 @@ class ReadRanges:
         log.warning("%s; skipped (fail_on_data_loss=False)", message)
 
 
-def _arrow_batch(pa: Any, columns: dict[str, list[Any]]) -> Any:
-    header = pa.struct([("key", pa.string()), ("value", pa.binary())])
-    return pa.RecordBatch.from_arrays([
-        pa.array(columns["key"], pa.binary()),
-        pa.array(columns["value"], pa.binary()),
-        pa.array(columns["topic"], pa.string()),
-        pa.array(columns["partition"], pa.int32()),
-        pa.array(columns["offset"], pa.int64()),
-        pa.array(columns["timestamp"], pa.timestamp("us", tz="UTC")),
-        pa.array(columns["timestampType"], pa.int32()),
-        pa.array(columns["headers"], pa.list_(header)),
-    ], names=list(columns))
+def _headers_type(pa: Any) -> Any:
+    return pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))

@@ -269,16 +269,22 @@ class StreamingContext:
                      starting_offsets: str | int | dict[str, dict[Any, int]] = "latest",
                      max_offsets_per_batch: int | None = None,
                      fail_on_data_loss: bool = True, options: dict[str, str] | None = None,
-                     reader: str = "auto", min_partitions: int | None = None) -> InputStream:
+                     reader: str = "auto", min_partitions: int | None = None,
+                     value_format: str | None = None, value_schema: Any = None,
+                     metadata_columns: list[str] | dict[str, str] | None = None
+                     ) -> InputStream:
         """Records of Kafka topics, in Spark's Kafka schema (key, value, topic, partition,
-        offset, timestamp, timestampType, headers); each batch's offset ranges are recorded
-        before it runs, and a replay reads exactly them. Arguments as
+        offset, timestamp, timestampType, headers), or with ``value_format="json"`` each
+        value's fields (as ``from_json`` gives them) and the metadata columns asked for; each
+        batch's offset ranges are recorded before it runs, and a replay reads exactly them.
+        Arguments as
         :class:`~spark_ckpt.sources.kafka.KafkaSource` (docs/kafka.md)."""
         source = KafkaSource(
             name, bootstrap_servers, topics=topics, pattern=pattern,
             starting_offsets=starting_offsets, max_offsets_per_batch=max_offsets_per_batch,
             fail_on_data_loss=fail_on_data_loss, options=options, reader=reader,
-            min_partitions=min_partitions)
+            min_partitions=min_partitions, value_format=value_format,
+            value_schema=value_schema, metadata_columns=metadata_columns)
         stream = self._input(source)
         if source.group_id:
             self.add_listener(_ConsumedOffsets(self, source))

@@ -285,7 +285,26 @@ def child_steady(args: argparse.Namespace, spark) -> dict:
     print("RUNNING", flush=True)
     stop.wait()
     ctx.stop()
-    return {"seconds": 0.0, "rows": 0, "batches": len(ctx.recent_progress)}
+    return {"seconds": 0.0, "rows": 0, "batches": len(ctx.recent_progress),
+            "where_the_time_goes": _steady_phases(ctx)}
+
+
+def _steady_phases(ctx) -> dict:
+    """Where a steady spark_ckpt run's time went: its batches' phases (median and p90 over
+    the batches that read records) and its checkpoints' durations, in ms."""
+    def summary(values: list[float]) -> dict:
+        values = sorted(values)
+        return {"median": statistics.median(values), "p90": values[int(0.9 * (len(values) - 1))],
+                "n": len(values)} if values else {}
+
+    batches = [p for p in ctx.recent_progress if p["num_input_rows"]]
+    phases = {k for p in batches for k in p["durations_ms"]}
+    out = {f"batch_{k}": summary([p["durations_ms"].get(k, 0) for p in batches])
+           for k in sorted(phases)}
+    out["batch_rows"] = summary([p["num_input_rows"] for p in batches])
+    out["checkpoint"] = summary([c["duration_ms"] for c in ctx.recent_checkpoints
+                                 if c.get("duration_ms") is not None])
+    return out
 
 
 def child_floor(args: argparse.Namespace, spark) -> dict:
@@ -532,11 +551,15 @@ def run_steady(args: argparse.Namespace, system: str, work: Path, cluster, jars:
     watcher.join()
     proc.terminate()
     try:
-        proc.wait(120)
+        tail, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         proc.kill()
+        tail = ""
     log.close()
     result = latencies(seen, args.steady_warmup * 1000)
+    for line in tail.splitlines():
+        if line.startswith("RESULT "):
+            result["child"] = json.loads(line[len("RESULT "):])
     result.update({"rate": args.steady, "seconds": args.steady_seconds,
                    "drained": bool(seen and seen[-1][1] >= last_produced),
                    "first_visible_s": (seen[0][0] - started) if seen else None})

@@ -59,7 +59,11 @@ KAFKA_SCHEMA = ("key BINARY, value BINARY, topic STRING, partition INT, offset B
                 "headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
 # the Python reader's fetches, unless the options say otherwise: librdkafka's defaults (1 MB
 # per partition a fetch) read a range about 3x slower than these (measured, docs/kafka.md)
-_READER_FETCH = {"max.partition.fetch.bytes": 16 << 20, "fetch.max.bytes": 64 << 20}
+# (a kept consumer prefetches at most queued.max.messages.kbytes: 16 MB, not librdkafka's 64)
+_READER_FETCH = {"max.partition.fetch.bytes": 16 << 20, "fetch.max.bytes": 64 << 20,
+                 "queued.max.messages.kbytes": 16 << 10}
+# a short batch's Python reading tasks hold about this many offsets each
+_OFFSETS_PER_TASK = 100_000
 # where a new pipeline may start, besides a map of offsets or a timestamp
 _STARTING = ("earliest", "latest")
 
@@ -530,18 +534,16 @@ class KafkaSource(Source):
 
     def _read_python(self, spark: SparkSession, ranges: list[tuple[str, int, int, int]]
                      ) -> DataFrame:
-        from pyspark.sql import functions as F
 
-        tasks = _split(ranges, self.min_partitions or len(ranges))
+        tasks = (_pack(ranges) if not self.min_partitions
+                 else [[r] for r in _split(ranges, self.min_partitions)])
         config = {**_READER_FETCH, **self._client_config(f"spark-ckpt-{self.name}-reader")}
         form = self.value_format
         spec = {"config": config, "fail_on_data_loss": self.fail_on_data_loss,
-                "source": self.name, "bootstrap": self.bootstrap,
+                "source": self.name, "bootstrap": self.bootstrap, "tasks": tasks,
                 "format": form.reader_spec() if form is not None else None}
-        rows = spark.createDataFrame(
-            [(i, t, p, s, e) for i, (t, p, s, e) in enumerate(tasks)],
-            "i INT, topic STRING, partition INT, start BIGINT, `end` BIGINT")
-        spread = rows.repartitionById(len(tasks), F.col("i"))
+        # one task id in each partition (a range's partitions split evenly), no shuffle
+        spread = spark.range(0, len(tasks), 1, len(tasks))
         if form is not None:
             return form.from_tasks(spread.mapInArrow(ReadRanges(spec), form.task_schema()))
         return spread.mapInArrow(ReadRanges(spec), self.schema())
@@ -601,6 +603,22 @@ class _GroupCommitter:
         finally:
             if consumer is not None:
                 consumer.close()
+
+
+def _pack(ranges: list[tuple[str, int, int, int]]) -> list[list[tuple[str, int, int, int]]]:
+    """The reading tasks of a batch without ``min_partitions``: one per range where ranges
+    are long (as Spark's connector reads), fewer where the batch is short (a task per
+    ``_OFFSETS_PER_TASK`` offsets, at least two), the ranges packed largest first into the
+    task with the fewest offsets."""
+    total = sum(e - s for _t, _p, s, e in ranges)
+    n = min(len(ranges), max(2, -(-total // _OFFSETS_PER_TASK)))
+    tasks: list[list[tuple[str, int, int, int]]] = [[] for _ in range(n)]
+    sizes = [0] * n
+    for r in sorted(ranges, key=lambda r: (r[2] - r[3], r[0], r[1])):
+        i = sizes.index(min(sizes))
+        tasks[i].append(r)
+        sizes[i] += r[3] - r[2]
+    return tasks
 
 
 def _split(ranges: list[tuple[str, int, int, int]], tasks: int

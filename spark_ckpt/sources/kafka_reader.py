@@ -10,7 +10,9 @@ real broker in real time.
 from __future__ import annotations
 
 import bisect
+import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -35,26 +37,87 @@ _KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "
                   "headers")
 
 
+class _Consumers:
+    """A Python worker's Kafka consumers, kept between its tasks (Spark reuses a Python worker
+    for many tasks), one per client configuration and topic-partition, as Spark's Kafka
+    connector pools its consumers. A batch's range starts where the previous batch's ended, so
+    a consumer kept from it has its connection, its metadata and often the records already
+    fetched; a new consumer costs a small batch's task about 150 ms. A consumer is kept only
+    after a range it read to its end; one idle for ``_IDLE_S`` is closed."""
+
+    _IDLE_S = 300.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the pool: a worker may run tasks on several threads
+        self._idle: dict[tuple[str, str, int], tuple[Any, float]] = {}
+
+    def take(self, config: dict[str, Any], topic: str, partition: int, start: int
+             ) -> tuple[tuple[str, str, int], Any]:
+        """A consumer of ``topic``-``partition`` whose next record is ``start``."""
+        kafka = load_kafka()
+        key = (json.dumps(config, sort_keys=True, default=str), topic, partition)
+        now = time.monotonic()
+        with self._lock:
+            kept = self._idle.pop(key, None)
+            stale = [k for k, (_c, at) in self._idle.items() if now - at > self._IDLE_S]
+            closing = [self._idle.pop(k)[0] for k in stale]
+        for consumer in closing:
+            _close(consumer)
+        if kept is not None:
+            consumer = kept[0]
+            try:
+                at = consumer.position([kafka.TopicPartition(topic, partition)])[0].offset
+                if at != start:  # elsewhere: assigned again at start (its fetches dropped)
+                    consumer.assign([kafka.TopicPartition(topic, partition, start)])
+                return key, consumer
+            except Exception as exc:  # noqa: BLE001 - a kept client that fails: a new one
+                log.debug("kafka reader: a kept consumer of %s-%d failed (%s); a new one",
+                          topic, partition, exc)
+                _close(consumer)
+        consumer = kafka.Consumer(config)
+        consumer.assign([kafka.TopicPartition(topic, partition, start)])
+        return key, consumer
+
+    def give_back(self, key: tuple[str, str, int], consumer: Any) -> None:
+        with self._lock:
+            old = self._idle.pop(key, None)
+            self._idle[key] = (consumer, time.monotonic())
+        if old is not None:
+            _close(old[0])
+
+
+_CONSUMERS = _Consumers()
+
+
+def _close(consumer: Any) -> None:
+    try:
+        consumer.close()
+    except Exception as exc:  # noqa: BLE001 - closing a client of a broker gone
+        log.debug("kafka reader: closing a consumer: %s", exc)
+
+
 class ReadRanges:
-    """The Python tasks' reader (``mapInArrow``): each input row is a range of one partition;
-    its records, in offset order, as Arrow batches of Spark's Kafka schema. Picklable by
-    value (a plain object whose state is the client's configuration)."""
+    """The Python tasks' reader (``mapInArrow``): each input row is the id of a task, whose
+    ranges (each of one partition) ``spec["tasks"]`` lists; their records, in offset order,
+    as Arrow batches of Spark's Kafka schema (or of the value format's columns). Picklable
+    by value (a plain object whose state is the client's configuration)."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:
-            for row in batch.to_pylist():
-                yield from self._range(row["topic"], row["partition"], row["start"], row["end"])
+            for task in batch.column(0).to_pylist():
+                for topic, partition, start, end in self.spec["tasks"][task]:
+                    yield from self._range(topic, partition, start, end)
 
     def _range(self, topic: str, partition: int, start: int, end: int) -> Iterator[Any]:
         import pyarrow as pa
 
         kafka = load_kafka()
-        consumer = kafka.Consumer(self.spec["config"])
+        key, consumer = _CONSUMERS.take(self.spec["config"], topic, partition, start)
+        read_to_end = False
         try:
-            consumer.assign([kafka.TopicPartition(topic, partition, start)])
             first = True
             waited_since = time.monotonic()
             position = start
@@ -97,8 +160,12 @@ class ReadRanges:
                     raise SourceError(
                         f"kafka source {self.spec['source']}: reading {topic}-{partition} "
                         f"at offset {position}: {error.str()}")
+            read_to_end = True
         finally:
-            consumer.close()
+            if read_to_end:
+                _CONSUMERS.give_back(key, consumer)
+            else:  # an error, a lost range, or the task cancelled: not kept
+                _close(consumer)
 
     def _batch(self, pa: Any, topic: str, partition: int, messages: list[Any]) -> Any:
         """One Arrow batch of ``messages``: Spark's Kafka schema, or the value format's

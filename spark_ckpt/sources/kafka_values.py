@@ -52,7 +52,7 @@ class ValueFormat:
 
     def __init__(self, source: str, value_format: str, value_schema: Any,
                  metadata: Sequence[str] | Mapping[str, str] | None) -> None:
-        from pyspark.sql.types import StructType
+        from pyspark.sql.types import BinaryType, StructField, StructType
 
         if value_format != "json":
             raise JobDefinitionError(
@@ -86,50 +86,51 @@ class ValueFormat:
         self.value_schema: StructType = value_schema
         self.metadata = kept
         self.fast = all(f.dataType.simpleString() in _FAST for f in value_schema.fields)
+        # built once: each batch's plan uses them (a DDL parse is a JVM call)
+        meta = _metadata_schema()
+        self._schema = StructType(list(value_schema.fields)
+                                  + [StructField(out, meta[col].dataType, True)
+                                     for out, col in kept.items()])
+        self._task_schema = StructType(list(value_schema.fields)
+                                       + [meta[c] for c in sorted(set(kept.values()))]
+                                       + [StructField(RAW, BinaryType(), True)])
+        self._spec: dict[str, Any] | None = None
 
     def schema(self) -> StructType:
         """The stream's rows: the value's fields, then the metadata columns."""
-        from pyspark.sql.types import StructField, StructType
-
-        meta = _metadata_schema()
-        return StructType(list(self.value_schema.fields)
-                          + [StructField(out, meta[col].dataType, True)
-                             for out, col in self.metadata.items()])
+        return self._schema
 
     def reader_spec(self) -> dict[str, Any]:
         """What Python tasks need (pickled into the task): each field's Arrow type name
         for the parse, its Arrow type (for a null column), the metadata columns."""
         from pyspark.sql.pandas.types import to_arrow_type
 
-        return {"fields": [(f.name, _FAST.get(f.dataType.simpleString()))
-                           for f in self.value_schema.fields],
-                "types": [to_arrow_type(f.dataType, timezone="UTC")
-                          for f in self.value_schema.fields],
-                "fast": self.fast, "metadata": sorted(set(self.metadata.values()))}
+        if self._spec is None:
+            self._spec = {"fields": [(f.name, _FAST.get(f.dataType.simpleString()))
+                                     for f in self.value_schema.fields],
+                          "types": [to_arrow_type(f.dataType, timezone="UTC")
+                                    for f in self.value_schema.fields],
+                          "fast": self.fast, "metadata": sorted(set(self.metadata.values()))}
+        return self._spec
 
     def task_schema(self) -> StructType:
         """What Python tasks give Spark: the value's fields (null where a block was left to
         Spark), the metadata columns (by their Kafka names), the raw values left to Spark."""
-        from pyspark.sql.types import BinaryType, StructField, StructType
-
-        meta = _metadata_schema()
-        return StructType(list(self.value_schema.fields)
-                          + [meta[c] for c in sorted(set(self.metadata.values()))]
-                          + [StructField(RAW, BinaryType(), True)])
+        return self._task_schema
 
     def from_tasks(self, frame: DataFrame) -> DataFrame:
         """The Python tasks' rows as the stream's: blocks left to Spark parsed by its
         ``from_json``, in the same plan."""
         from pyspark.sql import functions as F
 
-        parsed = "__spark_ckpt_parsed_value"
-        frame = frame.withColumn(parsed, F.when(F.col(RAW).isNotNull(), self._parse(F.col(RAW))))
-        columns: list[Column] = [
-            F.when(F.col(RAW).isNull(), F.col(f"`{f.name}`"))
-            .otherwise(F.col(parsed).getField(f.name)).alias(f.name)
-            for f in self.value_schema.fields]
-        columns += [F.col(f"`{col}`").alias(out) for out, col in self.metadata.items()]
-        return frame.select(*columns)
+        # a block the tasks parsed: its columns; one they left: Spark's parse of its values
+        # (the struct built once a row, in one projection, whichever way it went)
+        fields = [F.col(f"`{f.name}`") for f in self.value_schema.fields]
+        value = F.when(F.col(RAW).isNull(), F.struct(*fields)) \
+            .otherwise(self._parse(F.col(RAW))).alias("__spark_ckpt_value")
+        meta = [F.col(f"`{col}`").alias(out) for out, col in self.metadata.items()]
+        return frame.select(value, *meta).select(
+            "__spark_ckpt_value.*", *[F.col(f"`{out}`") for out in self.metadata])
 
     def from_connector(self, frame: DataFrame) -> DataFrame:
         """Spark's Kafka connector's rows as the stream's (Spark's ``from_json``)."""

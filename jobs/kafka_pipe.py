@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from pyspark.sql import functions as F
 
@@ -73,10 +74,20 @@ def main() -> None:
     parser.add_argument("--checkpoint-ms", type=int, default=1000)
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--available-now", action="store_true")
+    parser.add_argument("--master", default=None,
+                        help="a master URL (the tests run local-cluster[2,1,1024] to kill an "
+                        "executor); default: the defaults file's or spark-submit's")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    spark = get_or_create_session("kafka-pipe")
+    conf = {}
+    if args.master:
+        conf["spark.master"] = args.master
+        # a fault point reached in an executor's Python worker (the tests): its environment
+        for name in ("SPARK_CKPT_FAULT", "SPARK_CKPT_FAULT_ONCE"):
+            if os.environ.get(name):
+                conf[f"spark.executorEnv.{name}"] = os.environ[name]
+    spark = get_or_create_session("kafka-pipe", conf=conf)
     settings = Settings.from_conf(spark.conf, checkpoint_interval_ms=args.checkpoint_ms,
                                   state_parallelism=args.parallelism, progress="never")
     ctx = build_pipeline(spark, args.bootstrap, args.source_topic, args.sink_topic,

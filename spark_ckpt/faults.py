@@ -7,9 +7,13 @@ included: a crash, not a shutdown), ``pause`` (sleep for ``SPARK_CKPT_FAULT_PAUS
 default an hour, so a test can race a second driver against this one; with
 ``SPARK_CKPT_FAULT_RELEASE=<file>`` the pause ends as soon as that file exists, and
 ``SPARK_CKPT_FAULT_REACHED=<file>`` is created when the pause begins, so a test waits on events,
-not on a time window) and ``fail`` (raise
-``OSError``, as failing storage would). Unset, a fault point costs one dict
-lookup. The points are listed in :data:`POINTS` and in docs/recovery.md.
+not on a time window), ``fail`` (raise
+``OSError``, as failing storage would) and ``executor`` (SIGKILL the JVM this process runs
+under: from a Python worker, its executor, with every Python worker of it; the driver's JVM in
+local mode). With ``SPARK_CKPT_FAULT_ONCE=<file>`` the action runs once over every process that
+shares the file: the first to reach it creates the file, the others (a task's retry on another
+executor) pass. Unset, a fault point costs one dict lookup. The points are listed in
+:data:`POINTS` and in docs/recovery.md.
 
 Time: ``time.sleep`` and ``time.monotonic`` directly, not a :class:`~spark_ckpt.clock.Clock`:
 a pause is set up by the environment, in any process, and races real processes in real time.
@@ -84,6 +88,16 @@ def fault_point(name: str) -> None:
         hit = spec[1] <= _counts[name] <= spec[2]
     if not hit:
         return
+    once = os.environ.get("SPARK_CKPT_FAULT_ONCE")
+    if once:
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return  # another process (or an earlier attempt) took the fault already
+    if spec[3] == "executor":
+        os.kill(_jvm_ancestor(), signal.SIGKILL)
+        time.sleep(60)  # this worker dies with its JVM's pipes; never goes on past the point
+        os.kill(os.getpid(), signal.SIGKILL)
     if spec[3] == "fail":
         raise OSError(f"injected storage failure at fault point {name} "
                       f"(pass {_counts[name]}, SPARK_CKPT_FAULT)")
@@ -96,6 +110,19 @@ def fault_point(name: str) -> None:
     if os.getpgid(0) != os.getpgid(os.getppid()):
         os.killpg(os.getpgid(0), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _jvm_ancestor() -> int:
+    """The nearest ancestor process that is a JVM (a Python worker's executor: the worker's
+    parent is PySpark's daemon, whose parent is the executor)."""
+    pid = os.getppid()
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"java" in f.read().split(b"\0")[0]:
+                return pid
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    raise RuntimeError("fault action executor: no JVM among this process's ancestors")
 
 
 def _pause(seconds: float) -> None:

@@ -613,6 +613,48 @@ def test_kafka_to_kafka_exactly_once_across_sigkills(spark, kafka, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("target", [
+    "executor",
+    pytest.param("kill", marks=pytest.mark.skipif(
+        not LONG_FAULTS, reason="a worker's death mid-send is in the SIGKILL test above; its "
+        "retried recovery runs with SPARK_CKPT_LONG_FAULTS=1")),
+])
+def test_an_executor_or_worker_killed_mid_send_is_retried_exactly_once(spark, kafka, tmp_path,
+                                                                         target):
+    """jobs/kafka_pipe.py on local-cluster[2,1,1024]: just after a sending task's Python
+    worker has sent its slice in a transaction not yet committed, its executor (with every
+    Python worker of it) or the worker alone is SIGKILLed, once. Spark runs the task again,
+    on the other executor or a new worker; the new attempt's producer fences the dead one's
+    transaction. The driver finishes; a read_committed consumer sees every id once, each key
+    numbered 1, 2, 3... in order, and the Delta table has the same rows."""
+    source, sink = f"x{target}-in", f"x{target}-out"
+    kafka.create_topic(source, 4)
+    kafka.create_topic(sink, 3)
+    n = 1500
+    produce(kafka, source, keyed_inputs(n))
+    once = tmp_path / "fault-taken"
+    command = [sys.executable, str(ROOT / "jobs" / "kafka_pipe.py"), "--bootstrap",
+               kafka.bootstrap, "--source-topic", source, "--sink-topic", sink,
+               "--checkpoint", str(tmp_path / "ckpt"), "--output", str(tmp_path / "out"),
+               "--max-offsets", "500", "--checkpoint-ms", "500", "--available-now",
+               "--master", "local-cluster[2,1,1024]"]
+    done = subprocess.run(command, env=child_env(f"sink.kafka.sent:1:{target}",
+                                                 SPARK_CKPT_FAULT_ONCE=str(once)),
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          start_new_session=True)
+    assert done.returncode == 0 and "RESULT" in done.stdout, \
+        done.stdout[-3000:] + done.stderr[-5000:]
+    assert once.exists(), "the fault was never reached: nothing was killed"
+    lost = "ExecutorLostFailure" if target == "executor" else "Python worker exited"
+    assert lost in done.stderr, done.stderr[-5000:]
+    out = read_committed(kafka, sink)
+    assert_numbered_once(out, n)
+    delta = read_delta(str(tmp_path / "out" / "seq")).to_pandas()
+    assert sorted(map(tuple, delta[["k", "id", "seq"]].values.tolist())) == \
+        sorted(map(tuple, out[["k", "id", "seq"]].values.tolist()))
+
+
+@pytest.mark.slow
 def test_a_broker_killed_in_a_three_broker_cluster_loses_and_repeats_nothing(
         spark, tmp_path_factory, tmp_path):
     """Three brokers (replication 3, min.insync.replicas 2, acks=all): one is SIGKILLed while

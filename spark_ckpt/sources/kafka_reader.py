@@ -41,9 +41,9 @@ class _Consumers:
     """A Python worker's Kafka consumers, kept between its tasks (Spark reuses a Python worker
     for many tasks), one per client configuration and topic-partition, as Spark's Kafka
     connector pools its consumers. A batch's range starts where the previous batch's ended, so
-    a consumer kept from it has its connection, its metadata and often the records already
-    fetched; a new consumer costs a small batch's task about 150 ms. A consumer is kept only
-    after a range it read to its end; one idle for ``_IDLE_S`` is closed."""
+    a consumer kept from it has its connection and metadata (a new consumer costs a small
+    batch's task about 150 ms). A consumer is kept only after a range it read to its end,
+    paused; one idle for ``_IDLE_S`` is closed."""
 
     _IDLE_S = 300.0
 
@@ -67,8 +67,11 @@ class _Consumers:
             consumer = kept[0]
             try:
                 at = consumer.position([kafka.TopicPartition(topic, partition)])[0].offset
-                if at != start:  # elsewhere: assigned again at start (its fetches dropped)
+                if at != start:  # elsewhere: assigned again at start
                     consumer.assign([kafka.TopicPartition(topic, partition, start)])
+                # kept paused; a partition assigned again stays paused too (librdkafka keeps
+                # the flag with the partition): found reading nothing until the timeout
+                consumer.resume([kafka.TopicPartition(topic, partition)])
                 return key, consumer
             except Exception as exc:  # noqa: BLE001 - a kept client that fails: a new one
                 log.debug("kafka reader: a kept consumer of %s-%d failed (%s); a new one",
@@ -79,6 +82,16 @@ class _Consumers:
         return key, consumer
 
     def give_back(self, key: tuple[str, str, int], consumer: Any) -> None:
+        """Keep ``consumer``, paused: an idle consumer fetches nothing (a kept one that
+        went on prefetching cost the tasks CPU and memory, and a batch whose range another
+        worker reads next would throw its fetches away)."""
+        kafka = load_kafka()
+        try:
+            consumer.pause([kafka.TopicPartition(key[1], key[2])])
+        except Exception as exc:  # noqa: BLE001 - a client that fails now is not kept
+            log.debug("kafka reader: pausing a consumer failed (%s); closed", exc)
+            _close(consumer)
+            return
         with self._lock:
             old = self._idle.pop(key, None)
             self._idle[key] = (consumer, time.monotonic())

@@ -75,9 +75,11 @@ def _random_value(rng: random.Random) -> bytes | None:
     if rng.random() < 0.9:
         fields["a"] = rng.choice([rng.randint(-2**63, 2**63 - 1), rng.randint(-1000, 1000)])
     if rng.random() < 0.9:
-        fields["b"] = "".join(rng.choice("abcé😀\"\\/ \u0001xyz") for _ in range(rng.randint(0, 12)))
+        fields["b"] = "".join(rng.choice("abcé😀\"\\/ \u0001xyz")
+                              for _ in range(rng.randint(0, 12)))
     if rng.random() < 0.9:
-        fields["c"] = rng.choice([rng.uniform(-1e6, 1e6), rng.random() * 10 ** rng.randint(-300, 300),
+        fields["c"] = rng.choice([rng.uniform(-1e6, 1e6),
+                                  rng.random() * 10 ** rng.randint(-300, 300),
                                   rng.randint(-10**20, 10**20), float(rng.randint(-5, 5))])
     if rng.random() < 0.8:
         fields["d"] = rng.choice([True, False, None])

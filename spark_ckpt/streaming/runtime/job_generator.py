@@ -38,7 +38,7 @@ class JobGenerator:
     def __init__(self, pipeline: str, *, tracker: ReceiverTracker, batches: BatchQueue,
                  driver_state: MetadataLog, positions: Callable[[], dict[str, Any]],
                  fence: Callable[[], None], clock: Clock, interval_ms: int, next_batch: int,
-                 skip_empty: bool) -> None:
+                 skip_empty: bool, time_moved: Callable[[], bool] | None = None) -> None:
         self.pipeline = pipeline
         self._tracker = tracker
         self._batches = batches
@@ -49,13 +49,22 @@ class JobGenerator:
         self._interval_ms = interval_ms
         self.next_batch = next_batch
         self._skip_empty = skip_empty
+        # whether an operator's event time moved past what its tasks last ran with (None: the
+        # pipeline has no event-time operator)
+        self.time_moved = time_moved
 
-    def generate(self, batch_time_ms: int) -> QueuedBatch | None:
-        """Steps 1-5 for the next batch; None when it would be empty and may be skipped."""
+    def generate(self, batch_time_ms: int, *, no_data: bool = False) -> QueuedBatch | None:
+        """Steps 1-5 for the next batch; None when it would be empty and may be skipped.
+        ``no_data``: allocated even when no source has new input (a no-data batch, which
+        fires the timers and closes the windows event time has reached, as Structured
+        Streaming's no-data batches do)."""
         t0 = self._clock.monotonic_s()
         self._fence()
         allocation = self._tracker.allocate(self.next_batch, batch_time_ms,
-                                            skip_if_empty=self._skip_empty)  # step 1
+                                            skip_if_empty=self._skip_empty and not no_data)
+        if allocation is not None and no_data:
+            log.info("Pipeline %s batch %d: a no-data batch (event time moved)", self.pipeline,
+                     allocation.batch_id)
         if allocation is None:
             return None
         queued = QueuedBatch(allocation, holds_slot=True,

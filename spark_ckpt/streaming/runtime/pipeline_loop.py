@@ -181,6 +181,9 @@ class PipelineLoop:
         self._in_flight = 0  # batches the generator allocated that are not done
         self._cancelled = False  # the user's stop cancelled the running batch
         self._next_poll_ms = 0  # when to look for stop requests next
+        # available-now, no input left: waiting for the running batches to say whether event
+        # time moved (a no-data batch) before finishing
+        self._awaiting_time = False
         self._external: StopRequest | None = None  # the stop request this run took
         # -- read by other threads --------------------------------------------------------
         self.stopping = threading.Event()  # a stop or a failure was handled: no new batches
@@ -222,7 +225,7 @@ class PipelineLoop:
 
     def _next_event(self) -> Any:
         timeout: float | None = None
-        if self._ticking and self._in_flight < self._max_in_flight:
+        if self._ticking and self._in_flight < self._max_in_flight and not self._awaiting_time:
             if self._available_now:
                 timeout = 0
             else:
@@ -305,10 +308,12 @@ class PipelineLoop:
         if isinstance(event, BatchStarted):
             self._housekeeping.batch_started(event.info)
         elif isinstance(event, BatchCompleted):
+            self._awaiting_time = False
             if event.holds_slot:
                 self._in_flight -= 1
             self._housekeeping.batch_completed(event.progress)
         elif isinstance(event, BatchFailed):
+            self._awaiting_time = False
             if event.holds_slot:
                 self._in_flight -= 1
             if self._cancelled:  # stop(graceful=False) cancelled it: no failure
@@ -340,6 +345,13 @@ class PipelineLoop:
         generator = self._generator
         try:
             queued = generator.generate(self._next_ms)
+            if queued is None and generator.time_moved is not None:
+                if self._in_flight:  # the running batches may move event time: ask after
+                    self._awaiting_time = self._available_now
+                    if self._available_now:
+                        return
+                elif generator.time_moved():
+                    queued = generator.generate(self._next_ms, no_data=True)
         except BaseException as exc:  # noqa: BLE001 - the batches already allocated run first
             self._handle(BatchFailed(generator.next_batch, exc, drain=True))
             return

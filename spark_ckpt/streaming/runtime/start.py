@@ -219,7 +219,8 @@ class PipelineStart:
             d.name, tracker=tracker, batches=batches, driver_state=driver_state,
             positions=self._positions, fence=fence, clock=d.clock,
             interval_ms=int(round(self._batch_interval * 1000)), next_batch=next_batch,
-            skip_empty=s.stream_skip_empty_batches or available_now)
+            skip_empty=s.stream_skip_empty_batches or available_now,
+            time_moved=_time_moved(d.graph))
         housekeeping = PipelineHousekeeping(
             d.name, progress=self._progress, progress_log=self.progress_log,
             listeners=self._listeners, tracker=tracker,
@@ -248,3 +249,13 @@ class PipelineStart:
         """Hand ``event`` to the pipeline loop (any thread; never blocks)."""
         assert self.loop is not None
         self.loop.post(event)
+
+
+def _time_moved(graph: Any) -> Callable[[], bool] | None:
+    """Whether any event-time operator's watermark moved past the one its tasks last ran
+    with (a no-data batch fires its timers); None when the graph has none."""
+    timed = [s for s in graph.reachable() if getattr(s, "event_time", None) is not None
+             and hasattr(s, "time_moved")]
+    if not timed:
+        return None
+    return lambda: any(s.time_moved() for s in timed)

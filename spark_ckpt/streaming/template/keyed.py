@@ -772,6 +772,15 @@ class ProcessedStream(StatefulStream):
         top = state.extra.get("max_event_ms")
         return None if top is None else int(top) - self.delay_ms
 
+    def time_moved(self) -> bool:
+        """The watermark moved past the one the tasks last ran with: a batch, with data or
+        not, fires the timers it reached (any thread: the published snapshot)."""
+        snapshot = self.snapshot()
+        if snapshot is None or snapshot.extra.get("max_event_ms") is None:
+            return False
+        applied = snapshot.extra.get("applied_watermark_ms")
+        return applied is None or int(snapshot.extra["max_event_ms"]) - self.delay_ms > applied
+
     def compute(self, run: BatchRun) -> DataFrame | None:
         from pyspark.sql import functions as F
         from pyspark.sql.types import StructType
@@ -817,12 +826,16 @@ class ProcessedStream(StatefulStream):
         }
         metas = self._run_job(run, state, data.unionByName(markers),
                               processor_task(params, self._plans(state), self.processor))
+        if params["watermark_ms"] is not None:  # what these tasks fired timers up to
+            state.extra["applied_watermark_ms"] = params["watermark_ms"]
         tops = [m["max_event_ms"] for m in metas if m.get("max_event_ms") is not None]
         if tops:
             state.extra["max_event_ms"] = max([*tops, state.extra.get("max_event_ms", tops[0])])
         run.stats.state[self.operator]["timers_fired"] = sum(m.get("timers_fired", 0)
                                                               for m in metas)
         run.stats.state[self.operator]["watermark_ms"] = self.watermark_of(state)
+        if run.operators is not None:  # the watermarks above, for readers on other threads
+            run.operators.publish(self.operator)
         files = [m["output"]["path"] for m in metas if m.get("output")]
         out_dir = params["output_dir"]
         store = self.pipeline.storage

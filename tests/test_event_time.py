@@ -1,0 +1,103 @@
+"""Event time moves without data (issue 35, item 6): a bounded run (``process_available``)
+ends with a no-data batch when an event-time operator's watermark moved past the one its
+tasks last ran with, so its timers fire and its windows close as far as the final watermark
+reaches, as Structured Streaming's no-data batches do. The windows are compared with batch
+Spark's over the same rows."""
+
+from __future__ import annotations
+
+import pandas as pd
+from pyspark.sql import functions as F
+
+from spark_ckpt import KeyedProcessor, StreamingContext
+from spark_ckpt.options import Settings
+
+WINDOW_MS = 10_000
+DELAY_MS = 3_000
+BASE_MS = 1_767_225_600_000  # 2026-01-01
+
+
+class TumblingMax(KeyedProcessor):
+    """A 10-second tumbling window's maximum per key, written by hand with event timers: each
+    window's running maximum in map state, emitted once the watermark passes its end."""
+
+    state_schema = "windows MAP<BIGINT, DOUBLE>"
+
+    def process(self, key, rows, ctx):
+        windows = ctx.map("windows")
+        starts = (rows["t_ms"] // WINDOW_MS) * WINDOW_MS
+        for start, value in zip(starts.tolist(), rows["value"].tolist(), strict=True):
+            best = windows.get(start)
+            if best is None:
+                ctx.timers.register_event_time(start + WINDOW_MS)
+            windows.put(start, value if best is None else max(best, value))
+        return iter(())
+
+    def on_timer(self, key, timer_ms, ctx):
+        windows = ctx.map("windows")
+        start = timer_ms - WINDOW_MS
+        yield (key[0], start, windows.get(start))
+        windows.remove(start)
+
+
+def _events(batches: int = 4, per_batch: int = 60, keys: int = 3) -> list[pd.DataFrame]:
+    """Rows out of order within a batch and across batches, never later than the delay."""
+    frames, i = [], 0
+    for b in range(batches):
+        rows = []
+        for j in range(per_batch):
+            jitter = ((i * 7919) % (DELAY_MS // 2))  # at most 1.5 s behind the trend
+            t = BASE_MS + b * 9_000 + j * 150 - jitter
+            rows.append({"key": i % keys, "t_ms": t, "value": float((i * 37) % 101)})
+            i += 1
+        frames.append(pd.DataFrame(rows))
+    return frames
+
+
+def test_a_bounded_run_closes_every_window_its_final_watermark_reaches(spark, tmp_path):
+    frames = _events()
+    source = tmp_path / "in"
+    source.mkdir()
+    for b, frame in enumerate(frames):
+        spark.createDataFrame(frame, "key BIGINT, t_ms BIGINT, value DOUBLE") \
+            .coalesce(1).write.parquet(str(source / f"b{b:02d}"))
+    files = sorted(source.glob("b*/*.parquet"))
+    for n, f in enumerate(files):  # one file per batch, in order
+        f.rename(source / f"part-{n:02d}.parquet")
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "tumbling", settings=Settings(
+        checkpoint_interval_ms=0, state_parallelism=2, progress="never"))
+    rows = ctx.file_stream("events", str(source), "parquet",
+                           "key BIGINT, t_ms BIGINT, value DOUBLE", max_files_per_batch=1)
+    rows.with_column("event_time", F.timestamp_millis("t_ms")) \
+        .key_by("key").process(TumblingMax(), "key BIGINT, start_ms BIGINT, max DOUBLE",
+                               name="tumbling", event_time="event_time",
+                               watermark_delay_ms=DELAY_MS) \
+        .write_parquet(str(tmp_path / "out"), name="out")
+    progress = ctx.process_available(timeout=300)
+    # the data batches, then one no-data batch that moved the watermark to the last data's
+    assert [p["num_input_rows"] for p in progress] == [len(f) for f in frames] + [0]
+    assert progress[-1]["state"]["tumbling"]["timers_fired"] > 0
+
+    everything = pd.concat(frames)
+    final_watermark = int(everything.t_ms.max()) - DELAY_MS
+    expected = (spark.createDataFrame(everything, "key BIGINT, t_ms BIGINT, value DOUBLE")
+                .groupBy("key", F.window(F.timestamp_millis("t_ms"), "10 seconds"))
+                .agg(F.max("value").alias("max"))
+                .select("key", F.unix_millis(F.col("window.start")).alias("start_ms"), "max",
+                        F.unix_millis(F.col("window.end")).alias("end_ms"))
+                .where(F.col("end_ms") <= final_watermark).drop("end_ms").toPandas())
+    got = spark.read.parquet(str(tmp_path / "out")).toPandas()
+    order = ["key", "start_ms"]
+    assert len(expected) >= 6  # windows of every key closed, the test is not vacuous
+    pd.testing.assert_frame_equal(got.sort_values(order).reset_index(drop=True),
+                                  expected.sort_values(order).reset_index(drop=True),
+                                  check_dtype=False)
+
+
+def test_no_data_batch_is_not_run_without_event_time(spark, tmp_path):
+    """A pipeline with no event-time operator ends with its last data batch."""
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "plain", settings=Settings(
+        checkpoint_interval_ms=0, state_parallelism=2, progress="never"))
+    ctx.generator_stream("gen", rows_per_batch=10, total_rows=30, keys=2) \
+        .write_parquet(str(tmp_path / "out"), name="out")
+    assert [p["num_input_rows"] for p in ctx.process_available(timeout=300)] == [10, 10, 10]

@@ -88,14 +88,15 @@ def fault_point(name: str) -> None:
         hit = spec[1] <= _counts[name] <= spec[2]
     if not hit:
         return
+    jvm = _jvm_ancestor() if spec[3] == "executor" else None  # found before the fault is taken
     once = os.environ.get("SPARK_CKPT_FAULT_ONCE")
     if once:
         try:
             os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return  # another process (or an earlier attempt) took the fault already
-    if spec[3] == "executor":
-        os.kill(_jvm_ancestor(), signal.SIGKILL)
+    if jvm is not None:
+        os.kill(jvm, signal.SIGKILL)
         time.sleep(60)  # this worker dies with its JVM's pipes; never goes on past the point
         os.kill(os.getpid(), signal.SIGKILL)
     if spec[3] == "fail":
@@ -117,9 +118,8 @@ def _jvm_ancestor() -> int:
     parent is PySpark's daemon, whose parent is the executor)."""
     pid = os.getppid()
     while pid > 1:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"java" in f.read().split(b"\0")[0]:
-                return pid
+        if os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "java":
+            return pid
         with open(f"/proc/{pid}/stat") as f:
             pid = int(f.read().rsplit(")", 1)[1].split()[1])
     raise RuntimeError("fault action executor: no JVM among this process's ancestors")

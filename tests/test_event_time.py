@@ -6,11 +6,16 @@ Spark's over the same rows."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pandas as pd
+import pytest
 from pyspark.sql import functions as F
 
 from spark_ckpt import KeyedProcessor, StreamingContext
+from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.options import Settings
+from spark_ckpt.streaming.template.event_time import duration_ms
 
 WINDOW_MS = 10_000
 DELAY_MS = 3_000
@@ -54,7 +59,11 @@ def _events(batches: int = 4, per_batch: int = 60, keys: int = 3) -> list[pd.Dat
     return frames
 
 
-def test_a_bounded_run_closes_every_window_its_final_watermark_reaches(spark, tmp_path):
+@pytest.mark.parametrize("declared", ["process", "with_watermark"])
+def test_a_bounded_run_closes_every_window_its_final_watermark_reaches(spark, tmp_path,
+                                                                        declared):
+    """The event time and delay given to process(), or declared upstream with
+    with_watermark (as Structured Streaming's withWatermark)."""
     frames = _events()
     source = tmp_path / "in"
     source.mkdir()
@@ -68,11 +77,16 @@ def test_a_bounded_run_closes_every_window_its_final_watermark_reaches(spark, tm
         checkpoint_interval_ms=0, state_parallelism=2, progress="never"))
     rows = ctx.file_stream("events", str(source), "parquet",
                            "key BIGINT, t_ms BIGINT, value DOUBLE", max_files_per_batch=1)
-    rows.with_column("event_time", F.timestamp_millis("t_ms")) \
-        .key_by("key").process(TumblingMax(), "key BIGINT, start_ms BIGINT, max DOUBLE",
-                               name="tumbling", event_time="event_time",
-                               watermark_delay_ms=DELAY_MS) \
-        .write_parquet(str(tmp_path / "out"), name="out")
+    timed = rows.with_column("event_time", F.timestamp_millis("t_ms"))
+    if declared == "with_watermark":
+        keyed = timed.with_watermark("event_time", "3 seconds").select("*").key_by("key")
+        windows = keyed.process(TumblingMax(), "key BIGINT, start_ms BIGINT, max DOUBLE",
+                                name="tumbling")
+    else:
+        windows = timed.key_by("key").process(
+            TumblingMax(), "key BIGINT, start_ms BIGINT, max DOUBLE", name="tumbling",
+            event_time="event_time", watermark_delay_ms=DELAY_MS)
+    windows.write_parquet(str(tmp_path / "out"), name="out")
     progress = ctx.process_available(timeout=300)
     # the data batches, then one no-data batch that moved the watermark to the last data's
     assert [p["num_input_rows"] for p in progress] == [len(f) for f in frames] + [0]
@@ -101,3 +115,30 @@ def test_no_data_batch_is_not_run_without_event_time(spark, tmp_path):
     ctx.generator_stream("gen", rows_per_batch=10, total_rows=30, keys=2) \
         .write_parquet(str(tmp_path / "out"), name="out")
     assert [p["num_input_rows"] for p in ctx.process_available(timeout=300)] == [10, 10, 10]
+
+
+def test_durations_are_read_as_spark_writes_intervals():
+    assert duration_ms("10 seconds", "t") == 10_000
+    assert duration_ms("1 minute 30 seconds", "t") == 90_000
+    assert duration_ms("INTERVAL 2 hours", "t") == 7_200_000
+    assert duration_ms("500 milliseconds", "t") == 500
+    assert duration_ms("1.5 seconds", "t") == 1_500
+    assert duration_ms(timedelta(minutes=1), "t") == 60_000
+    assert duration_ms(250, "t") == 250
+    for bad in ("10", "ten seconds", "10 fortnights", "-1 second", True, 1.5):
+        with pytest.raises(JobDefinitionError):
+            duration_ms(bad, "t")
+
+
+def test_inputs_declaring_different_watermarks_are_refused(spark, tmp_path):
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "mixed", settings=Settings(
+        checkpoint_interval_ms=0, progress="never"))
+    gen = ctx.generator_stream("gen", rows_per_batch=10, total_rows=30, keys=2)
+    a = gen.with_watermark("event_time", "1 second")
+    b = gen.with_watermark("event_time", "2 seconds")
+    with pytest.raises(JobDefinitionError, match="one event-time declaration"):
+        a.union(b).key_by("key").process(TumblingMax(), "key BIGINT, s BIGINT, m DOUBLE",
+                                         name="p")
+    with pytest.raises(JobDefinitionError, match="declare no watermark"):
+        a.union(gen).key_by("key").process(TumblingMax(), "key BIGINT, s BIGINT, m DOUBLE",
+                                           name="q")

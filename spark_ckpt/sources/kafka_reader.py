@@ -19,7 +19,7 @@ from typing import Any
 
 from spark_ckpt.errors import SourceError
 from spark_ckpt.kafka_client import load as load_kafka
-from spark_ckpt.sources.kafka_values import RAW, parse_block
+from spark_ckpt.sources.kafka_values import RAW, TASK_PREFIX, parse_block
 
 __all__ = ["ReadRanges"]
 
@@ -39,64 +39,75 @@ _KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "
 
 class _Consumers:
     """A Python worker's Kafka consumers, kept between its tasks (Spark reuses a Python worker
-    for many tasks), one per client configuration and topic-partition, as Spark's Kafka
-    connector pools its consumers. A batch's range starts where the previous batch's ended, so
-    a consumer kept from it has its connection and metadata (a new consumer costs a small
-    batch's task about 150 ms). A consumer is kept only after a range it read to its end,
-    paused; one idle for ``_IDLE_S`` is closed."""
+    for many tasks), per client configuration, as Spark's Kafka connector pools its consumers:
+    a kept consumer has its connections and metadata (a new one costs a short batch's task
+    about 150 ms). A task takes the one that last read its partition if there is one (its
+    position may be where the range starts), else any, assigned to the range's partition.
+    A consumer is kept only after a range it read to its end, paused (an idle consumer fetches
+    nothing); at most ``_KEPT`` a configuration, and none idle for ``_IDLE_S``."""
 
     _IDLE_S = 300.0
+    _KEPT = 4
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # the pool: a worker may run tasks on several threads
-        self._idle: dict[tuple[str, str, int], tuple[Any, float]] = {}
+        # configuration -> [(topic, partition, consumer, when given back)], oldest first
+        self._idle: dict[str, list[tuple[str, int, Any, float]]] = {}
 
     def take(self, config: dict[str, Any], topic: str, partition: int, start: int
-             ) -> tuple[tuple[str, str, int], Any]:
+             ) -> tuple[str, Any]:
         """A consumer of ``topic``-``partition`` whose next record is ``start``."""
         kafka = load_kafka()
-        key = (json.dumps(config, sort_keys=True, default=str), topic, partition)
+        key = json.dumps(config, sort_keys=True, default=str)
         now = time.monotonic()
+        closing = []
+        kept = None
         with self._lock:
-            kept = self._idle.pop(key, None)
-            stale = [k for k, (_c, at) in self._idle.items() if now - at > self._IDLE_S]
-            closing = [self._idle.pop(k)[0] for k in stale]
+            for pooled in self._idle.values():
+                closing += [e[2] for e in pooled if now - e[3] > self._IDLE_S]
+                pooled[:] = [e for e in pooled if now - e[3] <= self._IDLE_S]
+            entries = self._idle.get(key, [])
+            if entries:
+                mine = [i for i, e in enumerate(entries) if (e[0], e[1]) == (topic, partition)]
+                kept = entries.pop(mine[-1] if mine else 0)
         for consumer in closing:
             _close(consumer)
         if kept is not None:
-            consumer = kept[0]
+            was_topic, was_partition, consumer, _at = kept
             try:
-                at = consumer.position([kafka.TopicPartition(topic, partition)])[0].offset
-                if at != start:  # elsewhere: assigned again at start
+                here = kafka.TopicPartition(topic, partition)
+                at = consumer.position([here])[0].offset \
+                    if (was_topic, was_partition) == (topic, partition) else None
+                if at != start:  # elsewhere, or another partition's: assigned at start
                     consumer.assign([kafka.TopicPartition(topic, partition, start)])
                 # kept paused; a partition assigned again stays paused too (librdkafka keeps
                 # the flag with the partition): found reading nothing until the timeout
-                consumer.resume([kafka.TopicPartition(topic, partition)])
+                consumer.resume([here])
                 return key, consumer
             except Exception as exc:  # noqa: BLE001 - a kept client that fails: a new one
-                log.debug("kafka reader: a kept consumer of %s-%d failed (%s); a new one",
-                          topic, partition, exc)
+                log.debug("kafka reader: a kept consumer failed (%s); a new one", exc)
                 _close(consumer)
         consumer = kafka.Consumer(config)
         consumer.assign([kafka.TopicPartition(topic, partition, start)])
         return key, consumer
 
-    def give_back(self, key: tuple[str, str, int], consumer: Any) -> None:
-        """Keep ``consumer``, paused: an idle consumer fetches nothing (a kept one that
-        went on prefetching cost the tasks CPU and memory, and a batch whose range another
-        worker reads next would throw its fetches away)."""
+    def give_back(self, key: str, topic: str, partition: int, consumer: Any) -> None:
+        """Keep ``consumer``, paused (a kept one that went on prefetching cost the tasks CPU
+        and memory, and threw its fetches away when another worker read the range next)."""
         kafka = load_kafka()
         try:
-            consumer.pause([kafka.TopicPartition(key[1], key[2])])
+            consumer.pause([kafka.TopicPartition(topic, partition)])
         except Exception as exc:  # noqa: BLE001 - a client that fails now is not kept
             log.debug("kafka reader: pausing a consumer failed (%s); closed", exc)
             _close(consumer)
             return
         with self._lock:
-            old = self._idle.pop(key, None)
-            self._idle[key] = (consumer, time.monotonic())
-        if old is not None:
-            _close(old[0])
+            entries = self._idle.setdefault(key, [])
+            entries.append((topic, partition, consumer, time.monotonic()))
+            extra = entries[:-self._KEPT] if len(entries) > self._KEPT else []
+            del entries[:len(extra)]
+        for _t, _p, old, _at in extra:
+            _close(old)
 
 
 _CONSUMERS = _Consumers()
@@ -176,7 +187,7 @@ class ReadRanges:
             read_to_end = True
         finally:
             if read_to_end:
-                _CONSUMERS.give_back(key, consumer)
+                _CONSUMERS.give_back(key, topic, partition, consumer)
             else:  # an error, a lost range, or the task cancelled: not kept
                 _close(consumer)
 
@@ -185,6 +196,7 @@ class ReadRanges:
         columns (values parsed where Arrow's answer is Spark's, else left raw to Spark)."""
         form = self.spec.get("format")
         wanted = _KAFKA_COLUMNS if form is None else form["metadata"]
+        prefix = "" if form is None else TASK_PREFIX  # (a value field may be called offset)
         columns: dict[str, Any] = {}
         if form is not None:
             values = [m.value() for m in messages]
@@ -195,23 +207,23 @@ class ReadRanges:
         n = len(messages)
         for name in wanted:
             if name == "key":
-                columns[name] = pa.array([m.key() for m in messages], pa.binary())
+                columns[prefix + name] = pa.array([m.key() for m in messages], pa.binary())
             elif name == "value":
-                columns[name] = pa.array([m.value() for m in messages], pa.binary())
+                columns[prefix + name] = pa.array([m.value() for m in messages], pa.binary())
             elif name == "topic":
-                columns[name] = pa.array([topic] * n, pa.string())
+                columns[prefix + name] = pa.array([topic] * n, pa.string())
             elif name == "partition":
-                columns[name] = pa.array([partition] * n, pa.int32())
+                columns[prefix + name] = pa.array([partition] * n, pa.int32())
             elif name == "offset":
-                columns[name] = pa.array([m.offset() for m in messages], pa.int64())
+                columns[prefix + name] = pa.array([m.offset() for m in messages], pa.int64())
             elif name in ("timestamp", "timestampType"):
                 stamps = [m.timestamp() for m in messages]
-                columns[name] = (
+                columns[prefix + name] = (
                     pa.array([s * 1000 if k else None for k, s in stamps],
                              pa.timestamp("us", tz="UTC")) if name == "timestamp" else
                     pa.array([_TIMESTAMP_TYPES.get(k, -1) for k, _s in stamps], pa.int32()))
             elif name == "headers":
-                columns[name] = pa.array(
+                columns[prefix + name] = pa.array(
                     [[{"key": k, "value": v} for k, v in h] if (h := m.headers()) else []
                      for m in messages], _headers_type(pa))
         if form is not None:

@@ -12,9 +12,11 @@ answer is certainly Spark's:
   DOUBLE, BOOLEAN; any other type: every value goes to Spark's parser);
 - every value is one line that starts with ``{`` (no null value, no newline in a value, no
   top-level scalar or array);
+- every value is at most 1,000 bytes of valid UTF-8 (longer ones may pass Spark's parser
+  limits), with no ``Inf``/``NaN`` token and no integer ``-0``, which the two read otherwise;
 - Arrow parses the whole block with the schema (it refuses what Spark turns into nulls or
   reads differently: a number into a STRING field, a fraction into an integer, an integer
-  out of range, a duplicate field, invalid UTF-8, single quotes, trailing text);
+  out of range, a duplicate field, single quotes, trailing text);
 - the block gives exactly one row per value.
 
 Any block that fails one of these is passed to Spark as raw values, and Spark's ``from_json``
@@ -24,6 +26,7 @@ parses it in the same task's plan: the rows are Spark's either way
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -33,14 +36,23 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
-__all__ = ["METADATA", "RAW", "ValueFormat", "parse_block"]
+__all__ = ["METADATA", "RAW", "TASK_PREFIX", "ValueFormat", "parse_block"]
 
 # Spark's Kafka schema (includeHeaders=true): the metadata columns a parsed stream may keep
 METADATA = {"key": "BINARY", "topic": "STRING", "partition": "INT", "offset": "BIGINT",
             "timestamp": "TIMESTAMP", "timestampType": "INT",
             "headers": "ARRAY<STRUCT<key: STRING, value: BINARY>>", "value": "BINARY"}
+# the Kafka columns' names in what Python tasks give Spark (value fields keep their own)
+TASK_PREFIX = "__spark_ckpt_kafka_"
 # the raw values of a block Python tasks left to Spark's parser (null where they parsed it)
 RAW = "__spark_ckpt_raw_value"
+# a value longer than this may pass Spark's parser limits (nesting depth 1,000, numbers of
+# 1,000 digits, Jackson's name and string lengths), which Arrow does not have: Spark's parse
+_MAX_VALUE_BYTES = 1_000
+# tokens the two read otherwise wherever they stand in a value: Arrow takes Inf, -Inf, -NaN
+# (Jackson, as Spark sets it, NaN and Infinity only, else the record is malformed), and reads
+# an integer -0 into a DOUBLE as -0.0 (Spark as 0.0); a block with any goes to Spark
+_READ_OTHERWISE = re.compile(rb"[:\[,]\s*(?:[-+]?(?:NaN|Inf)|-0(?![.eE0-9]))")
 # Spark type names whose JSON parse Arrow's reader gives identically (see the docstring)
 _FAST = {"string": "string", "bigint": "int64", "int": "int32", "double": "float64",
          "boolean": "bool"}
@@ -91,8 +103,10 @@ class ValueFormat:
         self._schema = StructType(list(value_schema.fields)
                                   + [StructField(out, meta[col].dataType, True)
                                      for out, col in kept.items()])
+        # the Kafka columns under names of their own (a value field may be called timestamp)
         self._task_schema = StructType(list(value_schema.fields)
-                                       + [meta[c] for c in sorted(set(kept.values()))]
+                                       + [StructField(TASK_PREFIX + c, meta[c].dataType, True)
+                                          for c in sorted(set(kept.values()))]
                                        + [StructField(RAW, BinaryType(), True)])
         self._spec: dict[str, Any] | None = None
 
@@ -128,7 +142,7 @@ class ValueFormat:
         fields = [F.col(f"`{f.name}`") for f in self.value_schema.fields]
         value = F.when(F.col(RAW).isNull(), F.struct(*fields)) \
             .otherwise(self._parse(F.col(RAW))).alias("__spark_ckpt_value")
-        meta = [F.col(f"`{col}`").alias(out) for out, col in self.metadata.items()]
+        meta = [F.col(f"`{TASK_PREFIX}{col}`").alias(out) for out, col in self.metadata.items()]
         return frame.select(value, *meta).select(
             "__spark_ckpt_value.*", *[F.col(f"`{out}`") for out in self.metadata])
 
@@ -163,9 +177,10 @@ def parse_block(pa: Any, values: list[Any], spec: dict[str, Any]) -> tuple[Any, 
     that is certainly Spark's answer (the module's docstring), else ``(raw values, False)``
     for Spark's parser."""
     n = len(values)
-    if spec["fast"] and n and None not in values:
+    if spec["fast"] and n and None not in values and max(map(len, values)) <= _MAX_VALUE_BYTES:
         block = b"\n".join(values)
-        if block.count(b"\n") == n - 1 and _lines_open_objects(block, n):
+        if block.count(b"\n") == n - 1 and _lines_open_objects(block, n) and \
+                _utf8(block) and not _READ_OTHERWISE.search(block):
             import pyarrow.json as pj
 
             schema = pa.schema([(name, kind) for name, kind in spec["fields"]])
@@ -182,6 +197,15 @@ def parse_block(pa: Any, values: list[Any], spec: dict[str, Any]) -> tuple[Any, 
                 return [table.column(name).combine_chunks()
                         for name, _kind in spec["fields"]], True
     return values, False
+
+
+def _utf8(block: bytes) -> bool:
+    """Valid UTF-8 (Spark decodes invalid bytes to U+FFFD; Arrow keeps them unchecked)."""
+    try:
+        block.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _lines_open_objects(block: bytes, n: int) -> bool:

@@ -750,6 +750,12 @@ class ProcessedStream(StatefulStream):
         # Spark at the first batch, into the operator's state)
         self.output_schema: StructType | None = output_schema \
             if isinstance(output_schema, StructType) else None
+        if event_time is None:  # the nearest with_watermark upstream, if any
+            from spark_ckpt.streaming.template.event_time import declared_watermark
+
+            mark = declared_watermark(keyed.inputs, f"operator {self.operator}")
+            if mark is not None:
+                event_time, watermark_delay_ms = mark.column, mark.delay_ms
         self.event_time = event_time
         self.delay_ms = int(watermark_delay_ms)
         if ttl_ms is not None and ttl_ms <= 0:

@@ -108,6 +108,22 @@ class Stream:
         return Transformed(self.pipeline, (self,), lambda df: df.withColumn(name, column),
                            f"{self.name}.with_column({name})", whole=True)
 
+    def with_watermark(self, column: str, delay: Any) -> Stream:
+        """Declare ``column`` (a TIMESTAMP) the rows' event time, and the watermark to trail
+        its largest value by ``delay`` ("10 seconds", a timedelta, or milliseconds), as
+        Structured Streaming's ``withWatermark``: stateful operators downstream take their
+        event time from it (docs/checkpointing.md)."""
+        from spark_ckpt.streaming.template.event_time import Watermark, duration_ms
+
+        if not isinstance(column, str) or not column:
+            raise JobDefinitionError(
+                f"with_watermark on {self.name}: expected an event-time column name, found "
+                f"{column!r}")
+        marked = Transformed(self.pipeline, (self,), lambda df: df,
+                             f"{self.name}.with_watermark({column})", whole=True)
+        marked.watermark = Watermark(column, duration_ms(delay, f"with_watermark({column!r})"))
+        return marked
+
     def union(self, *others: Stream) -> Stream:
         """Rows of this stream and ``others`` in each batch (columns matched by name)."""
 
@@ -242,6 +258,7 @@ class Transformed(Stream):
                  fn: Callable[..., DataFrame], name: str, *, whole: bool = False) -> None:
         super().__init__(pipeline, parents, name)
         self.fn = fn
+        self.watermark: Any = None  # with_watermark's declaration (event_time.Watermark)
         # spark_ckpt's own row-by-row operators read every row; a user's function may not
         self.reads_whole = whole
 

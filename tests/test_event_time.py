@@ -6,6 +6,9 @@ Spark's over the same rows."""
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
 from datetime import timedelta
 
 import pandas as pd
@@ -16,6 +19,7 @@ from spark_ckpt import KeyedProcessor, StreamingContext
 from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.options import Settings
 from spark_ckpt.streaming.template.event_time import duration_ms
+from helpers import ROOT, child_env
 
 WINDOW_MS = 10_000
 DELAY_MS = 3_000
@@ -65,17 +69,10 @@ def test_a_bounded_run_closes_every_window_its_final_watermark_reaches(spark, tm
     """The event time and delay given to process(), or declared upstream with
     with_watermark (as Structured Streaming's withWatermark)."""
     frames = _events()
-    source = tmp_path / "in"
-    source.mkdir()
-    for b, frame in enumerate(frames):
-        spark.createDataFrame(frame, "key BIGINT, t_ms BIGINT, value DOUBLE") \
-            .coalesce(1).write.parquet(str(source / f"b{b:02d}"))
-    files = sorted(source.glob("b*/*.parquet"))
-    for n, f in enumerate(files):  # one file per batch, in order
-        f.rename(source / f"part-{n:02d}.parquet")
+    source = _write_inputs(spark, frames, tmp_path / "in")
     ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "tumbling", settings=Settings(
         checkpoint_interval_ms=0, state_parallelism=2, progress="never"))
-    rows = ctx.file_stream("events", str(source), "parquet",
+    rows = ctx.file_stream("events", source, "parquet",
                            "key BIGINT, t_ms BIGINT, value DOUBLE", max_files_per_batch=1)
     timed = rows.with_column("event_time", F.timestamp_millis("t_ms"))
     if declared == "with_watermark":
@@ -92,6 +89,22 @@ def test_a_bounded_run_closes_every_window_its_final_watermark_reaches(spark, tm
     assert [p["num_input_rows"] for p in progress] == [len(f) for f in frames] + [0]
     assert progress[-1]["state"]["tumbling"]["timers_fired"] > 0
 
+    _assert_closed_windows(spark, frames, tmp_path / "out")
+
+
+def _write_inputs(spark, frames: list[pd.DataFrame], source) -> str:
+    source.mkdir()
+    for b, frame in enumerate(frames):
+        spark.createDataFrame(frame, "key BIGINT, t_ms BIGINT, value DOUBLE") \
+            .coalesce(1).write.parquet(str(source / f"b{b:02d}"))
+    files = sorted(source.glob("b*/*.parquet"))
+    for n, f in enumerate(files):  # one file per batch, in order
+        f.rename(source / f"part-{n:02d}.parquet")
+    return str(source)
+
+
+def _assert_closed_windows(spark, frames: list[pd.DataFrame], out) -> None:
+    """The output equals batch Spark's windows that the final watermark closes."""
     everything = pd.concat(frames)
     final_watermark = int(everything.t_ms.max()) - DELAY_MS
     expected = (spark.createDataFrame(everything, "key BIGINT, t_ms BIGINT, value DOUBLE")
@@ -100,7 +113,7 @@ def test_a_bounded_run_closes_every_window_its_final_watermark_reaches(spark, tm
                 .select("key", F.unix_millis(F.col("window.start")).alias("start_ms"), "max",
                         F.unix_millis(F.col("window.end")).alias("end_ms"))
                 .where(F.col("end_ms") <= final_watermark).drop("end_ms").toPandas())
-    got = spark.read.parquet(str(tmp_path / "out")).toPandas()
+    got = spark.read.parquet(str(out)).toPandas()
     order = ["key", "start_ms"]
     assert len(expected) >= 6  # windows of every key closed, the test is not vacuous
     pd.testing.assert_frame_equal(got.sort_values(order).reset_index(drop=True),
@@ -142,3 +155,48 @@ def test_inputs_declaring_different_watermarks_are_refused(spark, tmp_path):
     with pytest.raises(JobDefinitionError, match="declare no watermark"):
         a.union(gen).key_by("key").process(TumblingMax(), "key BIGINT, s BIGINT, m DOUBLE",
                                            name="q")
+
+
+_RESTARTED = """
+import sys
+from pyspark.sql import functions as F
+from spark_ckpt import StreamingContext, get_or_create_session
+from spark_ckpt.options import Settings
+from test_event_time import TumblingMax
+source, ckpt, out = sys.argv[1:4]
+spark = get_or_create_session("restarted")
+ctx = StreamingContext(spark, 0.05, ckpt, "restarted", settings=Settings(
+    checkpoint_interval_ms=0, state_parallelism=2, progress="never"))
+ctx.file_stream("events", source, "parquet", "key BIGINT, t_ms BIGINT, value DOUBLE",
+                max_files_per_batch=1) \
+    .with_column("event_time", F.timestamp_millis("t_ms")) \
+    .with_watermark("event_time", "3 seconds").key_by("key") \
+    .process(TumblingMax(), "key BIGINT, start_ms BIGINT, max DOUBLE", name="tumbling") \
+    .write_parquet(out, name="out")
+print("RESULT", [p["num_input_rows"] for p in ctx.process_available(timeout=300)], flush=True)
+"""
+
+
+def test_a_restart_that_recovers_the_last_batch_still_closes_the_last_windows(spark, tmp_path):
+    """The driver dies with the last data batch allocated and not run; the next run recovers
+    that batch, waits for it, and only then sees event time moved: its no-data batch closes
+    the windows the final watermark reaches (found by review: the recovered batch held no
+    slot, and the run could end before it moved event time)."""
+    frames = _events()
+    source = _write_inputs(spark, frames, tmp_path / "in")
+    command = [sys.executable, "-c", _RESTARTED, source, str(tmp_path / "ckpt"),
+               str(tmp_path / "out")]
+    killed = subprocess.run(command, env=child_env(f"stream.batch.allocated:{len(frames)}"),
+                            cwd=ROOT, capture_output=True, text=True, timeout=600,
+                            start_new_session=True)
+    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-3000:]
+    done = subprocess.run(command, env=child_env(), cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    # the recovered batches (the run's last ones: how many were still uncommitted depends on
+    # where the kill fell), then one no-data batch
+    rows = ast.literal_eval(done.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    data = [len(f) for f in frames]
+    assert rows[-1] == 0 and 0 not in rows[:-1] and rows[:-1] == data[len(data) - len(rows) + 1:], \
+        rows
+    _assert_closed_windows(spark, frames, tmp_path / "out")

@@ -162,7 +162,7 @@ class PipelineLoop:
                  batches: BatchQueue, scheduler: SchedulerControl, housekeeping: Housekeeping,
                  clock: Clock, max_in_flight: int,
                  available_now: bool, stop_control: StopControl | None = None,
-                 stop_poll_ms: int = 1000) -> None:
+                 stop_poll_ms: int = 1000, recovered: int = 0) -> None:
         self.pipeline = pipeline
         self._lifecycle = lifecycle
         self._generator = generator
@@ -184,6 +184,9 @@ class PipelineLoop:
         # available-now, no input left: waiting for the running batches to say whether event
         # time moved (a no-data batch) before finishing
         self._awaiting_time = False
+        # batches recovered at start (queued without a slot) that have not finished: they
+        # may move event time too
+        self._recovered = recovered
         self._external: StopRequest | None = None  # the stop request this run took
         # -- read by other threads --------------------------------------------------------
         self.stopping = threading.Event()  # a stop or a failure was handled: no new batches
@@ -311,11 +314,15 @@ class PipelineLoop:
             self._awaiting_time = False
             if event.holds_slot:
                 self._in_flight -= 1
+            else:
+                self._recovered = max(0, self._recovered - 1)
             self._housekeeping.batch_completed(event.progress)
         elif isinstance(event, BatchFailed):
             self._awaiting_time = False
             if event.holds_slot:
                 self._in_flight -= 1
+            else:
+                self._recovered = max(0, self._recovered - 1)
             if self._cancelled:  # stop(graceful=False) cancelled it: no failure
                 return
             self._finish(self._housekeeping.failure(event.batch_id, event.error,
@@ -338,15 +345,16 @@ class PipelineLoop:
 
     def _generate_if_due(self) -> None:
         """One batch (the generator's steps) if it is due and a slot is free."""
-        if self._in_flight >= self._max_in_flight:
-            return
+        if self._in_flight >= self._max_in_flight or self._awaiting_time:
+            return  # (awaiting: a running batch's completion says whether time moved)
         if not self._available_now and self._clock.now_ms() < self._next_ms:
             return
         generator = self._generator
         try:
             queued = generator.generate(self._next_ms)
             if queued is None and generator.time_moved is not None:
-                if self._in_flight:  # the running batches may move event time: ask after
+                if self._in_flight or self._recovered:  # running batches may move event
+                    # time: ask after they finish
                     self._awaiting_time = self._available_now
                     if self._available_now:
                         return

@@ -234,7 +234,7 @@ class PipelineStart:
             max_in_flight=s.stream_max_batches_in_flight,
             available_now=available_now,
             stop_control=StopControl(d.storage, d.root, d.name, run),
-            stop_poll_ms=s.stream_stop_poll_interval_ms)
+            stop_poll_ms=s.stream_stop_poll_interval_ms, recovered=len(pending))
         return pending, next_batch
 
     def _positions(self) -> dict[str, Any]:

@@ -482,6 +482,17 @@ class AggregatedStream(StatefulStream):
         super().__init__(keyed, name)
         self.aggs = dict(aggs)
         self.state_renames = dict(state_renames or {})
+        from spark_ckpt.streaming.template.event_time import declared_watermark
+
+        try:
+            mark = declared_watermark(keyed.inputs, f"operator {self.operator}")
+        except JobDefinitionError:
+            mark = None
+        if mark is not None:  # a Structured Streaming user would expect eviction: say so
+            log.warning("Operator %s: key_by().agg() does not use %r: its running aggregates "
+                        "are kept for every key, never evicted at the watermark (windowed "
+                        "aggregations that evict are not built yet; a processor with event "
+                        "timers can)", self.operator, mark)
 
     def new_state(self, parallelism: int, max_parallelism: int,
                   live: dict[int, StateHandle]) -> AggState:
@@ -775,8 +786,15 @@ class ProcessedStream(StatefulStream):
         return None if top is None else int(top) - self.delay_ms
 
     def watermark_of(self, state: OperatorState) -> int | None:
+        """The largest event time seen minus the delay; never below the watermark the tasks
+        already ran with (a delay raised at a restart does not move it back, as Structured
+        Streaming's never does)."""
         top = state.extra.get("max_event_ms")
-        return None if top is None else int(top) - self.delay_ms
+        if top is None:
+            return None
+        applied = state.extra.get("applied_watermark_ms")
+        mark = int(top) - self.delay_ms
+        return mark if applied is None else max(mark, int(applied))
 
     def time_moved(self) -> bool:
         """The watermark moved past the one the tasks last ran with: a batch, with data or

@@ -111,8 +111,9 @@ class Stream:
     def with_watermark(self, column: str, delay: Any) -> Stream:
         """Declare ``column`` (a TIMESTAMP) the rows' event time, and the watermark to trail
         its largest value by ``delay`` ("10 seconds", a timedelta, or milliseconds), as
-        Structured Streaming's ``withWatermark``: stateful operators downstream take their
-        event time from it (docs/checkpointing.md)."""
+        Structured Streaming's ``withWatermark``: processors downstream
+        (``key_by().process(...)``) take their event time from it (docs/checkpointing.md);
+        ``key_by().agg()`` does not evict by it (a warning says so)."""
         from spark_ckpt.streaming.template.event_time import Watermark, duration_ms
 
         if not isinstance(column, str) or not column:

@@ -73,12 +73,18 @@ def _alloc(b):
 class _Generator:
     """The generator's steps as the loop sees them: a queued batch, or None when empty."""
 
-    def __init__(self, batches, empty_from=None):
+    def __init__(self, batches, empty_from=None, time_moves=None):
         self.batches, self.next_batch, self.times = batches, 0, []
         self.empty_from, self.fail_at = empty_from, None
+        # whether event time moved, asked when no input is left (None: no event time)
+        self.time_moved = (lambda: bool(time_moves and time_moves.pop(0))) \
+            if time_moves is not None else None
+        self.no_data = []  # the no-data batches generated
 
-    def generate(self, batch_time_ms):
-        if self.empty_from is not None and self.next_batch >= self.empty_from:
+    def generate(self, batch_time_ms, no_data=False):
+        if no_data:
+            self.no_data.append(self.next_batch)
+        elif self.empty_from is not None and self.next_batch >= self.empty_from:
             return None
         if self.fail_at == self.next_batch:
             raise OSError("listing the source failed")
@@ -135,12 +141,13 @@ class _Housekeeping:
         self.shutdowns.append(error)
 
 
-def _loop(clock, max_in_flight=1, available_now=False, empty_from=None, control=None):
+def _loop(clock, max_in_flight=1, available_now=False, empty_from=None, control=None,
+          time_moves=None):
     life = Lifecycle("p")
     life.begin_start()
     life.started()
     batches = BatchQueue()
-    parts = (_Generator(batches, empty_from), _Scheduler(), _Housekeeping())
+    parts = (_Generator(batches, empty_from, time_moves), _Scheduler(), _Housekeeping())
     loop = PipelineLoop("p", lifecycle=life, generator=parts[0], batches=batches,
                         scheduler=parts[1], housekeeping=parts[2], clock=clock,
                         max_in_flight=max_in_flight,
@@ -191,6 +198,28 @@ def test_a_cancelling_stop_is_no_failure_and_available_now_finishes():
     loop.post(Finished())
     loop.post(SchedulerExited())
     assert life.terminated.wait(10) and life.error is None and scheduler.stops == [False]
+
+
+def test_available_now_waits_for_running_batches_then_runs_a_no_data_batch_if_time_moved():
+    """No input left after batch 1: the loop asks nothing while batches 0 and 1 run (they may
+    move event time), then asks once; time moved: a no-data batch; asked again after it, time
+    stands: the end. Never asked while a batch runs, never a spin."""
+    loop, life, batches, generator, scheduler, house = _loop(
+        ManualClock(start_ms=0), max_in_flight=2, available_now=True, empty_from=2,
+        time_moves=[True, False])
+    loop.start()
+    assert [batches.take().allocation.batch_id for _ in range(2)] == [0, 1]
+    assert not wait_for(lambda: generator.no_data, 0.5, 0.02)  # batches still run: no asking
+    loop.post(BatchCompleted({"batch_id": 0}, holds_slot=True))
+    assert not wait_for(lambda: generator.no_data, 0.3, 0.02)  # batch 1 still runs
+    loop.post(BatchCompleted({"batch_id": 1}, holds_slot=True))
+    no_data = batches.take()
+    assert no_data.allocation.batch_id == 2 and generator.no_data == [2]
+    loop.post(BatchCompleted({"batch_id": 2}, holds_slot=True))
+    assert batches.take() == FINISH
+    loop.post(Finished())
+    loop.post(SchedulerExited())
+    assert life.terminated.wait(10) and life.error is None
 
 
 def test_a_stop_request_from_outside_is_taken_on_the_clock_and_answered_after_the_stop(

@@ -122,7 +122,10 @@ def _jvm_ancestor() -> int:
             return pid
         with open(f"/proc/{pid}/stat") as f:
             pid = int(f.read().rsplit(")", 1)[1].split()[1])
-    raise RuntimeError("fault action executor: no JVM among this process's ancestors")
+    from spark_ckpt.errors import InternalError
+
+    raise InternalError("fault action executor: expected a JVM among this process's "
+                        "ancestors (a Python worker's executor), found none")
 
 
 def _pause(seconds: float) -> None:

@@ -22,6 +22,13 @@ from spark_ckpt.state.processor import (
     ValueState,
     VectorizedProcessor,
 )
+from spark_ckpt.state.window_aggs import (
+    approx_count_distinct,
+    collect_list,
+    collect_set,
+    count_distinct,
+    percentile,
+)
 
 __all__ = [
     "Agg",
@@ -34,12 +41,17 @@ __all__ = [
     "TimerService",
     "ValueState",
     "VectorizedProcessor",
+    "approx_count_distinct",
+    "collect_list",
+    "collect_set",
     "count",
+    "count_distinct",
     "first",
     "last",
     "max_",
     "mean",
     "min_",
+    "percentile",
     "sum_",
 ]
 

@@ -36,7 +36,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Agg", "AggSpec", "count", "first", "last", "max_", "mean", "min_", "sum_"]
 
-Func = Literal["count", "sum", "min", "max", "mean", "first", "last"]
+Func = Literal["count", "sum", "min", "max", "mean", "first", "last", "count_distinct",
+               "approx_count_distinct", "collect_list", "collect_set", "percentile"]
+#: what key_by().agg() merges into running state (the others keep lists: windows only)
+RUNNING = ("count", "sum", "min", "max", "mean", "first", "last")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Agg:
     func: Func
     column: str | None = None
     time_column: str | None = None
+    param: float | None = None  # approx_count_distinct's rsd, percentile's percentage
 
 
 def count(column: str | None = None) -> Agg:
@@ -103,10 +107,12 @@ class AggSpec:
         self.outputs: list[_Out] = []
         fields = {f.name: f.dataType for f in schema.fields}
         for name, agg in aggs.items():
-            if not isinstance(agg, Agg):
+            if not isinstance(agg, Agg) or agg.func not in RUNNING:
                 raise JobDefinitionError(
                     f"agg(): {name}= expected count(), sum_(col), min_(col), max_(col), "
-                    f"mean(col), first(col, ts) or last(col, ts); found {agg!r}"
+                    f"mean(col), first(col, ts) or last(col, ts); found {agg!r} (lists of "
+                    "values, distinct counts and percentiles are kept per window: "
+                    "key_by(...).window(...).agg(...))"
                 )
             if name in self.keys or name.startswith("_") or "__" in name:
                 raise JobDefinitionError(

@@ -214,7 +214,8 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             "input_rows": rows_in, "changed": run.changed_keys, "apply_ms": apply_ms,
             "sync_ms": sync_ms, "alignment_ms": align, "channels": channels,
             "timers_fired": fired, "max_event_ms": max_event, "output": out_file,
-            "user_ms": int(run.user_s * 1000)}, fmt=STATE_FORMAT_TYPED)
+            "user_ms": int(run.user_s * 1000), "counters": run.counters},
+            fmt=STATE_FORMAT_TYPED)
 
     return run
 
@@ -274,6 +275,7 @@ class _Batch:
         self.tuples_out: list[tuple[Any, ...]] = []
         self.tables_out: list[pa.Table] = []
         self.changed_keys = 0
+        self.counters: dict[str, int] = {}
         self.user_s = 0.0
         self.value_names = [n for n in file_schema.names if n != KG_COLUMN and
                             n not in key_names]
@@ -589,6 +591,8 @@ class _Batch:
             )
         if result is not None:
             self._emit(result.emit)
+            for name, value in (result.counters or {}).items():
+                self.counters[name] = self.counters.get(name, 0) + int(value)
             changed = np.ones(n, dtype=bool) if result.changed is None else \
                 _mask(result.changed, self.params["operator"])
             if len(changed) != n:

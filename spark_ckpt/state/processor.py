@@ -498,6 +498,8 @@ class Result:
         event_timers, processing_timers: per key (aligned with ``batch.keys``), the time in
             ms of the key's one timer of that clock: a value replaces the key's timers of that
             clock, a negative value deletes them, a null (None, NaN, pd.NA) keeps them.
+        counters: named counts to add to the batch's progress for this operator (for
+            example ``{"late_rows": 3}``), summed over the operator's tasks.
     """
 
     state: Any = None
@@ -505,3 +507,4 @@ class Result:
     emit: Any = None
     event_timers: Any = None
     processing_timers: Any = None
+    counters: dict[str, int] | None = None

@@ -6,6 +6,14 @@ from spark_ckpt.streaming.context import StreamingContext
 from spark_ckpt.streaming.runtime.progress import StreamingListener
 from spark_ckpt.streaming.template.keyed import AggregatedStream, KeyedStream, ProcessedStream
 from spark_ckpt.streaming.template.stream import InputStream, Output, Stream
+from spark_ckpt.streaming.template.windows import (
+    WindowAggStream,
+    cumulate,
+    session,
+    sliding,
+    tumbling,
+)
 
 __all__ = ["AggregatedStream", "InputStream", "KeyedStream", "Output", "ProcessedStream",
-           "Stream", "StreamingContext", "StreamingListener", "TwoPhaseCommitSink"]
+           "Stream", "StreamingContext", "StreamingListener", "TwoPhaseCommitSink",
+           "WindowAggStream", "cumulate", "session", "sliding", "tumbling"]

@@ -62,6 +62,13 @@ class PipelineDefinition:
         return KeyedStream(self, (parent,), keys, parallelism=parallelism,
                            max_parallelism=max_parallelism)
 
+    def windowed(self, keyed: KeyedStream, spec: Any, output_mode: str) -> Any:
+        """The windowed keyed stream ``keyed.window(spec)`` makes (template.windows, a layer
+        above the keyed streams)."""
+        from spark_ckpt.streaming.template.windows import WindowedKeyedStream
+
+        return WindowedKeyedStream(keyed, spec, output_mode)
+
     def recorded_schema(self, source: str) -> StructType | None:
         from pyspark.sql.types import StructType
 

@@ -90,6 +90,9 @@ class StateScope(Template, Protocol):
     def checkpoint_handles(self, operator: str, checkpoint_id: int) -> list[Any]:
         """The state handles of ``operator`` in completed checkpoint ``checkpoint_id``."""
 
+    def windowed(self, keyed: KeyedStream, spec: Any, output_mode: str) -> Any:
+        """A windowed keyed stream (template.windows, which imports this module)."""
+
 
 class KeyedStream:
     """A stream partitioned by key, ready for a stateful operator. Not a stream itself."""
@@ -124,6 +127,13 @@ class KeyedStream:
         ``state_renames={"old": "new"}`` renames outputs whose state a checkpoint holds (see
         docs/operations.md, evolving state)."""
         return AggregatedStream(self, name or "agg", aggs, state_renames=state_renames)
+
+    def window(self, spec: Any, *, output_mode: str = "append") -> Any:
+        """Event-time windows per key: ``key_by("user").window(tumbling("10 seconds"))
+        .agg(n=count())`` (streaming/template/windows.py: tumbling, sliding, session,
+        cumulate; ``output_mode`` "append" emits each window once when the watermark passes
+        its end, "update" emits the windows each batch changed)."""
+        return self.pipeline.windowed(self, spec, output_mode)
 
     def process(self, processor: KeyedProcessor | VectorizedProcessor,
                 output_schema: StructType | str, *, name: str | None = None,
@@ -318,13 +328,17 @@ class StatefulStream(Stream):
         if len(present) > 1:
             present = [f.withColumn(CHANNEL_COLUMN, F.lit(i)) for i, f in enumerate(present)]
         df = union_by_name(present)
-        missing = [k for k in self.keys if k not in df.columns]
+        missing = [k for k in self.input_keys() if k not in df.columns]
         if missing:
             raise JobDefinitionError(
                 f"operator {self.operator}: key columns {missing} are not in its input; "
                 f"columns: {df.columns}"
             )
         return df
+
+    def input_keys(self) -> tuple[str, ...]:
+        """The key columns the operator's input holds (its state's key may add more)."""
+        return self.keys
 
     def _read_back_needed(self, run: BatchRun) -> bool:
         """Whether any stream or output reads this batch's update stream from the files the
@@ -434,6 +448,9 @@ class _SchemaRun:
             return stream.fn(*[self.get_or_compute(p) for p in stream.parents])
         if isinstance(stream, Windowed | Output):
             return self.get_or_compute(stream.parents[0])
+        if hasattr(stream, "schema_frame"):  # an operator that derives its output's schema
+            derived: DataFrame = stream.schema_frame(self)
+            return derived
         if isinstance(stream, AggregatedStream):
             spec = AggSpec(stream.keys, stream.aggs, self.input_schema(stream))
             view: DataFrame = spec.view(empty_frame(self.spark, agg_file_schema(spec)))
@@ -858,6 +875,10 @@ class ProcessedStream(StatefulStream):
         run.stats.state[self.operator]["timers_fired"] = sum(m.get("timers_fired", 0)
                                                               for m in metas)
         run.stats.state[self.operator]["watermark_ms"] = self.watermark_of(state)
+        for meta in metas:  # what the processor counted (Result.counters)
+            for counter, value in (meta.get("counters") or {}).items():
+                stats = run.stats.state[self.operator]
+                stats[counter] = stats.get(counter, 0) + int(value)
         if run.operators is not None:  # the watermarks above, for readers on other threads
             run.operators.publish(self.operator)
         files = [m["output"]["path"] for m in metas if m.get("output")]

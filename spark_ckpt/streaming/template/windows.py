@@ -1,0 +1,318 @@
+"""Event-time windowed aggregations: ``key_by(...).window(tumbling("10 seconds")).agg(...)``.
+
+Why a window *on the keyed stream* and not a ``group_by`` that accepts ``F.window(...)``: a
+keyed stream is where spark_ckpt's state is partitioned and checkpointed (its key groups,
+parallelism and name), so the window joins the key the state is kept by, and ``agg`` takes the
+same aggregate functions as the unwindowed ``key_by().agg()``. The windows themselves are
+Spark's: tumbling and sliding windows come from Spark's ``window()``, session windows from
+``session_window()``, so a row lands in exactly the windows Structured Streaming puts it in.
+
+Semantics (as Structured Streaming's, with ``withWatermark`` on the time column):
+
+- The watermark is the largest event time seen in earlier batches minus the declared delay.
+- **append** (default): a window's result is emitted once, in the first batch whose watermark
+  reaches its end (``end <= watermark``), and its state is dropped. A bounded run ends with a
+  batch without data that closes every window the final watermark reaches.
+- **update**: each batch emits the windows its rows changed, with their values so far; a
+  window's state is dropped once the watermark reaches its end.
+- A row whose window ended at or before the batch's watermark is *late*: dropped and counted
+  (``late_rows`` in the batch's progress). Structured Streaming drops rows against the
+  previous batch's watermark instead, so a row it keeps can re-open a window it already
+  emitted; here a window is emitted once.
+- Rows with a null event time belong to no window and are dropped.
+
+Output: the key columns, ``window`` (a ``STRUCT<start: TIMESTAMP, end: TIMESTAMP>``, as
+Spark's ``window()`` column), and one column per aggregation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.errors import JobDefinitionError
+from spark_ckpt.state.aggregates import Agg
+from spark_ckpt.state.window_processors import (
+    LATE_COLUMN,
+    ROWS_COLUMN,
+    WINDOW_END,
+    WINDOW_START,
+    SessionAggProcessor,
+    WindowAggProcessor,
+)
+from spark_ckpt.streaming.template.event_time import declared_watermark, duration_ms
+from spark_ckpt.streaming.template.keyed import KeyedStream, ProcessedStream
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import StructType
+
+    from spark_ckpt.state.window_aggs import WindowAggSpec
+    from spark_ckpt.streaming.template.batch_run import BatchRun
+
+__all__ = ["WindowAggStream", "WindowSpec", "WindowedKeyedStream", "cumulate", "session",
+           "sliding", "tumbling"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowSpec:
+    """Which windows a row belongs to. Build with :func:`tumbling`, :func:`sliding`,
+    :func:`session` or :func:`cumulate`."""
+
+    kind: str  # tumbling | sliding | session | cumulate
+    size_ms: int = 0
+    slide_ms: int = 0
+    gap_ms: int = 0
+    offset_ms: int = 0
+    on: str | None = None  # the event-time column; default: the declared watermark's
+
+
+def _positive(value: Any, what: str) -> int:
+    ms = duration_ms(value, what)
+    if ms <= 0:
+        raise JobDefinitionError(f"{what}: expected a duration above 0, found {value!r}")
+    return ms
+
+
+def tumbling(size: Any, *, on: str | None = None, offset: Any = 0) -> WindowSpec:
+    """Fixed windows of ``size`` ("10 seconds"), Spark's ``window(on, size)`` and Flink's
+    ``TUMBLE``; ``offset`` shifts their start (Spark's ``startTime``)."""
+    size_ms = _positive(size, "tumbling(size)")
+    return WindowSpec("tumbling", size_ms, size_ms, 0, duration_ms(offset, "offset"), on)
+
+
+def sliding(size: Any, slide: Any, *, on: str | None = None, offset: Any = 0) -> WindowSpec:
+    """Windows of ``size`` starting every ``slide``: Spark's ``window(on, size, slide)``,
+    Flink's ``HOP``; a row is in ``size / slide`` of them."""
+    size_ms, slide_ms = _positive(size, "sliding(size)"), _positive(slide, "sliding(slide)")
+    if slide_ms > size_ms:
+        raise JobDefinitionError(
+            f"sliding({size!r}, {slide!r}): expected a slide no longer than the size")
+    return WindowSpec("sliding", size_ms, slide_ms, 0, duration_ms(offset, "offset"), on)
+
+
+def session(gap: Any, *, on: str | None = None) -> WindowSpec:
+    """Sessions per key that close after ``gap`` without rows: Spark's
+    ``session_window(on, gap)``, Flink's ``SESSION``."""
+    return WindowSpec("session", 0, 0, _positive(gap, "session(gap)"), 0, on)
+
+
+def cumulate(step: Any, size: Any, *, on: str | None = None) -> WindowSpec:
+    """Flink's ``CUMULATE``: windows that start every ``size`` and grow by ``step`` (a row at
+    ``t`` is in every window of its ``size`` period that ends after ``t``)."""
+    step_ms, size_ms = _positive(step, "cumulate(step)"), _positive(size, "cumulate(size)")
+    if size_ms % step_ms:
+        raise JobDefinitionError(
+            f"cumulate({step!r}, {size!r}): expected a size that is a whole number of steps")
+    return WindowSpec("cumulate", size_ms, step_ms, 0, 0, on)
+
+
+_MODES = ("append", "update")
+
+
+class WindowedKeyedStream:
+    """A keyed stream with event-time windows; ``.agg(...)`` makes the windowed
+    aggregation. Not a stream itself."""
+
+    def __init__(self, keyed: KeyedStream, spec: WindowSpec, output_mode: str) -> None:
+        if not isinstance(spec, WindowSpec):
+            raise JobDefinitionError(
+                "window(): expected tumbling(...), sliding(...), session(...) or "
+                f"cumulate(...), found {spec!r}")
+        if output_mode not in _MODES:
+            raise JobDefinitionError(
+                f"window(): expected output_mode in {_MODES}, found {output_mode!r}")
+        self.keyed = keyed
+        self.spec = spec
+        self.output_mode = output_mode
+
+    def agg(self, name: str | None = None, **aggs: Agg) -> WindowAggStream:
+        """Aggregates per key and window: the functions of ``spark_ckpt.state.aggregates``
+        and ``spark_ckpt.state.window_aggs`` (count_distinct, approx_count_distinct,
+        collect_list, collect_set, percentile)."""
+        return WindowAggStream(self, name or f"window_{self.spec.kind}", aggs)
+
+
+class _Derived:
+    """What the operator derives from its input's schema at start (unchanged afterwards)."""
+
+    def __init__(self, spec: WindowAggSpec, processor: Any, raw_schema: StructType) -> None:
+        self.spec = spec
+        self.processor = processor
+        self.raw_schema = raw_schema
+
+
+class WindowAggStream(ProcessedStream):
+    """An event-time windowed aggregation (see the module's docstring)."""
+
+    def __init__(self, windowed: WindowedKeyedStream, name: str, aggs: dict[str, Agg]) -> None:
+        keyed = windowed.keyed
+        mark = declared_watermark(keyed.inputs, f"windowed aggregation {name}")
+        if mark is None:
+            raise JobDefinitionError(
+                f"windowed aggregation {name}: expected a watermark on its input, found none; "
+                "declare one with stream.with_watermark('event_time', '10 seconds') (the "
+                "watermark decides when a window is complete)")
+        on = windowed.spec.on or mark.column
+        if on != mark.column:
+            raise JobDefinitionError(
+                f"windowed aggregation {name}: windows on {on!r}, the watermark is on "
+                f"{mark.column!r}; expected windows on the watermark's column")
+        self.window_spec = dataclasses.replace(windowed.spec, on=on)
+        self.output_mode = windowed.output_mode
+        self.aggs = dict(aggs)
+        self.user_keys = tuple(keyed.keys)
+        for agg in self.aggs.values():
+            if not isinstance(agg, Agg):
+                raise JobDefinitionError(
+                    f"windowed aggregation {name}: expected aggregations such as count() or "
+                    f"max_('price'), found {agg!r}")
+        super().__init__(keyed, name, _Pending(), "x INT",  # type: ignore[arg-type]
+                         event_time=on,
+                         watermark_delay_ms=mark.delay_ms, ttl_ms=None,
+                         state_schema="x INT")
+        if self.window_spec.kind != "session":
+            self.keys = (*self.user_keys, WINDOW_START, WINDOW_END)
+        self._derived: _Derived | None = None
+
+    # -- derived at start from the input's schema -------------------------------------------
+    def derived(self) -> _Derived:
+        if self._derived is None:
+            from pyspark.sql.types import LongType, StructField, StructType
+
+            from spark_ckpt.arrowtypes import to_arrow
+            from spark_ckpt.state.window_aggs import WindowAggSpec
+            from spark_ckpt.streaming.template.keyed import _SchemaRun
+
+            schema = _SchemaRun(self.pipeline.spark).input_schema(self)
+            fields = {f.name: f for f in schema.fields}
+            time_field = fields.get(str(self.window_spec.on))
+            if time_field is None or time_field.dataType.typeName() != "timestamp":
+                raise JobDefinitionError(
+                    f"windowed aggregation {self.operator}: expected "
+                    f"{self.window_spec.on!r} to be a TIMESTAMP column, found "
+                    f"{time_field.dataType.simpleString() if time_field else 'no such column'}")
+            missing = [k for k in self.user_keys if k not in fields]
+            if missing:
+                raise JobDefinitionError(
+                    f"windowed aggregation {self.operator}: key columns {missing} are not in "
+                    f"its input; columns: {sorted(fields)}")
+            spec = WindowAggSpec(self.aggs, schema, reserved=[*self.user_keys, "window"])
+            state_fields = [StructField(n, t) for o in spec.outputs for n, _k, t in o.state]
+            emit_updates = self.output_mode == "update"
+            window_type = time_field.dataType if self.window_spec.kind != "session" else LongType()
+            raw = StructType([*[fields[k] for k in self.user_keys],
+                              StructField(WINDOW_START, window_type),
+                              StructField(WINDOW_END, window_type), *state_fields])
+            if self.window_spec.kind == "session":
+                types = {f.name: to_arrow(StructType([f])).field(0).type for f in state_fields}
+                processor: Any = SessionAggProcessor(spec.merges(), types, emit_updates)
+            else:
+                processor = WindowAggProcessor(spec.merges(), spec.state_ddl(), emit_updates)
+            self._derived = _Derived(spec, processor, raw)
+        return self._derived
+
+    def configure(self, restored: dict[str, Any] | None) -> Any:
+        derived = self.derived()  # at start, on the user's thread: fixed from here on
+        self.processor = derived.processor
+        self._declared_state = derived.processor.state_schema
+        self.declared_schema = derived.raw_schema
+        self.output_schema = derived.raw_schema
+        return super().configure(restored)
+
+    def new_state(self, parallelism: int, max_parallelism: int, live: dict[int, Any]) -> Any:
+        state = super().new_state(parallelism, max_parallelism, live)
+        state.output_schema = self.derived().raw_schema
+        return state
+
+    # -- per batch -------------------------------------------------------------------------
+    def input_keys(self) -> tuple[str, ...]:
+        return self.user_keys
+
+    def _unrouted(self, run: BatchRun) -> DataFrame | None:
+        from pyspark.sql import functions as F
+
+        df = super()._unrouted(run)
+        if df is None:
+            return None
+        spec = self.derived().spec
+        watermark = self.watermark_of(self._state(run))
+        on = str(self.window_spec.on)
+        df = df.where(F.col(on).isNotNull())
+        windowed, end_us = self._assign(df)
+        late = F.lit(False) if watermark is None else end_us <= F.lit(int(watermark) * 1000)
+        extra = [F.max(on).alias(on), F.count(F.lit(1)).alias(ROWS_COLUMN)]
+        if self.window_spec.kind == "session":
+            gap = f"{self.window_spec.gap_ms} milliseconds"
+            grouped = windowed.withColumn(LATE_COLUMN, late).groupBy(
+                *self.user_keys, LATE_COLUMN, F.session_window(on, gap).alias("__ckpt_s"))
+            out: DataFrame = grouped.agg(*spec.partial_columns(), *extra).select(
+                *self.user_keys,
+                F.unix_micros(F.col("__ckpt_s.start")).alias(WINDOW_START),
+                F.unix_micros(F.col("__ckpt_s.end")).alias(WINDOW_END),
+                *[F.col(n) for n in spec.state_names()], F.col(on), F.col(ROWS_COLUMN),
+                F.col(LATE_COLUMN))
+            return out
+        out = windowed.withColumn(LATE_COLUMN, late).groupBy(
+            *self.user_keys, WINDOW_START, WINDOW_END, LATE_COLUMN).agg(
+            *spec.partial_columns(), *extra)
+        return out
+
+    def _assign(self, df: DataFrame) -> tuple[DataFrame, Column]:
+        """Each row with its window(s) (one row per window it belongs to), and the window's
+        end in microseconds (for sessions, the row's own session end: its time + gap)."""
+        from pyspark.sql import functions as F
+
+        w, on = self.window_spec, str(self.window_spec.on)
+        if w.kind == "session":
+            return df, F.unix_micros(F.col(on)) + F.lit(w.gap_ms * 1000)
+        if w.kind == "cumulate":
+            size_us, step_us = w.size_ms * 1000, w.slide_ms * 1000
+            t = F.unix_micros(F.col(on))
+            base = t - F.pmod(t, F.lit(size_us))
+            first_end = base + (F.floor((t - base) / F.lit(step_us)) + 1) * F.lit(step_us)
+            ends = F.sequence(first_end, base + F.lit(size_us), F.lit(step_us))
+            out = df.withColumn("__ckpt_base", base).withColumn("__ckpt_end", F.explode(ends)) \
+                .withColumn(WINDOW_START, F.timestamp_micros(F.col("__ckpt_base"))) \
+                .withColumn(WINDOW_END, F.timestamp_micros(F.col("__ckpt_end"))) \
+                .drop("__ckpt_base", "__ckpt_end")
+            return out, F.unix_micros(F.col(WINDOW_END))
+        window = F.window(on, f"{w.size_ms} milliseconds", f"{w.slide_ms} milliseconds",
+                          f"{w.offset_ms} milliseconds")
+        out = df.withColumn("__ckpt_w", window) \
+            .withColumn(WINDOW_START, F.col("__ckpt_w.start")) \
+            .withColumn(WINDOW_END, F.col("__ckpt_w.end")).drop("__ckpt_w")
+        return out, F.unix_micros(F.col(WINDOW_END))
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        raw = super().compute(run)
+        return None if raw is None else self.finish(raw)
+
+    def finish(self, raw: DataFrame) -> DataFrame:
+        """The emitted rows as the user sees them: the keys, ``window``, the outputs."""
+        from pyspark.sql import functions as F
+
+        spec = self.derived().spec
+        start, end = F.col(WINDOW_START), F.col(WINDOW_END)
+        if self.window_spec.kind == "session":
+            start, end = F.timestamp_micros(start), F.timestamp_micros(end)
+        out = raw.select(*self.user_keys,
+                         F.struct(start.alias("start"), end.alias("end")).alias("window"),
+                         *spec.final_columns())
+        finished: DataFrame = spec.spark_finals(out, [*self.user_keys, "window"])
+        return finished
+
+    def schema_frame(self, schema_run: Any) -> DataFrame:
+        """The output's schema (the template's dry run at start)."""
+        from spark_ckpt.sparkapi import empty_frame
+
+        return self.finish(empty_frame(self.pipeline.spark, self.derived().raw_schema))
+
+
+class _Pending:
+    """Stands for the processor until start derives it from the input's schema."""
+
+    state_schema = "x INT"

@@ -1,0 +1,330 @@
+"""Event-time windowed aggregations (issue 35, item 2): ``key_by(...).window(...).agg(...)``
+gives Spark's answer.
+
+- Each kind of window (tumbling, sliding, session, cumulate) with every aggregate function,
+  over rows out of order within and across batches, against batch Spark's ``window()`` /
+  ``session_window()`` over all rows (cumulate windows: against an independent pandas
+  computation), for the windows the final watermark closes.
+- Update mode: the last update of each window is its final value.
+- Late rows: dropped and counted, the rest equal batch Spark's over the rows kept.
+- The same query in Structured Streaming, batch by batch, gives the same windows.
+- A driver SIGKILLed mid-run and restarted emits every window exactly once.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import functions as F
+
+from spark_ckpt import StreamingContext
+from spark_ckpt.errors import JobDefinitionError
+from spark_ckpt.options import Settings
+from spark_ckpt.state import (
+    approx_count_distinct,
+    collect_list,
+    collect_set,
+    count,
+    count_distinct,
+    first,
+    last,
+    max_,
+    mean,
+    min_,
+    percentile,
+    sum_,
+)
+from spark_ckpt.streaming import cumulate, session, sliding, tumbling
+from helpers import ROOT, child_env
+
+DELAY_MS = 3_000
+BASE_MS = 1_767_225_600_000  # 2026-01-01
+SCHEMA = "key BIGINT, t_ms BIGINT, value DOUBLE, label STRING"
+
+SPECS = {
+    "tumbling": (lambda: tumbling("10 seconds"), lambda c: F.window(c, "10 seconds")),
+    "sliding": (lambda: sliding("10 seconds", "4 seconds"),
+                lambda c: F.window(c, "10 seconds", "4 seconds")),
+    "session": (lambda: session("2 seconds"), lambda c: F.session_window(c, "2 seconds")),
+    "cumulate": (lambda: cumulate("5 seconds", "20 seconds"), None),
+}
+
+
+def _aggs() -> dict:
+    return dict(n=count(), nv=count("value"), total=sum_("value"), low=min_("value"),
+                high=max_("value"), avg=mean("value"), lo_label=min_("label"),
+                first_v=first("value", "event_time"), last_v=last("value", "event_time"),
+                distinct=count_distinct("label"), approx=approx_count_distinct("label"),
+                values=collect_list("value"), labels=collect_set("label"),
+                p30=percentile("value", 0.3))
+
+
+def _spark_aggs() -> list:
+    return [F.count(F.lit(1)).alias("n"), F.count("value").alias("nv"),
+            F.sum("value").alias("total"), F.min("value").alias("low"),
+            F.max("value").alias("high"), F.avg("value").alias("avg"),
+            F.min("label").alias("lo_label"),
+            F.min_by("value", "event_time").alias("first_v"),
+            F.max_by("value", "event_time").alias("last_v"),
+            F.count_distinct("label").alias("distinct"),
+            F.approx_count_distinct("label").alias("approx"),
+            F.collect_list("value").alias("values"), F.collect_set("label").alias("labels"),
+            F.percentile("value", F.lit(0.3)).alias("p30")]
+
+
+def _events(batches: int = 4, per_key: int = 40, keys: int = 3, seed: int = 7,
+            late: int = 0) -> list[pd.DataFrame]:
+    """Per key, times that advance by 0–2.6 s (so sessions of a 2-second gap break, some
+    exactly at the gap); batches cut in event-time order, each shuffled, and rows of the last
+    1.5 s before a cut moved to the next batch half the time (out of order across batches,
+    never later than the delay); with ``late``, that many rows per batch after the first come
+    30 s behind."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for key in range(keys):
+        t = BASE_MS + int(rng.integers(0, 2000))
+        for i in range(per_key * batches):
+            t += int(rng.choice([0, 1, 150, 400, 900, 2_000, 2_600]))
+            value = None if i % 17 == 5 else float(rng.integers(0, 50))
+            label = None if i % 13 == 3 else f"l{int(rng.integers(0, 8))}"
+            rows.append({"key": key, "t_ms": t + key, "value": value, "label": label})
+    frame = pd.DataFrame(rows).drop_duplicates(["key", "t_ms"]).sort_values("t_ms")
+    frame["batch"] = np.arange(len(frame)) * batches // len(frame)
+    cuts = frame.groupby("batch").t_ms.max()
+    for b in range(batches - 1):
+        near = (frame.batch == b) & (frame.t_ms > cuts[b] - 1_500) & \
+            (rng.random(len(frame)) < 0.5)
+        frame.loc[near, "batch"] = b + 1
+    frames = []
+    for b in range(batches):
+        part = frame[frame.batch == b].drop(columns="batch")
+        if b and late:
+            extra = part.sample(late, random_state=b)
+            extra = extra.assign(t_ms=extra.t_ms - 30_000 - b)
+            part = pd.concat([part, extra])
+        frames.append(part.sample(frac=1.0, random_state=b).reset_index(drop=True))
+    return frames
+
+
+def _write(spark, frames: list[pd.DataFrame], source) -> str:
+    source.mkdir()
+    for b, frame in enumerate(frames):
+        spark.createDataFrame(frame, SCHEMA).coalesce(1).write.parquet(str(source / f"b{b}"))
+    for n, f in enumerate(sorted(source.glob("b*/*.parquet"))):
+        f.rename(source / f"part-{n:02d}.parquet")
+    return str(source)
+
+
+def _context(spark, tmp_path, name: str) -> StreamingContext:
+    return StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), name, settings=Settings(
+        checkpoint_interval_ms=0, state_parallelism=2, progress="never"))
+
+
+def _input(ctx: StreamingContext, source: str):
+    return ctx.file_stream("events", source, "parquet", SCHEMA, max_files_per_batch=1) \
+        .with_column("event_time", F.timestamp_millis("t_ms")) \
+        .with_watermark("event_time", "3 seconds")
+
+
+def _normal(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows comparable across engines: window as (start, end) ms, lists sorted, sorted rows."""
+    out = frame.copy()
+    out["start"] = out["window"].map(lambda w: pd.Timestamp(w["start"]).value // 1_000_000)
+    out["end"] = out["window"].map(lambda w: pd.Timestamp(w["end"]).value // 1_000_000)
+    out = out.drop(columns="window")
+    for col in ("values", "labels"):
+        if col in out:
+            out[col] = out[col].map(lambda v: tuple(sorted(x for x in v)) if v is not None
+                                    else ())
+    for col in ("total", "avg", "p30"):
+        if col in out:
+            out[col] = out[col].astype(float).round(9)
+    cols = ["key", "start", "end", *[c for c in out.columns if c not in ("key", "start", "end")]]
+    return out[cols].sort_values(["key", "start", "end"]).reset_index(drop=True)
+
+
+def _reference(spark, rows: pd.DataFrame, kind: str, watermark_ms: int) -> pd.DataFrame:
+    """Batch Spark over ``rows``: the windows that end at or before ``watermark_ms``."""
+    df = spark.createDataFrame(rows, SCHEMA).withColumn("event_time",
+                                                        F.timestamp_millis("t_ms"))
+    window_of = SPECS[kind][1]
+    if window_of is None:  # cumulate: every window of the row's 20-second period ending after it
+        size, step = 20_000, 5_000
+        base = F.col("t_ms") - F.pmod("t_ms", F.lit(size))
+        first_end = base + (F.floor((F.col("t_ms") - base) / step) + 1) * step
+        df = df.withColumn("window", F.explode(F.sequence(first_end, base + size, F.lit(step)))) \
+            .withColumn("window", F.struct(F.timestamp_millis(base).alias("start"),
+                                           F.timestamp_millis("window").alias("end")))
+        grouped = df.groupBy("key", "window")
+    else:
+        grouped = df.groupBy("key", window_of("event_time").alias("window"))
+    out = _normal(grouped.agg(*_spark_aggs()).toPandas())
+    # filtered here, not in Spark: Spark pushes a filter on session_window's end below the
+    # merging of sessions, and then merges only the rows that pass it (found by this test)
+    return out[out.end <= watermark_ms].reset_index(drop=True)
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_every_window_kind_and_function_equals_batch_spark(spark, tmp_path, kind):
+    frames = _events()
+    source = _write(spark, frames, tmp_path / "in")
+    ctx = _context(spark, tmp_path, kind)
+    _input(ctx, source).key_by("key").window(SPECS[kind][0]()).agg(name=kind, **_aggs()) \
+        .write_parquet(str(tmp_path / "out"), name="out")
+    progress = ctx.process_available(timeout=600)
+    assert [p["num_input_rows"] for p in progress] == [len(f) for f in frames] + [0]
+    everything = pd.concat(frames)
+    expected = _reference(spark, everything, kind, int(everything.t_ms.max()) - DELAY_MS)
+    got = _normal(spark.read.parquet(str(tmp_path / "out")).toPandas())
+    assert len(expected) >= 6
+    assert not any(p["state"][kind].get("late_rows") for p in progress)
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+
+
+@pytest.mark.parametrize("kind", ["tumbling", "session"])
+def test_update_mode_ends_each_window_with_its_final_value(spark, tmp_path, kind):
+    frames = _events()
+    source = _write(spark, frames, tmp_path / "in")
+    ctx = _context(spark, tmp_path, f"{kind}_update")
+    _input(ctx, source).key_by("key").window(SPECS[kind][0](), output_mode="update") \
+        .agg(name=kind, n=count(), high=max_("value")) \
+        .foreach_batch(lambda df, b: df.withColumn("batch", F.lit(b))
+                       .write.mode("append").parquet(str(tmp_path / "out")), name="out")
+    ctx.process_available(timeout=600)
+    got = spark.read.parquet(str(tmp_path / "out")).toPandas()
+    # windows updated in several batches (a session's bounds grow with it)
+    assert len(got) > got.groupby(["key", got.window.map(str)]).ngroups if kind != "session" \
+        else got.groupby(["key", got.window.map(lambda w: str(w["start"]))]).size().max() > 1
+    last_update = got.sort_values("batch").groupby(
+        ["key", got.window.map(str)], as_index=False).tail(1).drop(columns="batch")
+    everything = pd.concat(frames)
+    expected = _reference(spark, everything, kind, 2 ** 62)[["key", "start", "end", "n", "high"]]
+    if kind == "session":
+        # a session that later merged with another was emitted under its old bounds, as
+        # Structured Streaming's update mode emits it (no retraction): every final session is
+        # among the updates, with its final values
+        found = expected.merge(_normal(got.drop(columns="batch")), how="left", indicator=True)
+        assert (found["_merge"] == "both").all(), found[found["_merge"] != "both"]
+        return
+    pd.testing.assert_frame_equal(_normal(last_update), expected, check_dtype=False)
+
+
+def test_late_rows_are_dropped_and_counted(spark, tmp_path):
+    """Rows 30 s behind: late where their window ended at or before the batch's watermark
+    (the largest event time of earlier batches minus the delay); counted in the progress;
+    the windows equal batch Spark's over the rows kept."""
+    frames = _events(late=5)
+    source = _write(spark, frames, tmp_path / "in")
+    ctx = _context(spark, tmp_path, "late")
+    _input(ctx, source).key_by("key").window(tumbling("10 seconds")) \
+        .agg(name="tumbling", **_aggs()).write_parquet(str(tmp_path / "out"), name="out")
+    progress = ctx.process_available(timeout=600)
+    kept, late = [], 0
+    top = None
+    for frame in frames:
+        watermark = None if top is None else top - DELAY_MS
+        end = (frame.t_ms // 10_000 + 1) * 10_000
+        is_late = (end <= watermark) if watermark is not None else np.zeros(len(frame), bool)
+        late += int(np.sum(is_late))
+        kept.append(frame[~np.asarray(is_late)])
+        top = max(top or 0, int(frame.t_ms.max()))
+    assert late >= 10
+    assert sum(p["state"]["tumbling"].get("late_rows", 0) for p in progress) == late
+    everything = pd.concat(kept)
+    expected = _reference(spark, everything, "tumbling", top - DELAY_MS)
+    got = _normal(spark.read.parquet(str(tmp_path / "out")).toPandas())
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+
+
+def test_structured_streaming_gives_the_same_windows(spark, tmp_path):
+    """The same query in Structured Streaming, over the same files one per batch, in append
+    mode with the same watermark: the same windows, the same values. (Structured Streaming
+    refuses an exact count of distinct values in a streaming aggregation.)"""
+    frames = _events()
+    source = _write(spark, frames, tmp_path / "in")
+    ctx = _context(spark, tmp_path, "ours")
+    _input(ctx, source).key_by("key").window(tumbling("10 seconds")) \
+        .agg(name="tumbling", n=count(), total=sum_("value"), high=max_("value"),
+             approx=approx_count_distinct("label")) \
+        .write_parquet(str(tmp_path / "ours"), name="out")
+    ctx.process_available(timeout=600)
+    query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(source)
+             .withColumn("event_time", F.timestamp_millis("t_ms"))
+             .withWatermark("event_time", "3 seconds")
+             .groupBy("key", F.window("event_time", "10 seconds"))
+             .agg(F.count(F.lit(1)).alias("n"), F.sum("value").alias("total"),
+                  F.max("value").alias("high"),
+                  F.approx_count_distinct("label").alias("approx"))
+             .writeStream.format("parquet").outputMode("append")
+             .option("checkpointLocation", str(tmp_path / "ss_ckpt"))
+             .trigger(availableNow=True).start(str(tmp_path / "ss")))
+    query.awaitTermination(600)
+    ours = _normal(spark.read.parquet(str(tmp_path / "ours")).toPandas())
+    theirs = _normal(spark.read.parquet(str(tmp_path / "ss")).toPandas())
+    assert len(theirs) >= 6
+    # Structured Streaming's available-now run ends without a no-data batch for the final
+    # watermark: it emits the windows the watermark of its last batch closed; ours has them all
+    closed = ours.merge(theirs[["key", "start"]], on=["key", "start"])
+    pd.testing.assert_frame_equal(closed, theirs, check_dtype=False)
+
+
+def test_a_window_needs_a_watermark_and_a_timestamp(spark, tmp_path):
+    ctx = _context(spark, tmp_path, "refused")
+    gen = ctx.generator_stream("gen", rows_per_batch=10, total_rows=30, keys=2)
+    with pytest.raises(JobDefinitionError, match="expected a watermark"):
+        gen.key_by("key").window(tumbling("10 seconds")).agg(n=count())
+    with pytest.raises(JobDefinitionError, match="expected tumbling"):
+        gen.with_watermark("event_time", "1 second").key_by("key").window("10 seconds")
+    with pytest.raises(JobDefinitionError, match="expected a slide no longer"):
+        sliding("1 second", "2 seconds")
+    with pytest.raises(JobDefinitionError, match="whole number of steps"):
+        cumulate("3 seconds", "10 seconds")
+
+
+_KILLED = """
+import sys
+from pyspark.sql import functions as F
+from spark_ckpt import StreamingContext, get_or_create_session
+from spark_ckpt.options import Settings
+from spark_ckpt.state import count, max_, sum_
+from spark_ckpt.streaming import session, tumbling
+source, ckpt, out = sys.argv[1:4]
+spark = get_or_create_session("windows_killed")
+ctx = StreamingContext(spark, 0.05, ckpt, "windows_killed", settings=Settings(
+    checkpoint_interval_ms=200, state_parallelism=2, progress="never"))
+rows = ctx.file_stream("events", source, "parquet", "{schema}", max_files_per_batch=1) \\
+    .with_column("event_time", F.timestamp_millis("t_ms")) \\
+    .with_watermark("event_time", "3 seconds").key_by("key")
+rows.window(tumbling("10 seconds")).agg(name="tumbling", n=count(), high=max_("value")) \\
+    .write_delta(out + "/tumbling", name="tumbling")
+rows.window(session("2 seconds")).agg(name="session", n=count(), total=sum_("value")) \\
+    .write_delta(out + "/session", name="session")
+ctx.process_available(timeout=600)
+print("DONE", flush=True)
+""".replace("{schema}", SCHEMA)
+
+
+@pytest.mark.parametrize("fault", ["stream.batch.committed:2", "checkpoint.sink.committed:2"])
+def test_a_killed_driver_emits_every_window_exactly_once(spark, tmp_path, fault):
+    frames = _events()
+    source = _write(spark, frames, tmp_path / "in")
+    command = [sys.executable, "-c", _KILLED, source, str(tmp_path / "ckpt"),
+               str(tmp_path / "out")]
+    killed = subprocess.run(command, env=child_env(fault), cwd=ROOT, capture_output=True,
+                            text=True, timeout=600, start_new_session=True)
+    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-3000:]
+    done = subprocess.run(command, env=child_env(), cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and "DONE" in done.stdout, done.stderr[-3000:]
+    everything = pd.concat(frames)
+    watermark = int(everything.t_ms.max()) - DELAY_MS
+    for kind, cols in (("tumbling", ["n", "high"]), ("session", ["n", "total"])):
+        got = _normal(DeltaTable(str(tmp_path / "out" / kind)).to_pandas())
+        expected = _reference(spark, everything, kind, watermark)[["key", "start", "end",
+                                                                   *cols]]
+        pd.testing.assert_frame_equal(got, expected, check_dtype=False)

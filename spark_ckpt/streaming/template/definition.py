@@ -69,6 +69,15 @@ class PipelineDefinition:
 
         return WindowedKeyedStream(keyed, spec, output_mode)
 
+    def row_operator(self, kind: str, keyed: KeyedStream, name: str, **options: Any) -> Any:
+        """Deduplication (``kind="dedup"``) or Top-N (``"top_n"``) of ``keyed``
+        (template.row_operators, a layer above the keyed streams)."""
+        from spark_ckpt.streaming.template.row_operators import DeduplicatedStream, TopNStream
+
+        if kind == "dedup":
+            return DeduplicatedStream(keyed, name, **options)
+        return TopNStream(keyed, name, **options)
+
     def recorded_schema(self, source: str) -> StructType | None:
         from pyspark.sql.types import StructType
 

@@ -93,6 +93,9 @@ class StateScope(Template, Protocol):
     def windowed(self, keyed: KeyedStream, spec: Any, output_mode: str) -> Any:
         """A windowed keyed stream (template.windows, which imports this module)."""
 
+    def row_operator(self, kind: str, keyed: KeyedStream, name: str, **options: Any) -> Any:
+        """Deduplication or Top-N (template.row_operators, which imports this module)."""
+
 
 class KeyedStream:
     """A stream partitioned by key, ready for a stateful operator. Not a stream itself."""
@@ -134,6 +137,27 @@ class KeyedStream:
         cumulate; ``output_mode`` "append" emits each window once when the watermark passes
         its end, "update" emits the windows each batch changed)."""
         return self.pipeline.windowed(self, spec, output_mode)
+
+    def drop_duplicates(self, *, within: Any = None, ttl: Any = None,
+                        name: str | None = None) -> Stream:
+        """Each key's first row; later rows of the key are dropped until the watermark passes
+        the first row's event time plus ``within``, or ``ttl`` of processing time after it
+        (template/row_operators.py)."""
+        return self.pipeline.row_operator(  # type: ignore[no-any-return]
+            "dedup", self, name or "drop_duplicates", within=within, ttl=ttl)
+
+    def top_n(self, n: int, order_by: Any, *, name: str | None = None) -> Stream:
+        """Each key's first ``n`` rows by ``order_by`` (``[("price", "desc")]``), as Flink's
+        Top-N: every batch emits the changed keys' top rows with their ``rank``."""
+        return self.pipeline.row_operator(  # type: ignore[no-any-return]
+            "top_n", self, name or "top_n", n=n, order_by=order_by)
+
+    def last_row(self, order_by: str, *, name: str | None = None) -> Stream:
+        """Each key's row with the largest ``order_by`` (Flink's deduplication keeping the
+        last row): every batch emits the keys whose last row it changed."""
+        return self.pipeline.row_operator(  # type: ignore[no-any-return]
+            "top_n", self, name or "last_row", n=1, order_by=[(order_by, "desc")],
+            with_rank=False)
 
     def process(self, processor: KeyedProcessor | VectorizedProcessor,
                 output_schema: StructType | str, *, name: str | None = None,
@@ -759,7 +783,8 @@ class ProcessedStream(StatefulStream):
                  processor: KeyedProcessor | VectorizedProcessor,
                  output_schema: StructType | str, *, event_time: str | None,
                  watermark_delay_ms: int, ttl_ms: int | None, state_schema: Any = None,
-                 state_renames: dict[str, str] | None = None) -> None:
+                 state_renames: dict[str, str] | None = None,
+                 inherit_watermark: bool = True) -> None:
         super().__init__(keyed, name)
         from pyspark.sql.types import StructType
 
@@ -778,7 +803,7 @@ class ProcessedStream(StatefulStream):
         # Spark at the first batch, into the operator's state)
         self.output_schema: StructType | None = output_schema \
             if isinstance(output_schema, StructType) else None
-        if event_time is None:  # the nearest with_watermark upstream, if any
+        if event_time is None and inherit_watermark:  # the nearest with_watermark upstream
             from spark_ckpt.streaming.template.event_time import declared_watermark
 
             mark = declared_watermark(keyed.inputs, f"operator {self.operator}")

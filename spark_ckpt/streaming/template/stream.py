@@ -163,6 +163,14 @@ class Stream:
         return self.pipeline.keyed(self, keys, parallelism=parallelism,
                               max_parallelism=max_parallelism)
 
+    def drop_duplicates(self, *columns: str, within: Any = None, ttl: Any = None,
+                        name: str | None = None) -> Stream:
+        """Each distinct ``columns`` value's first row: ``key_by(*columns).drop_duplicates``
+        (``within``: event time past the first row, with a watermark declared; ``ttl``:
+        processing time)."""
+        keyed: Any = self.key_by(*columns)
+        return keyed.drop_duplicates(within=within, ttl=ttl, name=name)  # type: ignore[no-any-return]
+
     def window(self, length: int, slide: int = 1) -> Stream:
         """The union of this stream's last ``length`` batches, every ``slide`` batches."""
         return Windowed(self.pipeline, self, length, slide)

@@ -41,8 +41,9 @@ from spark_ckpt.state.window_processors import (
     SessionAggProcessor,
     WindowAggProcessor,
 )
-from spark_ckpt.streaming.template.event_time import declared_watermark, duration_ms
-from spark_ckpt.streaming.template.keyed import KeyedStream, ProcessedStream
+from spark_ckpt.streaming.template.derived import Derived, DerivedOperator
+from spark_ckpt.streaming.template.event_time import duration_ms
+from spark_ckpt.streaming.template.keyed import KeyedStream
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -136,26 +137,13 @@ class WindowedKeyedStream:
         return WindowAggStream(self, name or f"window_{self.spec.kind}", aggs)
 
 
-class _Derived:
-    """What the operator derives from its input's schema at start (unchanged afterwards)."""
-
-    def __init__(self, spec: WindowAggSpec, processor: Any, raw_schema: StructType) -> None:
-        self.spec = spec
-        self.processor = processor
-        self.raw_schema = raw_schema
-
-
-class WindowAggStream(ProcessedStream):
+class WindowAggStream(DerivedOperator):
     """An event-time windowed aggregation (see the module's docstring)."""
 
     def __init__(self, windowed: WindowedKeyedStream, name: str, aggs: dict[str, Agg]) -> None:
         keyed = windowed.keyed
-        mark = declared_watermark(keyed.inputs, f"windowed aggregation {name}")
-        if mark is None:
-            raise JobDefinitionError(
-                f"windowed aggregation {name}: expected a watermark on its input, found none; "
-                "declare one with stream.with_watermark('event_time', '10 seconds') (the "
-                "watermark decides when a window is complete)")
+        mark = self.watermark_of_inputs(keyed, f"windowed aggregation {name}", required=True)
+        assert mark is not None  # required
         on = windowed.spec.on or mark.column
         if on != mark.column:
             raise JobDefinitionError(
@@ -170,63 +158,37 @@ class WindowAggStream(ProcessedStream):
                 raise JobDefinitionError(
                     f"windowed aggregation {name}: expected aggregations such as count() or "
                     f"max_('price'), found {agg!r}")
-        super().__init__(keyed, name, _Pending(), "x INT",  # type: ignore[arg-type]
-                         event_time=on,
-                         watermark_delay_ms=mark.delay_ms, ttl_ms=None,
-                         state_schema="x INT")
+        super().__init__(keyed, name, event_time=on, delay_ms=mark.delay_ms)
         if self.window_spec.kind != "session":
             self.keys = (*self.user_keys, WINDOW_START, WINDOW_END)
-        self._derived: _Derived | None = None
 
     # -- derived at start from the input's schema -------------------------------------------
-    def derived(self) -> _Derived:
-        if self._derived is None:
-            from pyspark.sql.types import LongType, StructField, StructType
+    def derive(self, schema: StructType) -> Derived:
+        from pyspark.sql.types import LongType, StructField, StructType
 
-            from spark_ckpt.arrowtypes import to_arrow
-            from spark_ckpt.state.window_aggs import WindowAggSpec
-            from spark_ckpt.streaming.template.keyed import _SchemaRun
+        from spark_ckpt.arrowtypes import to_arrow
+        from spark_ckpt.state.window_aggs import WindowAggSpec
 
-            schema = _SchemaRun(self.pipeline.spark).input_schema(self)
-            fields = {f.name: f for f in schema.fields}
-            time_field = fields.get(str(self.window_spec.on))
-            if time_field is None or time_field.dataType.typeName() != "timestamp":
-                raise JobDefinitionError(
-                    f"windowed aggregation {self.operator}: expected "
-                    f"{self.window_spec.on!r} to be a TIMESTAMP column, found "
-                    f"{time_field.dataType.simpleString() if time_field else 'no such column'}")
-            missing = [k for k in self.user_keys if k not in fields]
-            if missing:
-                raise JobDefinitionError(
-                    f"windowed aggregation {self.operator}: key columns {missing} are not in "
-                    f"its input; columns: {sorted(fields)}")
-            spec = WindowAggSpec(self.aggs, schema, reserved=[*self.user_keys, "window"])
-            state_fields = [StructField(n, t) for o in spec.outputs for n, _k, t in o.state]
-            emit_updates = self.output_mode == "update"
-            window_type = time_field.dataType if self.window_spec.kind != "session" else LongType()
-            raw = StructType([*[fields[k] for k in self.user_keys],
-                              StructField(WINDOW_START, window_type),
-                              StructField(WINDOW_END, window_type), *state_fields])
-            if self.window_spec.kind == "session":
-                types = {f.name: to_arrow(StructType([f])).field(0).type for f in state_fields}
-                processor: Any = SessionAggProcessor(spec.merges(), types, emit_updates)
-            else:
-                processor = WindowAggProcessor(spec.merges(), spec.state_ddl(), emit_updates)
-            self._derived = _Derived(spec, processor, raw)
-        return self._derived
-
-    def configure(self, restored: dict[str, Any] | None) -> Any:
-        derived = self.derived()  # at start, on the user's thread: fixed from here on
-        self.processor = derived.processor
-        self._declared_state = derived.processor.state_schema
-        self.declared_schema = derived.raw_schema
-        self.output_schema = derived.raw_schema
-        return super().configure(restored)
-
-    def new_state(self, parallelism: int, max_parallelism: int, live: dict[int, Any]) -> Any:
-        state = super().new_state(parallelism, max_parallelism, live)
-        state.output_schema = self.derived().raw_schema
-        return state
+        fields = {f.name: f for f in schema.fields}
+        time_field = fields.get(str(self.window_spec.on))
+        if time_field is None or time_field.dataType.typeName() != "timestamp":
+            raise JobDefinitionError(
+                f"windowed aggregation {self.operator}: expected "
+                f"{self.window_spec.on!r} to be a TIMESTAMP column, found "
+                f"{time_field.dataType.simpleString() if time_field else 'no such column'}")
+        spec = WindowAggSpec(self.aggs, schema, reserved=[*self.user_keys, "window"])
+        state_fields = [StructField(n, t) for o in spec.outputs for n, _k, t in o.state]
+        emit_updates = self.output_mode == "update"
+        window_type = time_field.dataType if self.window_spec.kind != "session" else LongType()
+        raw = StructType([*[fields[k] for k in self.user_keys],
+                          StructField(WINDOW_START, window_type),
+                          StructField(WINDOW_END, window_type), *state_fields])
+        if self.window_spec.kind == "session":
+            types = {f.name: to_arrow(StructType([f])).field(0).type for f in state_fields}
+            processor: Any = SessionAggProcessor(spec.merges(), types, emit_updates)
+        else:
+            processor = WindowAggProcessor(spec.merges(), spec.state_ddl(), emit_updates)
+        return Derived(processor, raw, spec)
 
     # -- per batch -------------------------------------------------------------------------
     def input_keys(self) -> tuple[str, ...]:
@@ -238,7 +200,7 @@ class WindowAggStream(ProcessedStream):
         df = super()._unrouted(run)
         if df is None:
             return None
-        spec = self.derived().spec
+        spec: WindowAggSpec = self.derived().extra
         watermark = self.watermark_of(self._state(run))
         on = str(self.window_spec.on)
         df = df.where(F.col(on).isNotNull())
@@ -287,15 +249,11 @@ class WindowAggStream(ProcessedStream):
             .withColumn(WINDOW_END, F.col("__ckpt_w.end")).drop("__ckpt_w")
         return out, F.unix_micros(F.col(WINDOW_END))
 
-    def compute(self, run: BatchRun) -> DataFrame | None:
-        raw = super().compute(run)
-        return None if raw is None else self.finish(raw)
-
     def finish(self, raw: DataFrame) -> DataFrame:
         """The emitted rows as the user sees them: the keys, ``window``, the outputs."""
         from pyspark.sql import functions as F
 
-        spec = self.derived().spec
+        spec: WindowAggSpec = self.derived().extra
         start, end = F.col(WINDOW_START), F.col(WINDOW_END)
         if self.window_spec.kind == "session":
             start, end = F.timestamp_micros(start), F.timestamp_micros(end)
@@ -304,15 +262,3 @@ class WindowAggStream(ProcessedStream):
                          *spec.final_columns())
         finished: DataFrame = spec.spark_finals(out, [*self.user_keys, "window"])
         return finished
-
-    def schema_frame(self, schema_run: Any) -> DataFrame:
-        """The output's schema (the template's dry run at start)."""
-        from spark_ckpt.sparkapi import empty_frame
-
-        return self.finish(empty_frame(self.pipeline.spark, self.derived().raw_schema))
-
-
-class _Pending:
-    """Stands for the processor until start derives it from the input's schema."""
-
-    state_schema = "x INT"

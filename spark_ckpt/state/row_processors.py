@@ -1,0 +1,131 @@
+"""The stateful tasks' side of deduplication and Top-N: vectorized processors over the rows of
+a key (no Python call per key or row).
+
+- :class:`DedupProcessor`: the first row of a key is emitted, the key remembered; later rows of
+  the key are dropped until the key is forgotten, when the watermark passes the first row's
+  event time plus ``within`` (Structured Streaming's ``dropDuplicatesWithinWatermark``), or
+  ``ttl_ms`` of processing time after it (the operator's TTL).
+- :class:`TopNProcessor`: a key's ``n`` first rows in an order (Flink's Top-N,
+  ``ROW_NUMBER() OVER (PARTITION BY key ORDER BY ...) <= n``); its state holds those rows as
+  parallel lists, one per column; a batch that changes a key's top rows emits all of them
+  with their rank (an upsert stream by key and rank).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_ckpt.state.processor import KeyedBatch, Result, VectorizedProcessor
+
+__all__ = ["DedupProcessor", "TopNProcessor"]
+
+FIRST_SEEN = "first_event_ms"
+RANK_COLUMN = "rank"
+
+
+def _event_ms(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A timestamp column as int64 milliseconds (floor), nulls as the smallest int64."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    micros = column.cast(pa.timestamp("us", tz=getattr(column.type, "tz", None))) \
+        .cast(pa.int64()).fill_null(np.iinfo(np.int64).min)
+    values = np.asarray(micros.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return np.where(values == np.iinfo(np.int64).min, values, values // 1000)
+
+
+class DedupProcessor(VectorizedProcessor):
+    """The first row of each key (see the module's docstring)."""
+
+    state_schema = f"{FIRST_SEEN} BIGINT"
+
+    def __init__(self, event_time: str | None, within_ms: int | None) -> None:
+        self.event_time = event_time
+        self.within_ms = within_ms
+
+    def process_batch(self, batch: KeyedBatch) -> Result | None:
+        rows = batch.arrow_rows
+        assert rows is not None
+        n = len(batch)
+        starts = batch.offsets[:-1]
+        late = np.zeros(rows.num_rows, dtype=bool)
+        event = None
+        if self.event_time is not None:
+            event = _event_ms(rows.column(self.event_time))
+            if batch.watermark_ms is not None:  # at or before the watermark: late, dropped
+                late = event <= int(batch.watermark_ms)
+        # each key's first row that is not late (arrival order within a key)
+        position = np.where(late, rows.num_rows, np.arange(rows.num_rows))
+        first = np.minimum.reduceat(position, starts) if rows.num_rows else \
+            np.zeros(0, np.int64)
+        keep = (~batch.exists) & (first < rows.num_rows)
+        picked = first[keep]
+        emit = rows.take(pa.array(picked, pa.int64()))
+        seen = np.zeros(n, dtype=np.int64)
+        if event is not None:
+            seen[keep] = event[picked]
+        timers = pd.array([pd.NA] * n, dtype="Int64")
+        if event is not None and self.within_ms is not None:
+            timers[keep] = seen[keep] + int(self.within_ms)
+        dropped = int(late.sum())
+        return Result(state=pa.table({FIRST_SEEN: pa.array(seen, pa.int64())}),
+                      changed=keep, emit=emit, event_timers=timers,
+                      counters={"late_rows": dropped} if dropped else None)
+
+    def on_timers(self, batch: KeyedBatch) -> Result | None:
+        return Result(state=pa.table({FIRST_SEEN: pa.nulls(len(batch), pa.int64())}))
+
+
+class TopNProcessor(VectorizedProcessor):
+    """A key's first ``n`` rows in ``order`` (see the module's docstring)."""
+
+    def __init__(self, n: int, order: list[tuple[str, bool]], columns: list[str],
+                 state_ddl: str, with_rank: bool) -> None:
+        self.n = n
+        self.order = order  # (column, descending)
+        self.columns = columns  # the input's columns; in state as lists row_0, row_1, ...
+        self.names = [f"row_{i}" for i in range(len(columns))]
+        self.state_schema = state_ddl  # type: ignore[misc]  # per instance: derived from input
+        self.with_rank = with_rank
+
+    def process_batch(self, batch: KeyedBatch) -> Result | None:
+        rows, state, keys = batch.arrow_rows, batch.arrow_state, batch.arrow_keys
+        assert rows is not None and state is not None and keys is not None
+        n_keys = len(batch)
+        # the kept rows of every key (flattened lists) and the batch's rows, one table
+        kept_key = pc.list_parent_indices(state.column(self.names[0]).combine_chunks()) \
+            .to_numpy().astype(np.int64)
+        kept = pa.table({c: pc.list_flatten(state.column(s).combine_chunks())
+                         for c, s in zip(self.columns, self.names, strict=True)})
+        fresh = rows.select(self.columns)
+        both = pa.concat_tables([kept.cast(fresh.schema), fresh])
+        owner = np.concatenate([kept_key, np.asarray(batch.group, dtype=np.int64)])
+        is_new = np.concatenate([np.zeros(kept.num_rows, bool), np.ones(fresh.num_rows, bool)])
+        # order: by key, then the declared order; ties keep the kept rows, then arrival
+        table = both.append_column("__owner", pa.array(owner)) \
+            .append_column("__new", pa.array(is_new)) \
+            .append_column("__seq", pa.array(np.arange(both.num_rows)))
+        keys_order = [("__owner", "ascending"),
+                      *[(c, "descending" if desc else "ascending") for c, desc in self.order],
+                      ("__seq", "ascending")]
+        ordered = table.take(pc.sort_indices(table, sort_keys=keys_order,
+                                             null_placement="at_end"))
+        owners = ordered.column("__owner").to_numpy()
+        starts = np.searchsorted(owners, np.arange(n_keys), side="left")
+        rank = np.arange(len(owners)) - starts[owners] + 1
+        top = ordered.filter(pa.array(rank <= self.n))
+        top_owner = top.column("__owner").to_numpy()
+        changed = np.zeros(n_keys, dtype=bool)
+        changed[top_owner[top.column("__new").to_numpy(zero_copy_only=False)]] = True
+        offsets = np.concatenate([[0], np.cumsum(np.bincount(top_owner, minlength=n_keys))])
+        new_state = pa.table({s: pa.ListArray.from_arrays(
+            pa.array(offsets, pa.int32()), top.column(c).combine_chunks())
+            for c, s in zip(self.columns, self.names, strict=True)})
+        emit_rows = top.filter(pa.array(changed[top_owner]))
+        emit_ranks = (rank[rank <= self.n])[changed[top_owner]]
+        emit = emit_rows.select(self.columns)
+        if self.with_rank:
+            emit = emit.append_column(RANK_COLUMN, pa.array(emit_ranks, pa.int32()))
+        return Result(state=new_state, changed=changed, emit=emit)

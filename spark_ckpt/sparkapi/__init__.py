@@ -64,6 +64,8 @@ def empty_frame(spark: SparkSession, schema: StructType) -> DataFrame:
         *[F.lit(None).cast(field.dataType).alias(field.name) for field in schema.fields])
 
 
-def union_by_name(frames: Sequence[DataFrame]) -> DataFrame:
-    """The rows of every frame, columns matched by name."""
-    return functools.reduce(lambda a, b: a.unionByName(b), frames)
+def union_by_name(frames: Sequence[DataFrame], *, allow_missing: bool = False) -> DataFrame:
+    """The rows of every frame, columns matched by name (``allow_missing``: a column some
+    frames lack is null in their rows)."""
+    return functools.reduce(lambda a, b: a.unionByName(b, allowMissingColumns=allow_missing),
+                            frames)

@@ -184,7 +184,7 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
         run = _Batch(params, task, store, processor, schema, file_schema, out_schema,
                      key_names, vectorized)
         t0 = time.perf_counter()
-        rows_in, max_event = 0, None
+        rows_in, max_event, by_channel = 0, None, {}
         if table is not None:
             data = table.filter(pc.invert(table.column(MARKER_COLUMN))) \
                 if MARKER_COLUMN in table.column_names else table
@@ -192,6 +192,8 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             if rows_in:
                 if event_time:
                     max_event = _max_event_ms(data.column(event_time))
+                    if CHANNEL_COLUMN in data.column_names:  # each input's own watermark
+                        by_channel = _max_event_by_channel(data, event_time)
                 run.process(data)
         fired = run.fire_timers()
         apply_ms = int((time.perf_counter() - t0) * 1000)
@@ -214,6 +216,7 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             "input_rows": rows_in, "changed": run.changed_keys, "apply_ms": apply_ms,
             "sync_ms": sync_ms, "alignment_ms": align, "channels": channels,
             "timers_fired": fired, "max_event_ms": max_event, "output": out_file,
+            "max_event_by_channel": by_channel,
             "user_ms": int(run.user_s * 1000), "counters": run.counters},
             fmt=STATE_FORMAT_TYPED)
 
@@ -237,6 +240,19 @@ def _last_per_key(rows: pa.Table, key_names: list[str]) -> pa.Table:
                 seen.add(keys[i])
                 keep[i] = True
     return rows if keep.all() else rows.filter(pa.array(keep))
+
+
+def _max_event_by_channel(data: pa.Table, event_time: str) -> dict[str, int]:
+    """The largest event time of each input channel's rows (ms)."""
+    out: dict[str, int] = {}
+    channels = data.column(CHANNEL_COLUMN)
+    for channel in pc.unique(channels).to_pylist():
+        if channel is None:
+            continue
+        top = _max_event_ms(data.column(event_time).filter(pc.equal(channels, channel)))
+        if top is not None:
+            out[str(channel)] = top
+    return out
 
 
 def _max_event_ms(column: pa.ChunkedArray) -> int | None:

@@ -78,6 +78,13 @@ class PipelineDefinition:
             return DeduplicatedStream(keyed, name, **options)
         return TopNStream(keyed, name, **options)
 
+    def stream_join(self, left: Stream, right: Stream, on: Any, how: str, between: Any,
+                    ttl: Any, name: str) -> Any:
+        """A stream-stream join (template.joins, a layer above the keyed streams)."""
+        from spark_ckpt.streaming.template.joins import StreamJoin
+
+        return StreamJoin(left, right, on, how, between, ttl, name)
+
     def recorded_schema(self, source: str) -> StructType | None:
         from pyspark.sql.types import StructType
 

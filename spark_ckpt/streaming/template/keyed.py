@@ -187,6 +187,8 @@ class StatefulStream(Stream):
 
     kind = "stateful"
     pipeline: StateScope
+    #: inputs of different columns (a stream join): a column an input lacks is null in its rows
+    inputs_differ = False
 
     def __init__(self, keyed: KeyedStream, name: str) -> None:
         super().__init__(keyed.pipeline, keyed.inputs, name)
@@ -351,7 +353,7 @@ class StatefulStream(Stream):
             return None
         if len(present) > 1:
             present = [f.withColumn(CHANNEL_COLUMN, F.lit(i)) for i, f in enumerate(present)]
-        df = union_by_name(present)
+        df = union_by_name(present, allow_missing=self.inputs_differ)
         missing = [k for k in self.input_keys() if k not in df.columns]
         if missing:
             raise JobDefinitionError(
@@ -460,7 +462,8 @@ class _SchemaRun:
 
     def input_schema(self, op: StatefulStream) -> Any:
         frames = [self.get_or_compute(p) for p in op.parents]
-        return (union_by_name(frames) if len(frames) > 1 else frames[0]).schema
+        return (union_by_name(frames, allow_missing=op.inputs_differ) if len(frames) > 1
+                else frames[0]).schema
 
     def _empty(self, stream: Any) -> DataFrame:
         from spark_ckpt.sparkapi import empty_frame
@@ -811,6 +814,8 @@ class ProcessedStream(StatefulStream):
                 event_time, watermark_delay_ms = mark.column, mark.delay_ms
         self.event_time = event_time
         self.delay_ms = int(watermark_delay_ms)
+        # inputs with watermarks of their own (a stream join): each input's delay, by channel
+        self.channel_delays: tuple[int, ...] = ()
         if ttl_ms is not None and ttl_ms <= 0:
             raise JobDefinitionError(f"process(): expected ttl_ms > 0 or None, found {ttl_ms}")
         self.ttl_ms = ttl_ms
@@ -824,28 +829,39 @@ class ProcessedStream(StatefulStream):
     def watermark_ms(self) -> int | None:
         """The event-time watermark after the last batch (None before any event time)."""
         snapshot = self.snapshot()
-        top = snapshot.extra.get("max_event_ms") if snapshot is not None else None
+        return None if snapshot is None else self._watermark(snapshot.extra)
+
+    def _watermark(self, extra: Any) -> int | None:
+        """The largest event time seen minus the delay; with inputs of their own watermarks
+        (``channel_delays``), the smallest of theirs, as Structured Streaming's and Flink's
+        operators take (none until every input has seen event time)."""
+        by_channel = extra.get("max_event_by_channel")
+        if self.channel_delays:
+            if not by_channel or len(by_channel) < len(self.channel_delays):
+                return None
+            return min(int(by_channel[str(c)]) - d for c, d in enumerate(self.channel_delays))
+        top = extra.get("max_event_ms")
         return None if top is None else int(top) - self.delay_ms
 
     def watermark_of(self, state: OperatorState) -> int | None:
-        """The largest event time seen minus the delay; never below the watermark the tasks
+        """The watermark the next batch runs with; never below the watermark the tasks
         already ran with (a delay raised at a restart does not move it back, as Structured
         Streaming's never does)."""
-        top = state.extra.get("max_event_ms")
-        if top is None:
+        mark = self._watermark(state.extra)
+        if mark is None:
             return None
         applied = state.extra.get("applied_watermark_ms")
-        mark = int(top) - self.delay_ms
         return mark if applied is None else max(mark, int(applied))
 
     def time_moved(self) -> bool:
         """The watermark moved past the one the tasks last ran with: a batch, with data or
         not, fires the timers it reached (any thread: the published snapshot)."""
         snapshot = self.snapshot()
-        if snapshot is None or snapshot.extra.get("max_event_ms") is None:
+        mark = None if snapshot is None else self._watermark(snapshot.extra)
+        if mark is None:
             return False
-        applied = snapshot.extra.get("applied_watermark_ms")
-        return applied is None or int(snapshot.extra["max_event_ms"]) - self.delay_ms > applied
+        applied = snapshot.extra.get("applied_watermark_ms")  # type: ignore[union-attr]
+        return applied is None or mark > applied
 
     def compute(self, run: BatchRun) -> DataFrame | None:
         from pyspark.sql import functions as F
@@ -894,6 +910,12 @@ class ProcessedStream(StatefulStream):
                               processor_task(params, self._plans(state), self.processor))
         if params["watermark_ms"] is not None:  # what these tasks fired timers up to
             state.extra["applied_watermark_ms"] = params["watermark_ms"]
+        by_channel = dict(state.extra.get("max_event_by_channel") or {})
+        for meta in metas:
+            for channel, top in (meta.get("max_event_by_channel") or {}).items():
+                by_channel[channel] = max(int(top), int(by_channel.get(channel, top)))
+        if by_channel:
+            state.extra["max_event_by_channel"] = by_channel
         tops = [m["max_event_ms"] for m in metas if m.get("max_event_ms") is not None]
         if tops:
             state.extra["max_event_ms"] = max([*tops, state.extra.get("max_event_ms", tops[0])])

@@ -50,6 +50,10 @@ class Template(PipelineScope, Protocol):
               max_parallelism: int | None) -> Any:
         """A KeyedStream of ``parent`` by ``keys``."""
 
+    def stream_join(self, left: Stream, right: Stream, on: Any, how: str, between: Any,
+                    ttl: Any, name: str) -> Any:
+        """A stream-stream join (template.joins)."""
+
 __all__ = ["InputStream", "Output", "Stream", "union_by_name"]
 
 _ids = itertools.count()
@@ -162,6 +166,16 @@ class Stream:
         groups (default ``spark.ckpt.state.maxParallelism``); fixed for a checkpoint's life."""
         return self.pipeline.keyed(self, keys, parallelism=parallelism,
                               max_parallelism=max_parallelism)
+
+    def join_stream(self, other: Stream, on: str | Sequence[str], how: str = "inner", *,
+                    between: Any = None, ttl: Any = None, name: str | None = None) -> Stream:
+        """A stateful join with ``other`` across batches: rows with equal ``on`` columns whose
+        event times (each side's ``with_watermark`` column) satisfy
+        ``left.t + lower <= right.t <= left.t + upper`` for ``between=(lower, upper)``
+        ("-10 seconds", "5 seconds"), state dropped at the watermark (template/joins.py);
+        ``how``: inner, left_outer, right_outer, full_outer, left_semi, left_anti."""
+        return self.pipeline.stream_join(  # type: ignore[no-any-return]
+            self, other, on, how, between, ttl, name or f"join_{self.name}_{other.name}")
 
     def drop_duplicates(self, *columns: str, within: Any = None, ttl: Any = None,
                         name: str | None = None) -> Stream:

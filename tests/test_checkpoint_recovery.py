@@ -7,12 +7,13 @@ equals an uninterrupted run's.
 
 The chain is nine drivers, each killed at a planned point (every fault point of the
 checkpoint and batch protocols, and two seeded moments in replay and in steady work). CI runs
-all nine of the per-key chain as Spark Connect clients (tests/test_connect.py) and, on classic
-drivers, the vectorized chain's first three (on fewer ids: each of those drivers dies at its
-first checkpoint); the per-key chain's first two on classic drivers run with
-SPARK_CKPT_LONG_FAULTS=1.
-SPARK_CKPT_LONG_FAULTS=1 adds the long run (20+ kills at random wall-clock moments) and one
-test per kill point.
+the vectorized chain's first two on classic drivers (a pending and a completed checkpoint
+restored; on fewer ids: each of those drivers dies at its first checkpoint) and four of the
+per-key chain as Spark Connect clients (tests/test_connect.py: a half-committed checkpoint
+restored, a kill as a checkpoint's metadata is written, one in a replay and one in steady
+work; the batch points are tests/test_stream_recovery.py's). SPARK_CKPT_LONG_FAULTS=1 runs
+both chains whole, on classic drivers and on Connect, and adds the long run (20+ kills at
+random wall-clock moments) and one test per kill point.
 """
 
 from __future__ import annotations
@@ -108,6 +109,10 @@ SCHEDULE = (
     "after:PROGRESS",  # steady work, at a seeded moment: mid-batch, mid-write, mid-checkpoint
     "stream.batch.committed:2",  # a batch's commit record durable, its progress not reported
 )
+# CI's subset of SCHEDULE on Connect: the kills no classic chain makes in CI, in SCHEDULE's order
+CONNECT_SCHEDULE = ("checkpoint.sink.committed:1", "checkpoint.metadata:1",
+                    "after:restored checkpoint", "after:PROGRESS")
+CONNECT_TOTAL = 4_000  # 20 batches: four short-lived drivers get through far fewer
 
 
 def drive(tmp_path, total: int, env: dict[str, str], kill: str | None,
@@ -155,26 +160,28 @@ def drive(tmp_path, total: int, env: dict[str, str], kill: str | None,
 
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("api", [
-    # per_key: its whole chain runs as Spark Connect clients in CI (tests/test_connect.py);
-    # its first kills on classic drivers, a subset of those, with SPARK_CKPT_LONG_FAULTS=1
+    # per_key: four of its kills run as Spark Connect clients in CI (tests/test_connect.py);
+    # all nine on Connect and on classic drivers with SPARK_CKPT_LONG_FAULTS=1
     pytest.param("per_key", marks=pytest.mark.skipif(
         not (LONG_FAULTS or os.environ.get("SPARK_CKPT_TEST_REMOTE")),
-        reason="the per-key chain runs whole on Spark Connect in CI; on classic with "
+        reason="the per-key chain runs on Spark Connect in CI; on classic with "
                "SPARK_CKPT_LONG_FAULTS=1")),
     "vectorized"])
 def test_exactly_once_across_sigkills_at_every_fault_point(spark, tmp_path, api):
     """The chain, once with the sequencer as a KeyedProcessor and once as a
-    VectorizedProcessor (in CI its first three kills, the restores of a pending, a completed
-    and a half-committed checkpoint; the whole chain with SPARK_CKPT_LONG_FAULTS=1)."""
+    VectorizedProcessor (in CI the vectorized chain's first two kills, the restores of a
+    pending and a completed checkpoint, and CONNECT_SCHEDULE's four of the per-key chain on
+    Connect; every chain whole with SPARK_CKPT_LONG_FAULTS=1)."""
     rng = random.Random(20261121)
     spread = spread_defaults(tmp_path)
-    # CI: the vectorized chain's first three kills and the per-key chain's first two (a
-    # completed checkpoint) here, and all nine as Spark Connect clients
-    # (tests/test_connect.py); every chain whole with SPARK_CKPT_LONG_FAULTS=1
-    if LONG_FAULTS or os.environ.get("SPARK_CKPT_TEST_REMOTE"):
+    if LONG_FAULTS:
         schedule, total = SCHEDULE, LONG
+    elif os.environ.get("SPARK_CKPT_TEST_REMOTE"):
+        # CI on Connect keeps CONNECT_SCHEDULE's 4 kills; all 9 with SPARK_CKPT_LONG_FAULTS=1
+        schedule, total = CONNECT_SCHEDULE, CONNECT_TOTAL
     else:  # each of these drivers dies at its first checkpoint: fewer ids go past them all
-        schedule, total = (SCHEDULE[:3] if api == "vectorized" else SCHEDULE[:2]), CHAIN_HEAD
+        # CI keeps the first 2 kills (pending, completed); all 9 with SPARK_CKPT_LONG_FAULTS=1
+        schedule, total = SCHEDULE[:2], CHAIN_HEAD
     for attempt, kill in enumerate((*schedule, None)):
         # every other driver runs with one task per key-group range: both task paths, and a
         # switch between them at every restart

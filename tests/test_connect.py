@@ -52,13 +52,23 @@ PARITY = {
         "tests/test_batch_cuts.py::"
         "test_killed_during_partial_waves_resumes_from_them[sorted_report]",
     ],
+    # CI keeps an event kill, a Delta commit kill and adoption; the rest SPARK_CKPT_LONG_FAULTS=1
     "batch-client-killed": [
+        "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
+        "[vertex.finished:1-10]",
+        "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
+        "[sink.committed:2]",
+        # (its six cases: kills at events and from outside, a killed re-run, a replaced input)
+        "tests/test_recovery_faults.py::"
+        "test_the_next_client_records_what_a_killed_clients_writes_finished_on_the_server",
+    ],
+    "batch-client-killed-long": [
+        "tests/test_recovery_faults.py::test_killed_from_outside_mid_vertex",
+        "tests/test_recovery_faults.py::test_torn_event_log_tail_is_tolerated",
         "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
         "[attempt.started-14]",
         "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
         "[vertex.initialized-14]",
-        "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
-        "[vertex.finished:1-10]",
         "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
         "[sink.commit.files]",
         "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
@@ -67,19 +77,13 @@ PARITY = {
         "[vertex.finished:4-0]",
         "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
         "[sink.commit.started:2]",
-        "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
-        "[sink.committed:2]",
         "tests/test_recovery_faults.py::test_kill_after_the_job_finished_is_already_complete",
-        "tests/test_recovery_faults.py::test_torn_event_log_tail_is_tolerated",
         "tests/test_recovery_faults.py::test_unreadable_event_log_starts_fresh_and_keeps_the_old_log",
         "tests/test_recovery_faults.py::"
         "test_event_log_appends_that_fail_twice_are_retried_and_the_job_completes",
         "tests/test_recovery_faults.py::test_killed_twice_in_a_row_then_recovered",
-        "tests/test_recovery_faults.py::test_killed_from_outside_mid_vertex",
         "tests/test_recovery_faults.py::"
         "test_the_next_client_reads_what_a_killed_client_left_persisted_on_the_server",
-        "tests/test_recovery_faults.py::"
-        "test_the_next_client_records_what_a_killed_clients_writes_finished_on_the_server",
     ],
     "keyed-state": [
         "tests/test_keyed_state.py::test_keyed_aggregates_equal_plain_spark_in_every_view"
@@ -106,10 +110,11 @@ PARITY = {
 
 # The batch client kills run from test_connect_clients.py: a test file runs on one xdist worker,
 # so the parity run is split in two files the two workers take at the start of the run.
-CLIENT_KILLS = ("batch-client-killed",)
+CLIENT_KILLS = ("batch-client-killed", "batch-client-killed-long")
 # More of the classic suite on Connect, run with SPARK_CKPT_LONG_FAULTS=1: what they check
-# on Connect, the groups above check there too (a batch job's output, keyed state, restores)
-LONG_ONLY_GROUPS = ("batch-long", "keyed-state-long")
+# on Connect, the groups above check there too (a batch job's output, keyed state, restores,
+# a killed batch client of each kind)
+LONG_ONLY_GROUPS = ("batch-long", "keyed-state-long", "batch-client-killed-long")
 
 
 def run_parity(connect_url: str, groups: list[str]) -> None:

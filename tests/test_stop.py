@@ -15,6 +15,9 @@ a stop, each kill followed by the next driver:
    checkpoint by default (the newest), and is stopped with no fault: it exits 0 and what is
    committed is exactly the batches up to its final checkpoint's barrier, each id once with
    every key's sequence unbroken (Flink's exactly-once check).
+
+CI starts with B (C answers the request a killed B took ``abandoned``, as B answers A's);
+A runs with SPARK_CKPT_LONG_FAULTS=1.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, child_env, kill_group, wait_for
+from helpers import LONG_FAULTS, ROOT, child_env, kill_group, wait_for
 from test_stream_drivers import events, rows_by_batch, stateful_command
 
 from spark_ckpt.storage.delta_reader import read_delta
@@ -99,21 +102,25 @@ def test_stop_with_a_final_checkpoint_under_a_kill_at_each_point(tmp_path):
 
     try:
         # 1. A takes the request and dies before acting on it
-        a = start("a", "stream.stop.requested:1:kill")
-        a.wait_checkpoints(1)
-        clients.append(stop_client(tmp_path))
-        assert a.wait() == -9, a.text()[-3000:]
-        assert "stop requested from outside" in a.text()
+        # CI keeps B, C, D (C answers a dead B's request as B A's); A with SPARK_CKPT_LONG_FAULTS=1
+        if LONG_FAULTS:
+            a = start("a", "stream.stop.requested:1:kill")
+            a.wait_checkpoints(1)
+            clients.append(stop_client(tmp_path))
+            assert a.wait() == -9, a.text()[-3000:]
+            assert "stop requested from outside" in a.text()
 
         # 2. B answers A's request abandoned and is not stopped by it; its own stop completes a
         # final checkpoint, and B dies before answering
         b = start("b", "stream.stop.checkpointed:1:kill")
-        code, answer = answer_of(clients[0])
-        assert (code, answer["status"], answer["run"]) == (1, "abandoned", 2), answer
+        if clients:  # A's request
+            code, answer = answer_of(clients[0])
+            assert (code, answer["status"], answer["run"]) == (1, "abandoned", 2), answer
         b.wait_checkpoints(2)
         assert b.proc.poll() is None, "a stale request stopped the next driver"
         before = max(b.completed_checkpoints())
         clients.append(stop_client(tmp_path))
+        to_b = clients[-1]
         assert b.wait() == -9, b.text()[-3000:]
         final_b = max(b.completed_checkpoints())
         assert final_b >= before
@@ -121,12 +128,12 @@ def test_stop_with_a_final_checkpoint_under_a_kill_at_each_point(tmp_path):
         # 3. C answers B's request abandoned, restores B's final checkpoint, answers its own
         # request with its checkpoint id and dies before exiting
         c = start("c", "stream.stop.answered:1:kill")
-        code, answer = answer_of(clients[1])
+        code, answer = answer_of(to_b)
         assert (code, answer["status"]) == (1, "abandoned"), answer
         c.wait_checkpoints(1)
         assert restored(c) == final_b, c.text()[-3000:]
         clients.append(stop_client(tmp_path))
-        code, answer = answer_of(clients[2])
+        code, answer = answer_of(clients[-1])
         assert (code, answer["status"]) == (0, "stopped"), answer
         final_c = answer["checkpoint_id"]
         assert final_c == max(c.completed_checkpoints()), (answer, c.text()[-3000:])
@@ -135,16 +142,17 @@ def test_stop_with_a_final_checkpoint_under_a_kill_at_each_point(tmp_path):
         # 4. a request while no driver runs: D answers it abandoned, restores C's final
         # checkpoint, and then stops cleanly when asked
         clients.append(stop_client(tmp_path))
-        # the request names run 3 before D claims run 4
+        idle = clients[-1]
+        # the request names C's run before D claims the next (3 and 4; 2 and 3 without A)
         assert wait_for(lambda: len(list((tmp_path / "ckpt" / "control")
-                                         .glob("*.request.json"))) == 4, SLOW)
+                                         .glob("*.request.json"))) == len(clients), SLOW)
         d = start("d")
-        code, answer = answer_of(clients[3])
+        code, answer = answer_of(idle)
         assert (code, answer["status"]) == (1, "abandoned"), answer
         d.wait_checkpoints(1)
         assert restored(d) == final_c, d.text()[-3000:]
         clients.append(stop_client(tmp_path))
-        code, answer = answer_of(clients[4])
+        code, answer = answer_of(clients[-1])
         assert (code, answer["status"]) == (0, "stopped"), answer
         assert d.wait() == 0, d.text()[-3000:]
         assert "RESULT" in d.text()

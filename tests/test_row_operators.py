@@ -80,12 +80,14 @@ def test_drop_duplicates_within_keeps_each_ids_first_row_until_the_watermark_pas
     _input(ctx, source).drop_duplicates("id", within="10 seconds", name="dedup") \
         .write_parquet(str(tmp_path / "out"), name="out")
     progress = ctx.process_available(timeout=600)
-    # the model: arrival order (batch, row); watermark of a batch = newest earlier - 5 s
-    emitted, remembered, late, top = [], {}, 0, None
-    for frame in frames:
-        watermark = None if top is None else top - 5_000
+    # the model: arrival order (batch, row); a batch's watermark = newest earlier - 5 s; late:
+    # at or before the previous batch's watermark (as Structured Streaming drops them)
+    emitted, remembered, late, tops = [], {}, 0, []
+    for b, frame in enumerate(frames):
+        watermark = max(tops) - 5_000 if tops else None
+        late_mark = max(tops[:b - 1]) - 5_000 if b >= 2 else None  # batch b-1's watermark
         for row in frame.itertuples(index=False):
-            if watermark is not None and row.t_ms <= watermark:
+            if late_mark is not None and row.t_ms <= late_mark:
                 late += 1
                 continue
             if row.id in remembered:
@@ -94,7 +96,7 @@ def test_drop_duplicates_within_keeps_each_ids_first_row_until_the_watermark_pas
             emitted.append(row._asdict())
         if watermark is not None:
             remembered = {k: v for k, v in remembered.items() if v > watermark}
-        top = max(top or 0, int(frame.t_ms.max()))
+        tops.append(int(frame.t_ms.max()))
     expected = pd.DataFrame(emitted).sort_values(["id", "t_ms"]).reset_index(drop=True)
     got = spark.read.parquet(str(tmp_path / "out")).drop("event_time").toPandas() \
         .sort_values(["id", "t_ms"]).reset_index(drop=True)

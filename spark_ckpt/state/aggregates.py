@@ -181,7 +181,7 @@ class AggSpec:
             elif a.func in ("min", "max"):
                 cols.append(getattr(F, a.func)(c).alias(o.name))
             elif a.func == "mean":
-                cols.append(F.sum(c).cast("double").alias(f"{o.name}__sum"))
+                cols.append(F.sum(c.cast("double")).alias(f"{o.name}__sum"))  # as avg
                 cols.append(F.count(c).alias(f"{o.name}__count"))
             else:
                 by, pick = (F.min_by, F.min) if a.func == "first" else (F.max_by, F.max)

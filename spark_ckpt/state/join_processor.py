@@ -111,8 +111,8 @@ class JoinProcessor(VectorizedProcessor):
         side_of = np.asarray(rows.column(SIDE_COLUMN).to_numpy(zero_copy_only=False))
         t_all = _ms(rows.column(TIME_COLUMN))
         late = np.zeros(rows.num_rows, dtype=bool)
-        if batch.watermark_ms is not None:
-            late = t_all <= int(batch.watermark_ms)
+        if batch.late_watermark_ms is not None:  # the previous batch's, as Spark's
+            late = t_all <= int(batch.late_watermark_ms)
         types = {}
         sides, fresh_from = {}, {}
         for s, side in enumerate(_SIDES):

@@ -285,6 +285,7 @@ class _Batch:
         self.vectorized = vectorized
         self.now = int(params["processing_time_ms"])
         self.watermark = params.get("watermark_ms")
+        self.late_watermark = params.get("late_watermark_ms")
         self.ttl: int | None = params.get("ttl_ms")
         self.changes: list[pa.Table] = []
         self.dicts_out: list[dict[str, Any]] = []
@@ -534,6 +535,7 @@ class _Batch:
             state=_pandas(state.select(self.schema.names)),
             exists=~empty_rows(state, self.schema.names),
             processing_time_ms=self.now, watermark_ms=self.watermark,
+                late_watermark_ms=self.late_watermark,
             arrow_keys=grouped.key_table.select(self.key_names), arrow_rows=rows,
             arrow_state=state.select(self.schema.names))
         t0 = time.perf_counter()
@@ -576,6 +578,7 @@ class _Batch:
                 state=_pandas(sub.select(self.schema.names)),
                 exists=~empty_rows(sub, self.schema.names),
                 processing_time_ms=self.now, watermark_ms=self.watermark,
+                late_watermark_ms=self.late_watermark,
                 timers=pd.DataFrame({"key": [at[f[0]] for f in fired],
                                      "ms": [f[1] for f in fired],
                                      "kind": [f[2] for f in fired]}),

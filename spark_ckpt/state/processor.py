@@ -459,6 +459,9 @@ class KeyedBatch:
             ``kind`` ("event" or "processing").
         processing_time_ms: the batch's processing time.
         watermark_ms: the event-time watermark (None before any event time was seen).
+        late_watermark_ms: the watermark the previous batch ran with: rows at or before it
+            are late (Structured Streaming drops late rows against it, and closes state at
+            ``watermark_ms``).
     """
 
     keys: pd.DataFrame
@@ -470,6 +473,7 @@ class KeyedBatch:
     processing_time_ms: int
     watermark_ms: int | None
     timers: pd.DataFrame | None = None
+    late_watermark_ms: int | None = None
     arrow_keys: pa.Table | None = None
     arrow_rows: pa.Table | None = None
     arrow_state: pa.Table | None = None

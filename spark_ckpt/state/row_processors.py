@@ -54,8 +54,8 @@ class DedupProcessor(VectorizedProcessor):
         event = None
         if self.event_time is not None:
             event = _event_ms(rows.column(self.event_time))
-            if batch.watermark_ms is not None:  # at or before the watermark: late, dropped
-                late = event <= int(batch.watermark_ms)
+            if batch.late_watermark_ms is not None:  # at or before it: late, dropped
+                late = event <= int(batch.late_watermark_ms)
         # each key's first row that is not late (arrival order within a key)
         position = np.where(late, rows.num_rows, np.arange(rows.num_rows))
         first = np.minimum.reduceat(position, starts) if rows.num_rows else \

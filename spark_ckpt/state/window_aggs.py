@@ -107,7 +107,7 @@ class Output:
 class WindowAggSpec:
     """Named aggregations of a windowed aggregation, checked against its input's schema."""
 
-    def __init__(self, aggs: dict[str, Agg], schema: StructType, *,
+    def __init__(self, aggs: dict[str, Agg], schema: StructType, *, order_by: str,
                  reserved: Sequence[str]) -> None:
         from pyspark.sql.types import ArrayType, DoubleType, LongType
 
@@ -115,6 +115,7 @@ class WindowAggSpec:
             raise JobDefinitionError("window(...).agg(): expected at least one aggregation, "
                                      "found none")
         fields = {f.name: f.dataType for f in schema.fields}
+        self.order_by = order_by  # the event time: orders lists, so a replay is the same
         self.outputs: list[Output] = []
         for name, agg in aggs.items():
             if not isinstance(agg, Agg) or agg.func not in _FUNCS:
@@ -143,6 +144,10 @@ class WindowAggSpec:
                 raise JobDefinitionError(
                     f"window(...).agg(): {name}={func}({agg.column!r}) expected a numeric, "
                     f"string, boolean, date or timestamp column, found {dtype}")
+            if func in _LISTS and kind in ("ArrayType", "MapType", "StructType"):
+                raise JobDefinitionError(
+                    f"window(...).agg(): {name}={func}({agg.column!r}) expected a column of a "
+                    f"simple type (number, string, boolean, date, timestamp), found {dtype}")
             if agg.time_column is not None and \
                     type(fields[agg.time_column]).__name__ not in _TIMES:
                 raise JobDefinitionError(
@@ -190,22 +195,24 @@ class WindowAggSpec:
                 cols.append(F.count(c).alias(o.name))
             elif func == "sum":
                 cols.append(F.sum(c).cast(o.value_type).alias(o.name))
-            elif func == "mean":
-                cols.append(F.sum(c).cast("double").alias(f"{o.name}__sum"))
+            elif func == "mean":  # as Spark's avg: the values as doubles, then summed
+                cols.append(F.sum(c.cast("double")).alias(f"{o.name}__sum"))
                 cols.append(F.count(c).alias(f"{o.name}__count"))
             elif func in ("min", "max"):
                 cols.append(getattr(F, func)(c).alias(o.name))
-            elif func in ("first", "last"):
+            elif func in ("first", "last"):  # a tie in time: the smaller / larger value
                 by, pick = (F.min_by, F.min) if func == "first" else (F.max_by, F.max)
                 ts = F.col(str(a.time_column))
-                cols.append(by(c, ts).alias(o.name))
+                cols.append(by(c, F.struct(ts, c)).alias(o.name))
                 cols.append(pick(ts).alias(f"{o.name}__ts"))
             elif func == "percentile":
-                cols.append(F.collect_list(c.cast("double")).alias(o.name))
+                cols.append(F.array_sort(F.collect_list(c.cast("double"))).alias(o.name))
             elif _LISTS[func] == "union":
-                cols.append(F.collect_set(c).alias(o.name))
-            else:
-                cols.append(F.collect_list(c).alias(o.name))
+                cols.append(F.array_sort(F.collect_set(c)).alias(o.name))
+            else:  # in event-time order (then value): the same list when a batch is replayed
+                pairs = F.collect_list(F.when(c.isNotNull(), F.struct(
+                    F.col(self.order_by).alias("t"), c.alias("v"))))
+                cols.append(F.transform(F.array_sort(pairs), lambda x: x["v"]).alias(o.name))
         return cols
 
     def state_ddl(self) -> str:

@@ -73,8 +73,11 @@ class WindowAggProcessor(VectorizedProcessor):
         keys = batch.arrow_keys
         assert rows is not None and state is not None and keys is not None
         n = len(batch)
-        if rows.num_rows != n:  # one partial per window and batch; more when inputs union
-            rows = self._fold(rows, batch.offsets)
+        if rows.num_rows != n:  # Spark grouped the batch by (key, window, late): one each
+            from spark_ckpt.errors import InternalError
+
+            raise InternalError(f"windowed aggregation: expected one partial per window, "
+                                f"found {rows.num_rows} for {n} windows")
         late, dropped = _late(rows)
         merged = merge_columns(self.merges, state, rows.select(self.names))
         new = pa.table(merged)
@@ -86,25 +89,6 @@ class WindowAggProcessor(VectorizedProcessor):
             emit = _with_keys(keys, new).filter(pa.array(~late))
         return Result(state=new, changed=~late, event_timers=timers, emit=emit,
                       counters={"late_rows": dropped} if dropped else None)
-
-    def _fold(self, rows: pa.Table, offsets: np.ndarray) -> pa.Table:
-        """Several partials of one window (inputs unioned): merged into one per window."""
-        first = rows.take(pa.array(offsets[:-1]))
-        sizes = np.diff(offsets)
-        for extra in range(1, int(sizes.max())):
-            has = np.flatnonzero(sizes > extra)
-            more = rows.take(pa.array(offsets[:-1][has] + extra))
-            sub = first.take(pa.array(has))
-            merged = merge_columns(self.merges, sub.select(self.names), more.select(self.names))
-            late = pc.and_(sub.column(LATE_COLUMN), more.column(LATE_COLUMN))
-            count = pc.add(sub.column(ROWS_COLUMN), more.column(ROWS_COLUMN))
-            folded = pa.table({**merged, LATE_COLUMN: late, ROWS_COLUMN: count})
-            position = np.arange(first.num_rows, dtype=np.int64)
-            position[has] = first.num_rows + np.arange(len(has))
-            first = pa.concat_tables([first.select(folded.column_names),
-                                      folded.cast(first.select(folded.column_names).schema)]
-                                     ).take(pa.array(position))
-        return first
 
     def on_timers(self, batch: KeyedBatch) -> Result | None:
         state = batch.arrow_state

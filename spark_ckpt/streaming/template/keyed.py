@@ -902,6 +902,7 @@ class ProcessedStream(StatefulStream):
                                f"b{run.batch_id:012d}-{uuid.uuid4().hex[:12]}"),
             "processing_time_ms": run.allocation.batch_time_ms,
             "watermark_ms": self.watermark_of(state), "ttl_ms": self.ttl_ms,
+            "late_watermark_ms": state.extra.get("applied_watermark_ms"),
             "event_time": self.event_time,
             "state_schema": state.state_schema.serialize(),
             "key_schema": key_schema.serialize().to_pybytes().hex(),

@@ -15,10 +15,15 @@ Semantics (as Structured Streaming's, with ``withWatermark`` on the time column)
   batch without data that closes every window the final watermark reaches.
 - **update**: each batch emits the windows its rows changed, with their values so far; a
   window's state is dropped once the watermark reaches its end.
-- A row whose window ended at or before the batch's watermark is *late*: dropped and counted
-  (``late_rows`` in the batch's progress). Structured Streaming drops rows against the
-  previous batch's watermark instead, so a row it keeps can re-open a window it already
-  emitted; here a window is emitted once.
+- A row whose window ended at or before the watermark the *previous* batch ran with is
+  *late*: dropped and counted (``late_rows`` in the batch's progress: rows, or (row, window)
+  pairs for sliding and cumulate windows), as Structured Streaming drops them; the windows
+  this batch's watermark closes are closed after its rows merged into them.
+- ``collect_list`` keeps each batch's values in event-time order (then value), batches in
+  order; ``first``/``last`` break a tie in time by the smaller/larger value; so a replayed
+  batch computes the same state. Sums of floating-point values add in batch order, as any
+  Spark plan adds partial sums in some order (the last bits may differ from a batch query's).
+- The window definition is recorded with the state: a restart that changes it is refused.
 - Rows with a null event time belong to no window and are dropped.
 
 Output: the key columns, ``window`` (a ``STRUCT<start: TIMESTAMP, end: TIMESTAMP>``, as
@@ -78,11 +83,20 @@ def _positive(value: Any, what: str) -> int:
     return ms
 
 
+def _offset(offset: Any, slide_ms: int) -> int:
+    ms = duration_ms(offset, "offset")
+    if ms >= slide_ms:
+        raise JobDefinitionError(
+            f"window offset {offset!r}: expected an offset shorter than the slide "
+            f"({slide_ms} ms), as Spark's startTime")
+    return ms
+
+
 def tumbling(size: Any, *, on: str | None = None, offset: Any = 0) -> WindowSpec:
     """Fixed windows of ``size`` ("10 seconds"), Spark's ``window(on, size)`` and Flink's
     ``TUMBLE``; ``offset`` shifts their start (Spark's ``startTime``)."""
     size_ms = _positive(size, "tumbling(size)")
-    return WindowSpec("tumbling", size_ms, size_ms, 0, duration_ms(offset, "offset"), on)
+    return WindowSpec("tumbling", size_ms, size_ms, 0, _offset(offset, size_ms), on)
 
 
 def sliding(size: Any, slide: Any, *, on: str | None = None, offset: Any = 0) -> WindowSpec:
@@ -92,7 +106,7 @@ def sliding(size: Any, slide: Any, *, on: str | None = None, offset: Any = 0) ->
     if slide_ms > size_ms:
         raise JobDefinitionError(
             f"sliding({size!r}, {slide!r}): expected a slide no longer than the size")
-    return WindowSpec("sliding", size_ms, slide_ms, 0, duration_ms(offset, "offset"), on)
+    return WindowSpec("sliding", size_ms, slide_ms, 0, _offset(offset, slide_ms), on)
 
 
 def session(gap: Any, *, on: str | None = None) -> WindowSpec:
@@ -176,7 +190,8 @@ class WindowAggStream(DerivedOperator):
                 f"windowed aggregation {self.operator}: expected "
                 f"{self.window_spec.on!r} to be a TIMESTAMP column, found "
                 f"{time_field.dataType.simpleString() if time_field else 'no such column'}")
-        spec = WindowAggSpec(self.aggs, schema, reserved=[*self.user_keys, "window"])
+        spec = WindowAggSpec(self.aggs, schema, order_by=str(self.window_spec.on),
+                             reserved=[*self.user_keys, "window", str(self.window_spec.on)])
         state_fields = [StructField(n, t) for o in spec.outputs for n, _k, t in o.state]
         emit_updates = self.output_mode == "update"
         window_type = time_field.dataType if self.window_spec.kind != "session" else LongType()
@@ -190,6 +205,20 @@ class WindowAggStream(DerivedOperator):
             processor = WindowAggProcessor(spec.merges(), spec.state_ddl(), emit_updates)
         return Derived(processor, raw, spec)
 
+    def configure(self, restored: dict[str, Any] | None) -> Any:
+        state = super().configure(restored)
+        spec = dataclasses.asdict(self.window_spec)
+        recorded = state.extra.get("window")
+        if recorded is not None and recorded != spec:
+            from spark_ckpt.errors import StateSchemaError
+
+            raise StateSchemaError(
+                f"windowed aggregation {self.operator}: the checkpoint's windows are "
+                f"{recorded}, the pipeline asks for {spec}; windows cannot change under a "
+                "checkpoint (keep the old definition or start a new checkpoint directory)")
+        state.extra["window"] = spec
+        return state
+
     # -- per batch -------------------------------------------------------------------------
     def input_keys(self) -> tuple[str, ...]:
         return self.user_keys
@@ -201,7 +230,9 @@ class WindowAggStream(DerivedOperator):
         if df is None:
             return None
         spec: WindowAggSpec = self.derived().extra
-        watermark = self.watermark_of(self._state(run))
+        # late: at or before the watermark the previous batch ran with, as Structured
+        # Streaming drops them (windows then close at this batch's, after its rows merged)
+        watermark = self._state(run).extra.get("applied_watermark_ms")
         on = str(self.window_spec.on)
         df = df.where(F.col(on).isNotNull())
         windowed, end_us = self._assign(df)

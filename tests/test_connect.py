@@ -97,6 +97,10 @@ PARITY = {
         "tests/test_state_evolution.py::"
         "test_an_aggregation_gains_an_output_renames_one_and_widens_another",
     ],
+    "event-time": [  # windows (Spark's window()/session_window() from the client) and joins
+        "tests/test_windows.py::test_every_window_kind_and_function_equals_batch_spark",
+        "tests/test_stream_joins.py::test_every_join_kind_equals_batch_sparks_join",
+    ],
     "stream-client-killed": [
         "tests/test_checkpoint_recovery.py::test_exactly_once_across_sigkills_at_every_fault_point"
         "[per_key]",

@@ -342,3 +342,76 @@ def test_a_killed_driver_emits_every_window_exactly_once(spark, tmp_path, fault)
         expected = _reference(spark, everything, kind, watermark)[["key", "start", "end",
                                                                    *cols]]
         pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+
+
+def test_windows_rescale_and_restore_by_id_as_if_uninterrupted(spark, tmp_path):
+    """Two batches on 2 tasks, two more after a restart on 4, then a restore of the first
+    checkpoint on 3 that replays the rest: the Delta outputs hold every window once, as batch
+    Spark's (session state moves between ranges with its key; a tumbling window's with its
+    (key, window))."""
+    import shutil
+
+    frames = _events()
+    staged = _write(spark, frames, tmp_path / "staged")
+    source = tmp_path / "in"
+    source.mkdir()
+
+    def run(parallelism: int, restore: int | None = None) -> StreamingContext:
+        ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "rescaled",
+                               settings=Settings(checkpoint_interval_ms=200,
+                                                 state_parallelism=parallelism,
+                                                 checkpoint_retained=10, progress="never"))
+        keyed = _input(ctx, str(source)).key_by("key")
+        keyed.window(tumbling("10 seconds")).agg(name="tumbling", n=count(), high=max_("value")) \
+            .write_delta(str(tmp_path / "out" / "tumbling"), name="tumbling")
+        keyed.window(session("2 seconds")).agg(name="session", n=count(), total=sum_("value")) \
+            .write_delta(str(tmp_path / "out" / "session"), name="session")
+        ctx.process_available(timeout=600, restore_checkpoint=restore)
+        return ctx
+
+    for n in (0, 1):
+        shutil.copy(f"{staged}/part-{n:02d}.parquet", source)
+    first = run(2)
+    early = [c["checkpoint_id"] for c in first.recent_checkpoints
+             if c["status"] == "completed"][0]
+    for n in (2, 3):
+        shutil.copy(f"{staged}/part-{n:02d}.parquet", source)
+    run(4)
+    run(3, restore=early)
+    everything = pd.concat(frames)
+    watermark = int(everything.t_ms.max()) - DELAY_MS
+    for kind, cols in (("tumbling", ["n", "high"]), ("session", ["n", "total"])):
+        got = _normal(DeltaTable(str(tmp_path / "out" / kind)).to_pandas())
+        expected = _reference(spark, everything, kind, watermark)[["key", "start", "end",
+                                                                   *cols]]
+        pd.testing.assert_frame_equal(got, expected, check_dtype=False, obj=kind)
+
+
+def test_windows_chain_and_the_watermark_flows_through(spark, tmp_path):
+    """A windowed aggregation into another (Structured Streaming's chained aggregation over
+    window_time()): counts per key and 10-second window, then the largest count of each
+    window. The second declares no watermark: it runs with the first's, so in the batch the
+    first closes a window the second closes it too. Equals batch Spark's two nested
+    aggregations over the windows the final watermark closes."""
+    frames = _events()
+    source = _write(spark, frames, tmp_path / "in")
+    ctx = _context(spark, tmp_path, "chained")
+    counts = _input(ctx, source).key_by("key").window(tumbling("10 seconds")) \
+        .agg(name="counts", n=count())
+    counts.with_column("window_time", F.window_time("window")).with_column("all", F.lit(1)) \
+        .key_by("all").window(tumbling("10 seconds", on="window_time")) \
+        .agg(name="busiest", most=max_("n")) \
+        .write_parquet(str(tmp_path / "out"), name="out")
+    ctx.process_available(timeout=600)
+    everything = spark.createDataFrame(pd.concat(frames), SCHEMA) \
+        .withColumn("event_time", F.timestamp_millis("t_ms"))
+    watermark = int(pd.concat(frames).t_ms.max()) - DELAY_MS
+    expected = (everything.groupBy("key", F.window("event_time", "10 seconds"))
+                .agg(F.count(F.lit(1)).alias("n"))
+                .where(F.unix_millis(F.col("window.end")) <= watermark)
+                .groupBy("window").agg(F.max("n").alias("most")).toPandas())
+    got = spark.read.parquet(str(tmp_path / "out")).toPandas()
+    assert len(expected) >= 10
+    key = lambda f: f.assign(start=f.window.map(lambda w: w["start"]))[["start", "most"]] \
+        .sort_values("start").reset_index(drop=True)  # noqa: E731
+    pd.testing.assert_frame_equal(key(got), key(expected), check_dtype=False)

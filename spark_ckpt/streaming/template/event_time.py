@@ -13,7 +13,7 @@ from typing import Any
 
 from spark_ckpt.errors import JobDefinitionError
 
-__all__ = ["Watermark", "declared_watermark", "duration_ms"]
+__all__ = ["Watermark", "declared_watermark", "duration_ms", "upstream_clock"]
 
 # Spark's interval units (singular or plural), in milliseconds
 _UNITS = {"millisecond": 1, "ms": 1, "second": 1_000, "s": 1_000, "minute": 60_000,
@@ -108,3 +108,32 @@ def _upstream(stream: Any) -> Watermark | None:
     if not parents:
         return None
     return declared_watermark(parents, f"stream {getattr(stream, 'name', stream)}")
+
+
+def upstream_clock(streams: Iterable[Any], where: str) -> Any | None:
+    """The event-time operator upstream of ``streams`` whose watermark flows on to an operator
+    that declares none (through stateless transformations; a ``with_watermark`` on the way
+    starts a new clock): None when there is none. Several different ones are refused."""
+    found: dict[int, Any] = {}
+    for stream in streams:
+        clock = _clock(stream)
+        if clock is not None:
+            found[id(clock)] = clock
+    if len(found) > 1:
+        raise JobDefinitionError(
+            f"{where}: expected one event-time operator upstream, found "
+            f"{sorted(getattr(c, 'operator', '?') for c in found.values())}; declare the "
+            "watermark with with_watermark on the input")
+    return next(iter(found.values()), None)
+
+
+def _clock(stream: Any) -> Any | None:
+    if getattr(stream, "watermark", None) is not None:
+        return None  # declared here: not inherited
+    if getattr(stream, "operator", None) is not None:  # a stateful operator's output
+        has_time = getattr(stream, "event_time", None) is not None or \
+            getattr(stream, "clock", None) is not None
+        return stream if has_time else None
+    parents = list(getattr(stream, "parents", ()))
+    return upstream_clock(parents, f"stream {getattr(stream, 'name', stream)}") \
+        if parents else None

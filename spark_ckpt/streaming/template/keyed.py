@@ -806,12 +806,20 @@ class ProcessedStream(StatefulStream):
         # Spark at the first batch, into the operator's state)
         self.output_schema: StructType | None = output_schema \
             if isinstance(output_schema, StructType) else None
+        #: the event-time operator upstream whose watermark this one runs with (Structured
+        #: Streaming's one watermark through chained operators), when it declares none
+        self.clock: ProcessedStream | None = None
         if event_time is None and inherit_watermark:  # the nearest with_watermark upstream
-            from spark_ckpt.streaming.template.event_time import declared_watermark
+            from spark_ckpt.streaming.template.event_time import (
+                declared_watermark,
+                upstream_clock,
+            )
 
             mark = declared_watermark(keyed.inputs, f"operator {self.operator}")
             if mark is not None:
                 event_time, watermark_delay_ms = mark.column, mark.delay_ms
+            else:
+                self.clock = upstream_clock(keyed.inputs, f"operator {self.operator}")
         self.event_time = event_time
         self.delay_ms = int(watermark_delay_ms)
         # inputs with watermarks of their own (a stream join): each input's delay, by channel
@@ -829,7 +837,12 @@ class ProcessedStream(StatefulStream):
     def watermark_ms(self) -> int | None:
         """The event-time watermark after the last batch (None before any event time)."""
         snapshot = self.snapshot()
-        return None if snapshot is None else self._watermark(snapshot.extra)
+        if snapshot is None:
+            return None
+        if self.clock is not None:
+            applied = snapshot.extra.get("applied_watermark_ms")
+            return None if applied is None else int(applied)
+        return self._watermark(snapshot.extra)
 
     def _watermark(self, extra: Any) -> int | None:
         """The largest event time seen minus the delay; with inputs of their own watermarks
@@ -843,11 +856,18 @@ class ProcessedStream(StatefulStream):
         top = extra.get("max_event_ms")
         return None if top is None else int(top) - self.delay_ms
 
-    def watermark_of(self, state: OperatorState) -> int | None:
+    def watermark_of(self, state: OperatorState, run: BatchRun | None = None) -> int | None:
         """The watermark the next batch runs with; never below the watermark the tasks
         already ran with (a delay raised at a restart does not move it back, as Structured
-        Streaming's never does)."""
-        mark = self._watermark(state.extra)
+        Streaming's never does). With a clock upstream: the one it ran with in ``run``."""
+        mark: int | None = None
+        if self.clock is not None:
+            if run is not None and run.operators is not None:
+                upstream = run.operators.state(self.clock.operator).extra
+                given = upstream.get("applied_watermark_ms")
+                mark = None if given is None else int(given)
+        else:
+            mark = self._watermark(state.extra)
         if mark is None:
             return None
         applied = state.extra.get("applied_watermark_ms")
@@ -857,7 +877,11 @@ class ProcessedStream(StatefulStream):
         """The watermark moved past the one the tasks last ran with: a batch, with data or
         not, fires the timers it reached (any thread: the published snapshot)."""
         snapshot = self.snapshot()
-        mark = None if snapshot is None else self._watermark(snapshot.extra)
+        if snapshot is not None and self.clock is not None:  # the upstream's moved on
+            upstream = self.clock.snapshot()
+            mark = None if upstream is None else upstream.extra.get("applied_watermark_ms")
+        else:
+            mark = None if snapshot is None else self._watermark(snapshot.extra)
         if mark is None:
             return False
         applied = snapshot.extra.get("applied_watermark_ms")  # type: ignore[union-attr]
@@ -901,7 +925,7 @@ class ProcessedStream(StatefulStream):
             "output_dir": join(self.state_dir(), "output",
                                f"b{run.batch_id:012d}-{uuid.uuid4().hex[:12]}"),
             "processing_time_ms": run.allocation.batch_time_ms,
-            "watermark_ms": self.watermark_of(state), "ttl_ms": self.ttl_ms,
+            "watermark_ms": self.watermark_of(state, run), "ttl_ms": self.ttl_ms,
             "late_watermark_ms": state.extra.get("applied_watermark_ms"),
             "event_time": self.event_time,
             "state_schema": state.state_schema.serialize(),
@@ -922,7 +946,7 @@ class ProcessedStream(StatefulStream):
             state.extra["max_event_ms"] = max([*tops, state.extra.get("max_event_ms", tops[0])])
         run.stats.state[self.operator]["timers_fired"] = sum(m.get("timers_fired", 0)
                                                               for m in metas)
-        run.stats.state[self.operator]["watermark_ms"] = self.watermark_of(state)
+        run.stats.state[self.operator]["watermark_ms"] = params["watermark_ms"]
         for meta in metas:  # what the processor counted (Result.counters)
             for counter, value in (meta.get("counters") or {}).items():
                 stats = run.stats.state[self.operator]

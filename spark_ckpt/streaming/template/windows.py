@@ -155,11 +155,20 @@ class WindowAggStream(DerivedOperator):
     """An event-time windowed aggregation (see the module's docstring)."""
 
     def __init__(self, windowed: WindowedKeyedStream, name: str, aggs: dict[str, Agg]) -> None:
+        from spark_ckpt.streaming.template.event_time import declared_watermark, upstream_clock
+
         keyed = windowed.keyed
-        mark = self.watermark_of_inputs(keyed, f"windowed aggregation {name}", required=True)
-        assert mark is not None  # required
-        on = windowed.spec.on or mark.column
-        if on != mark.column:
+        mark = declared_watermark(keyed.inputs, f"windowed aggregation {name}")
+        clock = upstream_clock(keyed.inputs, f"windowed aggregation {name}") \
+            if mark is None else None
+        if mark is None and (clock is None or windowed.spec.on is None):
+            raise JobDefinitionError(
+                f"windowed aggregation {name}: expected a watermark on its input, found none; "
+                "declare one with stream.with_watermark('event_time', '10 seconds') (the "
+                "watermark decides when a window is complete), or window on=a column of an "
+                "event-time operator's output (its watermark then flows on)")
+        on = windowed.spec.on or mark.column  # type: ignore[union-attr]  # one of them is set
+        if mark is not None and on != mark.column:
             raise JobDefinitionError(
                 f"windowed aggregation {name}: windows on {on!r}, the watermark is on "
                 f"{mark.column!r}; expected windows on the watermark's column")
@@ -172,7 +181,8 @@ class WindowAggStream(DerivedOperator):
                 raise JobDefinitionError(
                     f"windowed aggregation {name}: expected aggregations such as count() or "
                     f"max_('price'), found {agg!r}")
-        super().__init__(keyed, name, event_time=on, delay_ms=mark.delay_ms)
+        super().__init__(keyed, name, event_time=on, delay_ms=mark.delay_ms if mark else 0)
+        self.clock = clock
         if self.window_spec.kind != "session":
             self.keys = (*self.user_keys, WINDOW_START, WINDOW_END)
 
@@ -289,7 +299,9 @@ class WindowAggStream(DerivedOperator):
         if self.window_spec.kind == "session":
             start, end = F.timestamp_micros(start), F.timestamp_micros(end)
         out = raw.select(*self.user_keys,
-                         F.struct(start.alias("start"), end.alias("end")).alias("window"),
+                         F.struct(start.alias("start"), end.alias("end")).alias(
+                             # marked as Spark marks window()'s column: window_time() takes it
+                             "window", metadata={"spark.timeWindow": True}),
                          *spec.final_columns())
         finished: DataFrame = spec.spark_finals(out, [*self.user_keys, "window"])
         return finished

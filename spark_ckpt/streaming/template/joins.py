@@ -65,7 +65,9 @@ class StreamJoin(DerivedOperator):
         if how not in HOWS:
             raise JobDefinitionError(f"join_stream {name}: expected how in {HOWS}, found "
                                      f"{how!r}")
-        marks = [declared_watermark([s], f"join_stream {name}") for s in (left, right)]
+        # without a time bound, event time plays no part (rows are kept, or dropped by ttl)
+        marks = [declared_watermark([s], f"join_stream {name}") if between is not None
+                 else None for s in (left, right)]
         if between is not None and None in marks:
             raise JobDefinitionError(
                 f"join_stream {name}: expected a watermark on both inputs (between= bounds the "

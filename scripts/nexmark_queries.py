@@ -1,0 +1,276 @@
+"""Nexmark queries as Flink's nexmark suite defines them, written with spark_ckpt's operators,
+each with its reference: the same query as batch Spark SQL over all events.
+
+``QUERIES[name] = (streaming, reference, mode)``:
+
+- ``streaming(events)`` builds the query on the event stream (``ctx.file_stream`` of the
+  generator's files with ``with_watermark("dateTime", "4 seconds")``, as Flink's DDL);
+- ``reference(spark, events)`` is batch Spark over every event (a DataFrame of the same rows);
+- ``mode``: ``"append"`` (every row once: compare all rows), ``"upsert:<keys>"`` (an update
+  stream: the last row per key is the answer), or ``"closed:<end column>"`` (windows the
+  final watermark closes: the reference keeps those whose end is at or before it).
+
+Built so far: q0, q1, q2, q3, q11, q14, q15, q17, q18, q19, q20, q21, q22. Still to write:
+q4, q5, q7, q8, q9, q10, q12, q13, q16 (q6 is left out, as Flink leaves it out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_ckpt.state import count, count_distinct, max_, mean, min_, sum_
+from spark_ckpt.streaming import session, tumbling
+
+WATERMARK_DELAY = "4 seconds"
+
+
+def persons(events: Any) -> Any:
+    return events.filter("event_type = 0").select("person.*")
+
+
+def auctions(events: Any) -> Any:
+    return events.filter("event_type = 1").select("auction.*")
+
+
+def bids(events: Any) -> Any:
+    return events.filter("event_type = 2").select("bid.*")
+
+
+# -- q0 pass-through, q1 currency conversion, q2 selection ----------------------------------
+def q0(events: Any) -> Any:
+    return bids(events).select("auction", "bidder", "price", "dateTime", "extra")
+
+
+def q1(events: Any) -> Any:
+    return bids(events).select("auction", "bidder", (F.lit(0.908) * F.col("price"))
+                               .alias("price"), "dateTime", "extra")
+
+
+def q2(events: Any) -> Any:
+    return bids(events).filter("auction % 123 = 0").select("auction", "price")
+
+
+# -- q3 local item suggestion: a join without a time bound (Flink's regular join) -----------
+def q3(events: Any) -> Any:
+    a = auctions(events).filter("category = 10") \
+        .select(F.col("id"), F.col("seller"), F.col("dateTime").alias("a_time"))
+    p = persons(events).filter("state IN ('OR', 'ID', 'CA')") \
+        .select(F.col("id").alias("seller"), "name", "city", "state",
+                F.col("dateTime").alias("p_time"))
+    return a.join_stream(p, "seller", "inner", ttl="1 hour", name="q3") \
+        .select("name", "city", "state", "id")
+
+
+def q3_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    a = ev.where("event_type = 1").select("auction.*").where("category = 10")
+    p = ev.where("event_type = 0").select("person.*").where("state IN ('OR', 'ID', 'CA')")
+    return a.join(p, a.seller == p.id).select(p.name, p.city, p.state, a.id)
+
+
+# -- q11 user sessions ------------------------------------------------------------------------
+def q11(events: Any) -> Any:
+    return bids(events).key_by("bidder").window(session("10 seconds")) \
+        .agg(name="q11", bid_count=count()) \
+        .select("bidder", "bid_count", F.col("window.start").alias("starttime"),
+                F.col("window.end").alias("endtime"))
+
+
+def q11_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    b = ev.where("event_type = 2").select("bid.*")
+    return b.groupBy("bidder", F.session_window("dateTime", "10 seconds").alias("w")) \
+        .agg(F.count(F.lit(1)).alias("bid_count")) \
+        .select("bidder", "bid_count", F.col("w.start").alias("starttime"),
+                F.col("w.end").alias("endtime"))
+
+
+# -- q14 calculation --------------------------------------------------------------------------
+def _q14(b: Any) -> Any:
+    hour = F.hour("dateTime")
+    price = F.lit(0.908) * F.col("price")
+    return b.filter((price > 1_000_000) & (price < 50_000_000)).select(
+        "auction", "bidder", price.alias("price"),
+        F.when((hour >= 8) & (hour <= 18), "dayTime")
+        .when((hour <= 6) | (hour >= 20), "nightTime").otherwise("otherTime")
+        .alias("bidTimeType"), "dateTime", "extra",
+        (F.length("extra") - F.length(F.regexp_replace("extra", "c", ""))).alias("c_counts"))
+
+
+def q14(events: Any) -> Any:
+    return _q14(bids(events))
+
+
+# -- q15, q17: statistics per day (Flink: an unbounded GROUP BY, an update stream) ----------
+def q15(events: Any) -> Any:
+    b = bids(events).with_column("day", F.date_format("dateTime", "yyyy-MM-dd"))
+    for rank, (low, high) in enumerate(((None, 10_000), (10_000, 1_000_000),
+                                        (1_000_000, None)), start=1):
+        cond = F.lit(True)
+        if low is not None:
+            cond = cond & (F.col("price") >= low)
+        if high is not None:
+            cond = cond & (F.col("price") < high)
+        b = b.with_column(f"r{rank}", F.when(cond, F.lit(1))) \
+            .with_column(f"r{rank}_bidder", F.when(cond, F.col("bidder"))) \
+            .with_column(f"r{rank}_auction", F.when(cond, F.col("auction")))
+    return b.key_by("day").window(tumbling("1 day"), output_mode="update").agg(
+        name="q15", total_bids=count(), rank1_bids=count("r1"), rank2_bids=count("r2"),
+        rank3_bids=count("r3"), total_bidders=count_distinct("bidder"),
+        rank1_bidders=count_distinct("r1_bidder"), rank2_bidders=count_distinct("r2_bidder"),
+        rank3_bidders=count_distinct("r3_bidder"), total_auctions=count_distinct("auction"),
+        rank1_auctions=count_distinct("r1_auction"),
+        rank2_auctions=count_distinct("r2_auction"),
+        rank3_auctions=count_distinct("r3_auction")).transform(lambda df: df.drop("window"))
+
+
+def q15_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    ev.where("event_type = 2").select("bid.*").createOrReplaceTempView("bid")
+    return spark.sql("""
+        SELECT DATE_FORMAT(dateTime, 'yyyy-MM-dd') AS day,
+          count(*) AS total_bids,
+          count(*) FILTER (WHERE price < 10000) AS rank1_bids,
+          count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids,
+          count(*) FILTER (WHERE price >= 1000000) AS rank3_bids,
+          count(DISTINCT bidder) AS total_bidders,
+          count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders,
+          count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000)
+            AS rank2_bidders,
+          count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders,
+          count(DISTINCT auction) AS total_auctions,
+          count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions,
+          count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000)
+            AS rank2_auctions,
+          count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions
+        FROM bid GROUP BY DATE_FORMAT(dateTime, 'yyyy-MM-dd')""")
+
+
+def q17(events: Any) -> Any:
+    b = bids(events).with_column("day", F.date_format("dateTime", "yyyy-MM-dd")) \
+        .with_column("r1", F.when(F.col("price") < 10_000, F.lit(1))) \
+        .with_column("r2", F.when((F.col("price") >= 10_000) & (F.col("price") < 1_000_000),
+                                  F.lit(1))) \
+        .with_column("r3", F.when(F.col("price") >= 1_000_000, F.lit(1)))
+    return b.key_by("auction", "day").window(tumbling("1 day"), output_mode="update").agg(
+        name="q17", total_bids=count(), rank1_bids=count("r1"), rank2_bids=count("r2"),
+        rank3_bids=count("r3"), min_price=min_("price"), max_price=max_("price"),
+        avg_price=mean("price"), sum_price=sum_("price")) \
+        .transform(lambda df: df.drop("window"))
+
+
+def q17_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    ev.where("event_type = 2").select("bid.*").createOrReplaceTempView("bid")
+    return spark.sql("""
+        SELECT auction, DATE_FORMAT(dateTime, 'yyyy-MM-dd') AS day,
+          count(*) AS total_bids,
+          count(*) FILTER (WHERE price < 10000) AS rank1_bids,
+          count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids,
+          count(*) FILTER (WHERE price >= 1000000) AS rank3_bids,
+          min(price) AS min_price, max(price) AS max_price, avg(price) AS avg_price,
+          sum(price) AS sum_price
+        FROM bid GROUP BY auction, DATE_FORMAT(dateTime, 'yyyy-MM-dd')""")
+
+
+# -- q18 last bid per bidder and auction, q19 top 10 bids per auction --------------------------
+def q18(events: Any) -> Any:
+    return bids(events).key_by("bidder", "auction").last_row("dateTime", name="q18")
+
+
+def q18_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    ev.where("event_type = 2").select("bid.*").createOrReplaceTempView("bid")
+    return spark.sql("""
+        SELECT auction, bidder, price, channel, url, dateTime, extra FROM (
+          SELECT *, ROW_NUMBER() OVER (PARTITION BY bidder, auction ORDER BY dateTime DESC)
+            AS rank_number FROM bid) WHERE rank_number <= 1""")
+
+
+def q19(events: Any) -> Any:
+    return bids(events).key_by("auction").top_n(10, [("price", "desc")], name="q19")
+
+
+def q19_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    ev.where("event_type = 2").select("bid.*").createOrReplaceTempView("bid")
+    return spark.sql("""
+        SELECT * FROM (
+          SELECT *, CAST(ROW_NUMBER() OVER (PARTITION BY auction ORDER BY price DESC) AS INT)
+            AS rank FROM bid) WHERE rank <= 10""")
+
+
+# -- q20 expand a bid with its auction (a regular join), q21 channel id, q22 URL parts -------
+def q20(events: Any) -> Any:
+    b = bids(events).select("auction", "bidder", "price", "channel", "url",
+                            F.col("dateTime").alias("b_dateTime"),
+                            F.col("extra").alias("b_extra"))
+    a = auctions(events).filter("category = 10").select(
+        F.col("id").alias("auction"), "itemName", "description", "initialBid", "reserve",
+        F.col("dateTime").alias("a_dateTime"), "expires", "seller", "category",
+        F.col("extra").alias("a_extra"))
+    return b.join_stream(a, "auction", "inner", ttl="1 hour", name="q20")
+
+
+def q20_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    b = ev.where("event_type = 2").select("bid.*")
+    a = ev.where("event_type = 1").select("auction.*").where("category = 10")
+    return b.join(a, b.auction == a.id).select(
+        b.auction, "bidder", "price", "channel", "url", b.dateTime.alias("b_dateTime"),
+        b.extra.alias("b_extra"), "itemName", "description", "initialBid", "reserve",
+        a.dateTime.alias("a_dateTime"), "expires", "seller", "category",
+        a.extra.alias("a_extra"))
+
+
+def _q21(b: Any) -> Any:
+    lower = F.lower("channel")
+    return b.select("auction", "bidder", "price", "channel", F.when(lower == "apple", "0")
+                    .when(lower == "google", "1").when(lower == "facebook", "2")
+                    .when(lower == "baidu", "3")
+                    .otherwise(F.regexp_extract("url", "(&|^)channel_id=([^&]*)", 2))
+                    .alias("channel_id")) \
+        .filter(F.col("channel_id").isNotNull() & (F.col("channel_id") != ""))
+
+
+def q21(events: Any) -> Any:
+    return _q21(bids(events))
+
+
+def _q22(b: Any) -> Any:
+    parts = F.split("url", "/")
+    return b.select("auction", "bidder", "price", "channel",
+                    F.try_element_at(parts, F.lit(4)).alias("dir1"),
+                    F.try_element_at(parts, F.lit(5)).alias("dir2"),
+                    F.try_element_at(parts, F.lit(6)).alias("dir3"))
+
+
+def q22(events: Any) -> Any:
+    return _q22(bids(events))
+
+
+def _stateless(fn: Callable[[Any], Any]) -> Callable[[SparkSession, DataFrame], DataFrame]:
+    """The reference of a stateless query: the same expressions over all bids."""
+    def reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+        result: DataFrame = fn(ev.where("event_type = 2").select("bid.*"))
+        return result
+    return reference
+
+
+QUERIES: dict[str, tuple[Callable[[Any], Any], Callable[[SparkSession, DataFrame], DataFrame],
+                         str]] = {
+    "q0": (q0, _stateless(lambda b: b.select("auction", "bidder", "price", "dateTime",
+                                             "extra")), "append"),
+    "q1": (q1, _stateless(lambda b: b.select("auction", "bidder", (F.lit(0.908) *
+                                                                   F.col("price"))
+                                             .alias("price"), "dateTime", "extra")), "append"),
+    "q2": (q2, _stateless(lambda b: b.filter("auction % 123 = 0").select("auction", "price")),
+           "append"),
+    "q3": (q3, q3_reference, "append"),
+    "q11": (q11, q11_reference, "closed:endtime"),
+    "q14": (q14, _stateless(_q14), "append"),
+    "q15": (q15, q15_reference, "upsert:day"),
+    "q17": (q17, q17_reference, "upsert:auction,day"),
+    "q18": (q18, q18_reference, "upsert:bidder,auction"),
+    "q19": (q19, q19_reference, "upsert:auction,rank"),
+    "q20": (q20, q20_reference, "append"),
+    "q21": (q21, _stateless(_q21), "append"),
+    "q22": (q22, _stateless(_q22), "append"),
+}

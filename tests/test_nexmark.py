@@ -1,0 +1,80 @@
+"""Nexmark (issue 35): the generator is deterministic and in the benchmark's proportions, and
+every query written so far equals its batch Spark SQL reference over the same events, all of
+them in one pipeline over 200,000 events in 8 files (one a batch)."""
+
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import functions as F
+
+from spark_ckpt import StreamingContext
+from spark_ckpt.options import Settings
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import nexmark_gen
+import nexmark_queries
+
+EVENTS = 200_000
+
+
+def test_the_generator_is_deterministic_and_in_proportion(tmp_path):
+    one = nexmark_gen.write(tmp_path / "a", EVENTS, 2)
+    two = nexmark_gen.write(tmp_path / "b", EVENTS, 4)
+    a = pq.read_table(one).sort_by("dateTime")
+    b = pq.read_table(two).sort_by("dateTime")
+    assert a.equals(b)  # the same events whatever the files
+    kinds = dict(zip(*[c.to_pylist() for c in
+                       pc.value_counts(a.column("event_type")).flatten()], strict=True))
+    assert kinds == {0: EVENTS // 50, 1: EVENTS * 3 // 50, 2: EVENTS * 46 // 50}
+    bids = pc.struct_field(a.filter(pc.equal(a.column("event_type"), 2)).column("bid"), 0)
+    hot = pc.value_counts(bids).flatten()[1].to_numpy()
+    assert hot.max() > 100 * float(pd.Series(hot).median())  # hot auctions take most bids
+
+
+def _normal(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.copy()
+    for column in frame.columns:
+        if frame[column].dtype == object and frame[column].map(
+                lambda v: isinstance(v, float)).any():
+            frame[column] = frame[column].astype(float)
+        if pd.api.types.is_float_dtype(frame[column]):
+            frame[column] = frame[column].round(6)
+        if pd.api.types.is_datetime64_any_dtype(frame[column]):
+            frame[column] = frame[column].astype("int64")
+    cols = sorted(frame.columns)
+    return frame[cols].sort_values(cols).reset_index(drop=True)
+
+
+def test_every_query_equals_batch_spark_sql(spark, tmp_path):
+    nexmark_gen.write(tmp_path / "events", EVENTS, 8)
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "nexmark", settings=Settings(
+        checkpoint_interval_ms=0, state_parallelism=2, progress="never"))
+    events = ctx.file_stream("events", str(tmp_path / "events"), "parquet",
+                             nexmark_gen.SPARK_SCHEMA, max_files_per_batch=1) \
+        .with_watermark("dateTime", nexmark_queries.WATERMARK_DELAY)
+    for name, (query, _reference, _mode) in nexmark_queries.QUERIES.items():
+        query(events).foreach_batch(
+            lambda df, b, name=name: df.withColumn("__batch", F.lit(b)).write.mode("append")
+            .parquet(str(tmp_path / "out" / name)), name=name)
+    ctx.process_available(timeout=1800)
+    everything = spark.read.schema(nexmark_gen.SPARK_SCHEMA).parquet(str(tmp_path / "events"))
+    final_watermark = EVENTS // 10 - 1 - 4_000 + nexmark_gen.BASE_MS  # the last event's ms
+    for name, (_query, reference, mode) in nexmark_queries.QUERIES.items():
+        got = spark.read.parquet(str(tmp_path / "out" / name)).toPandas()
+        expected = reference(spark, everything).toPandas()
+        if mode.startswith("upsert:"):
+            keys = mode.split(":")[1].split(",")
+            got = got.sort_values("__batch", kind="stable").groupby(keys, as_index=False) \
+                .tail(1)
+        elif mode.startswith("closed:"):
+            end = mode.split(":")[1]
+            expected = expected[expected[end].astype("int64") // 1_000_000 <= final_watermark]
+        got = got.drop(columns="__batch")
+        assert len(expected) > 0, name
+        pd.testing.assert_frame_equal(_normal(got), _normal(expected), check_dtype=False,
+                                      obj=name)

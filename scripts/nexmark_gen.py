@@ -159,15 +159,16 @@ def chunk(index: int, *, seed: int = 42, events_per_second: int = 10_000) -> pa.
                                 schema=SCHEMA)
 
 
-def write(out: Path, events: int, files: int, *, seed: int = 42) -> list[Path]:
+def write(out: Path, events: int, files: int, *, seed: int = 42,
+          events_per_second: int = 10_000) -> list[Path]:
     """``events`` events (a multiple of CHUNK) in ``files`` Parquet files, in event order."""
     chunks = math.ceil(events / CHUNK)
     out.mkdir(parents=True, exist_ok=True)
     per_file = math.ceil(chunks / files)
     written = []
     for f in range(files):
-        parts = [chunk(c, seed=seed) for c in range(f * per_file, min((f + 1) * per_file,
-                                                                      chunks))]
+        parts = [chunk(c, seed=seed, events_per_second=events_per_second)
+                 for c in range(f * per_file, min((f + 1) * per_file, chunks))]
         if not parts:
             break
         table = pa.concat_tables(parts)
@@ -183,9 +184,11 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--files", type=int, default=10)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--rate", type=int, default=10_000, help="events a second")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    paths = write(args.out, args.events, args.files, seed=args.seed)
+    paths = write(args.out, args.events, args.files, seed=args.seed,
+                  events_per_second=args.rate)
     print(f"{args.events} events in {len(paths)} files under {args.out}")
 
 

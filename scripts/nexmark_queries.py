@@ -7,11 +7,12 @@ each with its reference: the same query as batch Spark SQL over all events.
   generator's files with ``with_watermark("dateTime", "4 seconds")``, as Flink's DDL);
 - ``reference(spark, events)`` is batch Spark over every event (a DataFrame of the same rows);
 - ``mode``: ``"append"`` (every row once: compare all rows), ``"upsert:<keys>"`` (an update
-  stream: the last row per key is the answer), or ``"closed:<end column>"`` (windows the
-  final watermark closes: the reference keeps those whose end is at or before it).
+  stream: the last row per key is the answer), or ``"closed:<column>[+ms]"`` (windows the
+  final watermark closes: the reference keeps the rows whose column, plus ms, is at or before
+  it; ``"closed-window:<time column>:<size ms>"``: the rows whose tumbling window it closes).
 
-Built so far: q0, q1, q2, q3, q11, q14, q15, q17, q18, q19, q20, q21, q22. Still to write:
-q4, q5, q7, q8, q9, q10, q12, q13, q16 (q6 is left out, as Flink leaves it out).
+Built so far: q0, q1, q2, q3, q7, q8, q11, q14, q15, q17, q18, q19, q20, q21, q22. Still to
+write: q4, q5, q9, q10, q12, q13, q16 (q6 is left out, as Flink leaves it out).
 """
 
 from __future__ import annotations
@@ -69,6 +70,58 @@ def q3_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
     a = ev.where("event_type = 1").select("auction.*").where("category = 10")
     p = ev.where("event_type = 0").select("person.*").where("state IN ('OR', 'ID', 'CA')")
     return a.join(p, a.seller == p.id).select(p.name, p.city, p.state, a.id)
+
+
+# -- q7 highest bid per window: a window's maximum joined back with its bids -----------------
+def q7(events: Any) -> Any:
+    b = bids(events)
+    maxes = b.with_column("all", F.lit(1)).key_by("all").window(tumbling("10 seconds")) \
+        .agg(name="q7_max", maxprice=max_("price")) \
+        .select(F.col("maxprice").alias("price"),  # TUMBLE_ROWTIME: the window's end - 1 ms
+                (F.col("window.end") - F.expr("INTERVAL 1 millisecond")).alias("m_time")) \
+        .with_watermark("m_time", "0 seconds")
+    return b.select("auction", "price", "bidder", "dateTime", "extra") \
+        .join_stream(maxes, "price", "inner", between=("0 seconds", "10 seconds"), name="q7") \
+        .select("auction", "price", "bidder", "dateTime", "extra")
+
+
+def q7_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    ev.where("event_type = 2").select("bid.*").createOrReplaceTempView("bid")
+    return spark.sql("""
+        SELECT B.auction, B.price, B.bidder, B.dateTime, B.extra FROM bid B JOIN (
+          SELECT MAX(price) AS maxprice, window.end - INTERVAL 1 millisecond AS dateTime
+          FROM bid GROUP BY window(dateTime, '10 seconds')) B1
+        ON B.price = B1.maxprice
+        WHERE B.dateTime BETWEEN B1.dateTime - INTERVAL 10 SECONDS AND B1.dateTime""")
+
+
+# -- q8 new users: persons and their auctions in the same 10-second window ------------------
+def q8(events: Any) -> Any:
+    def windowed(stream: Any, key: str, name: str, prefix: str) -> Any:
+        keys = ("id", "name") if key == "id" else (key,)
+        return stream.key_by(*keys).window(tumbling("10 seconds")) \
+            .agg(name=name, n=count()) \
+            .select(*[F.col(k) for k in keys if k != key], F.col(key).alias("id"),
+                    F.col("window.start").alias("starttime"),
+                    F.window_time("window").alias(f"{prefix}_time")) \
+            .with_watermark(f"{prefix}_time", "0 seconds")
+    p = windowed(persons(events), "id", "q8_persons", "p")
+    a = windowed(auctions(events), "seller", "q8_sellers", "a")
+    return p.join_stream(a, ["id", "starttime"], "inner", between=("0 seconds", "0 seconds"),
+                         name="q8").select("id", "name", "starttime")
+
+
+def q8_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    ev.where("event_type = 0").select("person.*").createOrReplaceTempView("person")
+    ev.where("event_type = 1").select("auction.*").createOrReplaceTempView("auction")
+    return spark.sql("""
+        SELECT P.id, P.name, P.starttime FROM (
+          SELECT id, name, window.start AS starttime, window.end AS endtime FROM person
+          GROUP BY id, name, window(dateTime, '10 seconds')) P
+        JOIN (
+          SELECT seller, window.start AS starttime, window.end AS endtime FROM auction
+          GROUP BY seller, window(dateTime, '10 seconds')) A
+        ON P.id = A.seller AND P.starttime = A.starttime AND P.endtime = A.endtime""")
 
 
 # -- q11 user sessions ------------------------------------------------------------------------
@@ -264,6 +317,8 @@ QUERIES: dict[str, tuple[Callable[[Any], Any], Callable[[SparkSession, DataFrame
     "q2": (q2, _stateless(lambda b: b.filter("auction % 123 = 0").select("auction", "price")),
            "append"),
     "q3": (q3, q3_reference, "append"),
+    "q7": (q7, q7_reference, "closed-window:dateTime:10000"),
+    "q8": (q8, q8_reference, "closed:starttime+10000"),
     "q11": (q11, q11_reference, "closed:endtime"),
     "q14": (q14, _stateless(_q14), "append"),
     "q15": (q15, q15_reference, "upsert:day"),

@@ -1,6 +1,6 @@
 """Nexmark (issue 35): the generator is deterministic and in the benchmark's proportions, and
 every query written so far equals its batch Spark SQL reference over the same events, all of
-them in one pipeline over 200,000 events in 8 files (one a batch)."""
+them in one pipeline over 200,000 events (200 s of event time) in 8 files (one a batch)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import nexmark_gen
 import nexmark_queries
 
 EVENTS = 200_000
+RATE = 1_000  # events a second: 200 s of event time, windows and sessions to close
 
 
 def test_the_generator_is_deterministic_and_in_proportion(tmp_path):
@@ -51,7 +52,7 @@ def _normal(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_every_query_equals_batch_spark_sql(spark, tmp_path):
-    nexmark_gen.write(tmp_path / "events", EVENTS, 8)
+    nexmark_gen.write(tmp_path / "events", EVENTS, 8, events_per_second=RATE)
     ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "nexmark", settings=Settings(
         checkpoint_interval_ms=0, state_parallelism=2, progress="never"))
     events = ctx.file_stream("events", str(tmp_path / "events"), "parquet",
@@ -63,7 +64,8 @@ def test_every_query_equals_batch_spark_sql(spark, tmp_path):
             .parquet(str(tmp_path / "out" / name)), name=name)
     ctx.process_available(timeout=1800)
     everything = spark.read.schema(nexmark_gen.SPARK_SCHEMA).parquet(str(tmp_path / "events"))
-    final_watermark = EVENTS // 10 - 1 - 4_000 + nexmark_gen.BASE_MS  # the last event's ms
+    # the last event's time minus the delay
+    final_watermark = nexmark_gen.BASE_MS + (EVENTS - 1) * 1000 // RATE - 4_000
     for name, (_query, reference, mode) in nexmark_queries.QUERIES.items():
         got = spark.read.parquet(str(tmp_path / "out" / name)).toPandas()
         expected = reference(spark, everything).toPandas()
@@ -71,9 +73,15 @@ def test_every_query_equals_batch_spark_sql(spark, tmp_path):
             keys = mode.split(":")[1].split(",")
             got = got.sort_values("__batch", kind="stable").groupby(keys, as_index=False) \
                 .tail(1)
+        elif mode.startswith("closed-window:"):
+            _, column, size = mode.split(":")
+            t = expected[column].astype("int64") // 1_000_000 - nexmark_gen.BASE_MS
+            ends = nexmark_gen.BASE_MS + (t // int(size) + 1) * int(size)
+            expected = expected[ends <= final_watermark]
         elif mode.startswith("closed:"):
-            end = mode.split(":")[1]
-            expected = expected[expected[end].astype("int64") // 1_000_000 <= final_watermark]
+            end, _, plus = mode.split(":")[1].partition("+")
+            ends = expected[end].astype("int64") // 1_000_000 + int(plus or 0)
+            expected = expected[ends <= final_watermark]
         got = got.drop(columns="__batch")
         assert len(expected) > 0, name
         pd.testing.assert_frame_equal(_normal(got), _normal(expected), check_dtype=False,

@@ -11,8 +11,9 @@ each with its reference: the same query as batch Spark SQL over all events.
   final watermark closes: the reference keeps the rows whose column, plus ms, is at or before
   it; ``"closed-window:<time column>:<size ms>"``: the rows whose tumbling window it closes).
 
-Built so far: q0, q1, q2, q3, q7, q8, q11, q14, q15, q17, q18, q19, q20, q21, q22. Still to
-write: q4, q5, q9, q10, q12, q13, q16 (q6 is left out, as Flink leaves it out).
+Built so far: q0–q5, q7–q11, q13–q22 (q5 also outputs its window's start, to compare the
+windows the final watermark closes). Still to write: q12, processing-time windows (q6 is left
+out, as Flink leaves it out).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_ckpt.state import count, count_distinct, max_, mean, min_, sum_
-from spark_ckpt.streaming import session, tumbling
+from spark_ckpt.streaming import session, sliding, tumbling
 
 WATERMARK_DELAY = "4 seconds"
 
@@ -70,6 +71,63 @@ def q3_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
     a = ev.where("event_type = 1").select("auction.*").where("category = 10")
     p = ev.where("event_type = 0").select("person.*").where("state IN ('OR', 'ID', 'CA')")
     return a.join(p, a.seller == p.id).select(p.name, p.city, p.state, a.id)
+
+
+# -- q4 average winning price per category -------------------------------------------------
+def q4(events: Any) -> Any:
+    a = auctions(events).select(F.col("id").alias("auction"), "category",
+                                F.col("dateTime").alias("a_time"), "expires") \
+        .with_watermark("a_time", WATERMARK_DELAY)
+    b = bids(events).select("auction", "price", F.col("dateTime").alias("b_time")) \
+        .with_watermark("b_time", WATERMARK_DELAY)
+    winning = a.join_stream(b, "auction", "inner", between=("0 seconds", "610 seconds"),
+                            name="q4_join").filter("b_time <= expires") \
+        .key_by("auction", "category").agg("q4_max", final=max_("price"))
+    # Flink retracts a category's old maximum when it grows; here each batch averages the
+    # whole state of maxima (Structured Streaming's complete mode)
+    return winning.full_state().transform(
+        lambda df: df.groupBy("category").agg(F.avg("final").alias("avg_final")))
+
+
+def q4_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    ev.where("event_type = 1").select("auction.*").createOrReplaceTempView("auction")
+    ev.where("event_type = 2").select("bid.*").createOrReplaceTempView("bid")
+    return spark.sql("""
+        SELECT Q.category, AVG(Q.final) AS avg_final FROM (
+          SELECT MAX(B.price) AS final, A.category FROM auction A, bid B
+          WHERE A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND A.expires
+          GROUP BY A.id, A.category) Q
+        GROUP BY Q.category""")
+
+
+# -- q5 hot items: the auctions with the most bids in each sliding window --------------------
+def q5(events: Any) -> Any:
+    counts = bids(events).key_by("auction").window(sliding("10 seconds", "2 seconds")) \
+        .agg(name="q5_counts", num=count()) \
+        .select("auction", "num", F.col("window.start").alias("starttime"),
+                F.col("window.end").alias("endtime"), F.window_time("window").alias("wt"))
+    # the largest count per window runs with the counts' watermark (declares none), so it
+    # closes a window in the batch the counts emit it
+    maxes = counts.key_by("starttime", "endtime").window(tumbling("2 seconds", on="wt")) \
+        .agg(name="q5_max", maxn=max_("num")) \
+        .select("starttime", "endtime", "maxn", F.window_time("window").alias("mt")) \
+        .with_watermark("mt", "0 seconds")
+    return counts.with_watermark("wt", "0 seconds") \
+        .join_stream(maxes, ["starttime", "endtime"], "inner",
+                     between=("0 seconds", "0 seconds"), name="q5") \
+        .filter("num >= maxn").select("auction", "num", "starttime")
+
+
+def q5_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    ev.where("event_type = 2").select("bid.*").createOrReplaceTempView("bid")
+    return spark.sql("""
+        WITH counts AS (
+          SELECT auction, count(*) AS num, window.start AS starttime, window.end AS endtime
+          FROM bid GROUP BY auction, window(dateTime, '10 seconds', '2 seconds'))
+        SELECT C.auction, C.num, C.starttime FROM counts C JOIN (
+          SELECT max(num) AS maxn, starttime, endtime FROM counts
+          GROUP BY starttime, endtime) M
+        ON C.starttime = M.starttime AND C.endtime = M.endtime AND C.num >= M.maxn""")
 
 
 # -- q7 highest bid per window: a window's maximum joined back with its bids -----------------
@@ -122,6 +180,112 @@ def q8_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
           SELECT seller, window.start AS starttime, window.end AS endtime FROM auction
           GROUP BY seller, window(dateTime, '10 seconds')) A
         ON P.id = A.seller AND P.starttime = A.starttime AND P.endtime = A.endtime""")
+
+
+# -- q9 winning bids: each auction's highest bid before it expires ---------------------------
+def q9(events: Any) -> Any:
+    a = auctions(events).select(F.col("id").alias("auction"), "itemName", "description",
+                                "initialBid", "reserve", "dateTime", "expires", "seller",
+                                "category", "extra")
+    b = bids(events).select("auction", "bidder", "price",
+                            F.col("dateTime").alias("bid_dateTime"),
+                            F.col("extra").alias("bid_extra")) \
+        .with_watermark("bid_dateTime", WATERMARK_DELAY)
+    # a bid between the auction's start and its expiry (at most 610 s later, the generator's)
+    joined = a.join_stream(b, "auction", "inner", between=("0 seconds", "610 seconds"),
+                           name="q9_join").filter("bid_dateTime <= expires")
+    return joined.key_by("auction").top_n(1, [("price", "desc"), ("bid_dateTime", "asc")],
+                                          name="q9") \
+        .select(F.col("auction").alias("id"), "itemName", "description", "initialBid",
+                "reserve", "dateTime", "expires", "seller", "category", "extra", "auction",
+                "bidder", "price", "bid_dateTime", "bid_extra")
+
+
+def q9_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    ev.where("event_type = 1").select("auction.*").createOrReplaceTempView("auction")
+    ev.where("event_type = 2").select("bid.*").createOrReplaceTempView("bid")
+    return spark.sql("""
+        SELECT id, itemName, description, initialBid, reserve, dateTime, expires, seller,
+          category, extra, auction, bidder, price, bid_dateTime, bid_extra FROM (
+          SELECT A.*, B.auction, B.bidder, B.price, B.dateTime AS bid_dateTime,
+            B.extra AS bid_extra, ROW_NUMBER() OVER (PARTITION BY A.id
+              ORDER BY B.price DESC, B.dateTime ASC) AS rownum
+          FROM auction A, bid B
+          WHERE A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND A.expires)
+        WHERE rownum <= 1""")
+
+
+# -- q10 log to a file system, partitioned by day and minute ---------------------------------
+def _q10(b: Any) -> Any:
+    return b.select("auction", "bidder", "price", "dateTime", "extra",
+                    F.date_format("dateTime", "yyyy-MM-dd").alias("dt"),
+                    F.date_format("dateTime", "HH:mm").alias("hm"))
+
+
+def q10(events: Any) -> Any:
+    return _q10(bids(events))
+
+
+# -- q13 a bounded side input, joined by key -------------------------------------------------
+def side_input(spark: SparkSession) -> DataFrame:
+    return spark.range(10_000).select(F.col("id").alias("key"),
+                                      F.concat(F.lit("value-"), F.col("id").cast("string"))
+                                      .alias("value"))
+
+
+def q13(events: Any) -> Any:
+    spark = events.pipeline.spark
+    return bids(events).with_column("key", F.col("auction") % 10_000) \
+        .join_static(side_input(spark), "key") \
+        .select("auction", "bidder", "price", "dateTime", "value")
+
+
+def q13_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    b = ev.where("event_type = 2").select("bid.*")
+    return b.join(side_input(spark), (b.auction % 10_000) == F.col("key")) \
+        .select("auction", "bidder", "price", "dateTime", "value")
+
+
+# -- q16 channel statistics per day ------------------------------------------------------------
+def q16(events: Any) -> Any:
+    b = bids(events).with_column("day", F.date_format("dateTime", "yyyy-MM-dd")) \
+        .with_column("minute", F.date_format("dateTime", "HH:mm"))
+    for rank, cond in enumerate((F.col("price") < 10_000,
+                                 (F.col("price") >= 10_000) & (F.col("price") < 1_000_000),
+                                 F.col("price") >= 1_000_000), start=1):
+        b = b.with_column(f"r{rank}", F.when(cond, F.lit(1))) \
+            .with_column(f"r{rank}_bidder", F.when(cond, F.col("bidder"))) \
+            .with_column(f"r{rank}_auction", F.when(cond, F.col("auction")))
+    return b.key_by("channel", "day").window(tumbling("1 day"), output_mode="update").agg(
+        name="q16", minute=max_("minute"), total_bids=count(), rank1_bids=count("r1"),
+        rank2_bids=count("r2"), rank3_bids=count("r3"), total_bidders=count_distinct("bidder"),
+        rank1_bidders=count_distinct("r1_bidder"), rank2_bidders=count_distinct("r2_bidder"),
+        rank3_bidders=count_distinct("r3_bidder"), total_auctions=count_distinct("auction"),
+        rank1_auctions=count_distinct("r1_auction"),
+        rank2_auctions=count_distinct("r2_auction"),
+        rank3_auctions=count_distinct("r3_auction")).transform(lambda df: df.drop("window"))
+
+
+def q16_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    ev.where("event_type = 2").select("bid.*").createOrReplaceTempView("bid")
+    return spark.sql("""
+        SELECT channel, DATE_FORMAT(dateTime, 'yyyy-MM-dd') AS day,
+          max(DATE_FORMAT(dateTime, 'HH:mm')) AS minute,
+          count(*) AS total_bids,
+          count(*) FILTER (WHERE price < 10000) AS rank1_bids,
+          count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids,
+          count(*) FILTER (WHERE price >= 1000000) AS rank3_bids,
+          count(DISTINCT bidder) AS total_bidders,
+          count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders,
+          count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000)
+            AS rank2_bidders,
+          count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders,
+          count(DISTINCT auction) AS total_auctions,
+          count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions,
+          count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000)
+            AS rank2_auctions,
+          count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions
+        FROM bid GROUP BY channel, DATE_FORMAT(dateTime, 'yyyy-MM-dd')""")
 
 
 # -- q11 user sessions ------------------------------------------------------------------------
@@ -317,11 +481,17 @@ QUERIES: dict[str, tuple[Callable[[Any], Any], Callable[[SparkSession, DataFrame
     "q2": (q2, _stateless(lambda b: b.filter("auction % 123 = 0").select("auction", "price")),
            "append"),
     "q3": (q3, q3_reference, "append"),
+    "q4": (q4, q4_reference, "upsert:category"),
+    "q5": (q5, q5_reference, "closed:starttime+10000"),
     "q7": (q7, q7_reference, "closed-window:dateTime:10000"),
     "q8": (q8, q8_reference, "closed:starttime+10000"),
+    "q9": (q9, q9_reference, "upsert:auction"),
+    "q10": (q10, _stateless(_q10), "append"),
     "q11": (q11, q11_reference, "closed:endtime"),
+    "q13": (q13, q13_reference, "append"),
     "q14": (q14, _stateless(_q14), "append"),
     "q15": (q15, q15_reference, "upsert:day"),
+    "q16": (q16, q16_reference, "upsert:channel,day"),
     "q17": (q17, q17_reference, "upsert:auction,day"),
     "q18": (q18, q18_reference, "upsert:bidder,auction"),
     "q19": (q19, q19_reference, "upsert:auction,rank"),

@@ -1,6 +1,6 @@
 """Nexmark (issue 35): the generator is deterministic and in the benchmark's proportions, and
 every query written so far equals its batch Spark SQL reference over the same events, all of
-them in one pipeline over 200,000 events (200 s of event time) in 8 files (one a batch)."""
+them in one pipeline over 200,000 events (200 s of event time) in 4 files (one a batch)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _normal(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_every_query_equals_batch_spark_sql(spark, tmp_path):
-    nexmark_gen.write(tmp_path / "events", EVENTS, 8, events_per_second=RATE)
+    nexmark_gen.write(tmp_path / "events", EVENTS, 4, events_per_second=RATE)
     ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "nexmark", settings=Settings(
         checkpoint_interval_ms=0, state_parallelism=2, progress="never"))
     events = ctx.file_stream("events", str(tmp_path / "events"), "parquet",

@@ -28,7 +28,8 @@ DELAY_MS = 5_000
 
 def _data(batches: int = 4, seed: int = 11) -> tuple[list[pd.DataFrame], list[pd.DataFrame]]:
     """Auctions open every ~0.5 s; bids come 0–30 s after an auction opened (so some fall
-    outside the 20-second bound) or name an auction that does not exist; each batch holds
+    outside the 20-second bound), name an auction that does not exist, or none (a null key,
+    which matches nothing, as in Spark); each batch holds
     10 s of event time, shuffled, with rows up to 3 s older than the batch's start."""
     rng = np.random.default_rng(seed)
     auctions, bids = [], []
@@ -36,12 +37,13 @@ def _data(batches: int = 4, seed: int = 11) -> tuple[list[pd.DataFrame], list[pd
         t = BASE_MS + a * 500 + int(rng.integers(0, 400))
         auctions.append({"auction": a, "seller": int(rng.integers(0, 9)), "a_ms": t})
         for _ in range(int(rng.integers(0, 4))):
-            bids.append({"auction": a if rng.random() < 0.9 else 100_000 + a,
+            draw = rng.random()
+            bids.append({"auction": a if draw < 0.87 else None if draw < 0.9 else 100_000 + a,
                          "bidder": int(rng.integers(0, 50)), "price": int(rng.integers(1, 999)),
                          "b_ms": t + int(rng.integers(0, 30_000))})
 
     def cut(rows: list[dict], column: str) -> list[pd.DataFrame]:
-        frame = pd.DataFrame(rows)
+        frame = pd.DataFrame(rows).astype({"auction": "Int64"})
         batch = ((frame[column] - BASE_MS + 3_000 * rng.random(len(frame))) // 10_000) \
             .clip(0, batches - 1).astype(int)
         return [frame[batch == b].sample(frac=1.0, random_state=b).reset_index(drop=True)
@@ -86,7 +88,8 @@ def _expected(spark, auctions: pd.DataFrame, bids: pd.DataFrame, how: str,
     # an unmatched row is emitted once the watermark passes the last time it could match
     unmatched_bid = rows.a_ms.isna() if "a_ms" in rows else pd.Series(how == "left_anti",
                                                                       index=rows.index)
-    pending = unmatched_bid & (rows.b_ms + 0 > watermark)
+    # a bid without an auction id never matches: released at once
+    pending = unmatched_bid & (rows.b_ms + 0 > watermark) & rows.auction.notna()
     if "a_ms" in rows:
         pending |= rows.b_ms.isna() & (rows.a_ms + 20_000 > watermark)
     released = ~pending
@@ -146,5 +149,7 @@ def test_join_definitions_are_checked(spark, tmp_path):
         marked.join_stream(marked, "key", "sideways", between="1 second")
     with pytest.raises(JobDefinitionError, match="none on the right"):
         marked.join_stream(gen, "key", "inner", between="1 second")
+    with pytest.raises(JobDefinitionError, match="needs between="):
+        marked.join_stream(marked, "key", "left_outer")
     with pytest.raises(JobDefinitionError, match="lower <= upper"):
         marked.join_stream(marked, "key", "inner", between=("5 seconds", "1 second"))

@@ -28,13 +28,16 @@ TIME_COLUMN = "__ckpt_event_time"  # each input's own event time, one column for
 _SIDES = ("l", "r")
 
 
-def _ms(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+_NULL_TIME = np.iinfo(np.int64).min
+
+
+def _us(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A timestamp column as int64 microseconds (Spark's precision); nulls as _NULL_TIME."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     micros = column.cast(pa.timestamp("us", tz=getattr(column.type, "tz", None))) \
-        .cast(pa.int64()).fill_null(np.iinfo(np.int64).min)
-    values = np.asarray(micros.to_numpy(zero_copy_only=False), dtype=np.int64)
-    return np.where(values == np.iinfo(np.int64).min, values, values // 1000)
+        .cast(pa.int64()).fill_null(_NULL_TIME)
+    return np.asarray(micros.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 class JoinProcessor(VectorizedProcessor):
@@ -86,10 +89,11 @@ class JoinProcessor(VectorizedProcessor):
         return pa.table(columns)
 
     def _deadline(self, side: str, t: np.ndarray) -> np.ndarray | None:
-        """When a kept row can no longer match (ms), or None without a bound."""
+        """When a kept row (time in µs) can no longer match: the first watermark (ms) at or
+        past ``t + upper`` (left) or ``t - lower`` (right); None without a bound."""
         if side == "l":
-            return None if self.upper is None else t + self.upper
-        return None if self.lower is None else t - self.lower
+            return None if self.upper is None else -(-(t + self.upper * 1000) // 1000)
+        return None if self.lower is None else -(-(t - self.lower * 1000) // 1000)
 
     def _timers(self, n_keys: int, sides: dict[str, tuple[pa.Table, np.ndarray, np.ndarray,
                                                           np.ndarray]]) -> pd.array:
@@ -109,15 +113,24 @@ class JoinProcessor(VectorizedProcessor):
         n_keys = len(batch)
         group = np.asarray(batch.group, dtype=np.int64)
         side_of = np.asarray(rows.column(SIDE_COLUMN).to_numpy(zero_copy_only=False))
-        t_all = _ms(rows.column(TIME_COLUMN))
+        t_all = _us(rows.column(TIME_COLUMN))
         late = np.zeros(rows.num_rows, dtype=bool)
+        bounded = self.lower is not None or self.upper is not None
+        no_time = (t_all == _NULL_TIME) if bounded else np.zeros(rows.num_rows, dtype=bool)
         if batch.late_watermark_ms is not None:  # the previous batch's, as Spark's
-            late = t_all <= int(batch.late_watermark_ms)
+            late = ~no_time & (t_all <= int(batch.late_watermark_ms) * 1000)
+        # a null key never equals anything (Spark's equi-join): an outer or anti row is
+        # emitted at once with nulls for the other side, an inner or semi row dropped
+        null_key = np.zeros(len(batch), dtype=bool)
+        for name in keys.column_names:
+            null_key |= np.asarray(keys.column(name).is_null().to_numpy(zero_copy_only=False),
+                                   dtype=bool)
+        unkeyed = null_key[group] & ~late & ~no_time
         types = {}
         sides, fresh_from = {}, {}
         for s, side in enumerate(_SIDES):
             kept, owner, t, matched = self._kept(state, side)
-            mine = np.flatnonzero((side_of == s) & ~late)
+            mine = np.flatnonzero((side_of == s) & ~late & ~no_time & ~unkeyed)
             new = rows.select(self.columns[side]).take(pa.array(mine, pa.int64()))
             for c in self.columns[side]:
                 types[c] = new.schema.field(c).type
@@ -128,6 +141,7 @@ class JoinProcessor(VectorizedProcessor):
                            np.concatenate([matched, np.zeros(len(mine), dtype=bool)]))
         pairs = self._pairs(sides, fresh_from)
         emit = self._emit_pairs(keys, sides, pairs)
+        alone = self._unkeyed(keys, rows, group, side_of, unkeyed)
         for side, index in zip(_SIDES, pairs, strict=True):
             table, owner, t, matched = sides[side]
             newly = matched.copy()
@@ -136,10 +150,35 @@ class JoinProcessor(VectorizedProcessor):
                 first = np.flatnonzero(newly & ~matched)
                 emit = self._rows(keys, sides, "l", first)
             sides[side] = (table, owner, t, newly)
-        dropped = int(late.sum())
+        if alone is not None:
+            emit = alone if emit is None else pa.concat_tables(
+                [emit, alone.cast(emit.schema)])
+        counters = {k: int(v.sum()) for k, v in (("late_rows", late),
+                                                 ("null_time_rows", no_time)) if v.any()}
         return Result(state=self._state(n_keys, sides, types),
                       event_timers=self._timers(n_keys, sides), emit=emit,
-                      counters={"late_rows": dropped} if dropped else None)
+                      counters=counters or None)
+
+    def _unkeyed(self, keys: pa.Table, rows: pa.Table, group: np.ndarray, side_of: np.ndarray,
+                 unkeyed: np.ndarray) -> pa.Table | None:
+        """Rows with a null key: an outer (or anti) join's, with nulls for the other side."""
+        parts = []
+        for s, side in enumerate(_SIDES):
+            emits = (side == "l" and self.how in ("left_outer", "full_outer", "left_anti")) or \
+                (side == "r" and self.how in ("right_outer", "full_outer"))
+            index = np.flatnonzero(unkeyed & (side_of == s))
+            if not emits or not len(index):
+                continue
+            out = keys.take(pa.array(group[index], pa.int64()))
+            for t, other in enumerate(_SIDES):
+                if other != side and self.how in ("left_semi", "left_anti"):
+                    continue
+                for c in self.columns[other]:
+                    column = rows.column(c).take(pa.array(index, pa.int64())) if t == s \
+                        else pa.nulls(len(index), rows.schema.field(c).type)
+                    out = out.append_column(c, column)
+            parts.append(out)
+        return pa.concat_tables(parts) if parts else None
 
     def _pairs(self, sides: dict[str, tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]],
                fresh_from: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -152,11 +191,11 @@ class JoinProcessor(VectorizedProcessor):
         li = np.asarray(joined.column("li").to_numpy(), dtype=np.int64)
         ri = np.asarray(joined.column("ri").to_numpy(), dtype=np.int64)
         keep = (li >= fresh_from["l"]) | (ri >= fresh_from["r"])
-        delta = r_t[ri] - l_t[li]
+        delta = r_t[ri] - l_t[li]  # µs
         if self.lower is not None:
-            keep &= delta >= self.lower
+            keep &= delta >= self.lower * 1000
         if self.upper is not None:
-            keep &= delta <= self.upper
+            keep &= delta <= self.upper * 1000
         order = np.lexsort((ri[keep], li[keep]))
         return li[keep][order], ri[keep][order]
 

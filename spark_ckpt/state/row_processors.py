@@ -26,14 +26,16 @@ FIRST_SEEN = "first_event_ms"
 RANK_COLUMN = "rank"
 
 
-def _event_ms(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """A timestamp column as int64 milliseconds (floor), nulls as the smallest int64."""
+_NULL_TIME = np.iinfo(np.int64).min
+
+
+def _event_us(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A timestamp column as int64 microseconds (Spark's precision), nulls as _NULL_TIME."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     micros = column.cast(pa.timestamp("us", tz=getattr(column.type, "tz", None))) \
-        .cast(pa.int64()).fill_null(np.iinfo(np.int64).min)
-    values = np.asarray(micros.to_numpy(zero_copy_only=False), dtype=np.int64)
-    return np.where(values == np.iinfo(np.int64).min, values, values // 1000)
+        .cast(pa.int64()).fill_null(_NULL_TIME)
+    return np.asarray(micros.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 class DedupProcessor(VectorizedProcessor):
@@ -51,28 +53,32 @@ class DedupProcessor(VectorizedProcessor):
         n = len(batch)
         starts = batch.offsets[:-1]
         late = np.zeros(rows.num_rows, dtype=bool)
+        no_time = np.zeros(rows.num_rows, dtype=bool)
         event = None
         if self.event_time is not None:
-            event = _event_ms(rows.column(self.event_time))
+            event = _event_us(rows.column(self.event_time))
+            no_time = event == _NULL_TIME  # no event time: dropped and counted
             if batch.late_watermark_ms is not None:  # at or before it: late, dropped
-                late = event <= int(batch.late_watermark_ms)
+                late = ~no_time & (event <= int(batch.late_watermark_ms) * 1000)
         # each key's first row that is not late (arrival order within a key)
-        position = np.where(late, rows.num_rows, np.arange(rows.num_rows))
+        position = np.where(late | no_time, rows.num_rows, np.arange(rows.num_rows))
         first = np.minimum.reduceat(position, starts) if rows.num_rows else \
             np.zeros(0, np.int64)
         keep = (~batch.exists) & (first < rows.num_rows)
         picked = first[keep]
         emit = rows.take(pa.array(picked, pa.int64()))
-        seen = np.zeros(n, dtype=np.int64)
+        seen = np.zeros(n, dtype=np.int64)  # the first row's event time (ms)
         if event is not None:
-            seen[keep] = event[picked]
+            seen[keep] = event[picked] // 1000
         timers = pd.array([pd.NA] * n, dtype="Int64")
         if event is not None and self.within_ms is not None:
-            timers[keep] = seen[keep] + int(self.within_ms)
-        dropped = int(late.sum())
+            # forgotten once the watermark reaches the first row's time + within (µs: ceil)
+            timers[keep] = -(-(event[picked] + int(self.within_ms) * 1000) // 1000)
+        counters = {k: int(v.sum()) for k, v in (("late_rows", late),
+                                                 ("null_time_rows", no_time)) if v.any()}
         return Result(state=pa.table({FIRST_SEEN: pa.array(seen, pa.int64())}),
                       changed=keep, emit=emit, event_timers=timers,
-                      counters={"late_rows": dropped} if dropped else None)
+                      counters=counters or None)
 
     def on_timers(self, batch: KeyedBatch) -> Result | None:
         return Result(state=pa.table({FIRST_SEEN: pa.nulls(len(batch), pa.int64())}))

@@ -12,8 +12,13 @@ being the column its own ``with_watermark`` declares, as Structured Streaming's
   of the other side can match it; an outer (or anti) row is emitted then, once, with nulls for
   the other side (a semi join emits a left row at its first match).
 - Rows at or before the watermark are late: dropped and counted (``late_rows``).
-- Without ``between`` the join keeps every row of a key; give ``ttl`` (processing time) to
-  bound it; a warning says the state grows otherwise.
+- Without ``between`` (inner and semi joins only, as Structured Streaming) the join keeps
+  every row of a key; give ``ttl`` (processing time) to bound it; a warning says the state
+  grows otherwise. Event time plays no part then, and no watermark flows downstream.
+- A row whose ``on`` columns hold a null matches nothing (as Spark's equi-join): an outer or
+  anti join emits it at once with nulls for the other side. A row with a null event time is
+  dropped and counted (``null_time_rows``).
+- Times are compared in microseconds, as Spark's.
 - Output: the ``on`` columns, the left's other columns, the right's other columns (a name on
   both sides is refused: rename it on one side).
 """
@@ -73,14 +78,21 @@ class StreamJoin(DerivedOperator):
                 f"join_stream {name}: expected a watermark on both inputs (between= bounds the "
                 "join in event time), found "
                 f"{'none on the left' if marks[0] is None else 'none on the right'}")
+        if between is None and how not in ("inner", "left_semi"):
+            raise JobDefinitionError(
+                f"join_stream {name}: a {how} join needs between= (an event-time bound): its "
+                "unmatched rows are emitted when the watermark says nothing can match them "
+                "any more, which needs a bound (as Structured Streaming requires one)")
         self.how = how
         self.lower: int | None = None
         self.upper: int | None = None
         if between is not None:
-            low, high = (between if isinstance(between, tuple | list) else
-                         (f"-{between}" if isinstance(between, str) else -int(between),
-                          between))
-            self.lower = _signed_ms(low, "between (lower)")
+            if isinstance(between, tuple | list):
+                low, high = between
+                self.lower = _signed_ms(low, "between (lower)")
+            else:
+                high = between
+                self.lower = -duration_ms(between, "between")
             self.upper = _signed_ms(high, "between (upper)")
             if self.lower > self.upper:
                 raise JobDefinitionError(
@@ -98,7 +110,9 @@ class StreamJoin(DerivedOperator):
         self.key_columns = tuple(keys)
         self.side_streams = tuple(sides)
         keyed = KeyedStream(left.pipeline, sides, keys)  # type: ignore[arg-type]
-        super().__init__(keyed, name, event_time=TIME_COLUMN, ttl_ms=ttl_ms)
+        # without a bound, event time plays no part: no watermark to pass downstream either
+        super().__init__(keyed, name, event_time=TIME_COLUMN if between is not None else None,
+                         ttl_ms=ttl_ms)
         if None not in marks:
             self.channel_delays = tuple(m.delay_ms for m in marks)  # type: ignore[union-attr]
 

@@ -248,43 +248,18 @@ def q13_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
 
 # -- q16 channel statistics per day ------------------------------------------------------------
 def q16(events: Any) -> Any:
-    b = bids(events).with_column("day", F.date_format("dateTime", "yyyy-MM-dd")) \
-        .with_column("minute", F.date_format("dateTime", "HH:mm"))
-    for rank, cond in enumerate((F.col("price") < 10_000,
-                                 (F.col("price") >= 10_000) & (F.col("price") < 1_000_000),
-                                 F.col("price") >= 1_000_000), start=1):
-        b = b.with_column(f"r{rank}", F.when(cond, F.lit(1))) \
-            .with_column(f"r{rank}_bidder", F.when(cond, F.col("bidder"))) \
-            .with_column(f"r{rank}_auction", F.when(cond, F.col("auction")))
-    return b.key_by("channel", "day").window(tumbling("1 day"), output_mode="update").agg(
-        name="q16", minute=max_("minute"), total_bids=count(), rank1_bids=count("r1"),
-        rank2_bids=count("r2"), rank3_bids=count("r3"), total_bidders=count_distinct("bidder"),
-        rank1_bidders=count_distinct("r1_bidder"), rank2_bidders=count_distinct("r2_bidder"),
-        rank3_bidders=count_distinct("r3_bidder"), total_auctions=count_distinct("auction"),
-        rank1_auctions=count_distinct("r1_auction"),
-        rank2_auctions=count_distinct("r2_auction"),
-        rank3_auctions=count_distinct("r3_auction")).transform(lambda df: df.drop("window"))
+    b = _ranked(bids(events).with_column("day", F.date_format("dateTime", "yyyy-MM-dd"))
+                .with_column("minute", F.date_format("dateTime", "HH:mm")))
+    return b.key_by("channel", "day").window(tumbling("1 day"), output_mode="update") \
+        .agg(name="q16", minute=max_("minute"), **_rank_counts()) \
+        .transform(lambda df: df.drop("window"))
 
 
 def q16_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
     ev.where("event_type = 2").select("bid.*").createOrReplaceTempView("bid")
     return spark.sql("""
         SELECT channel, DATE_FORMAT(dateTime, 'yyyy-MM-dd') AS day,
-          max(DATE_FORMAT(dateTime, 'HH:mm')) AS minute,
-          count(*) AS total_bids,
-          count(*) FILTER (WHERE price < 10000) AS rank1_bids,
-          count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids,
-          count(*) FILTER (WHERE price >= 1000000) AS rank3_bids,
-          count(DISTINCT bidder) AS total_bidders,
-          count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders,
-          count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000)
-            AS rank2_bidders,
-          count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders,
-          count(DISTINCT auction) AS total_auctions,
-          count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions,
-          count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000)
-            AS rank2_auctions,
-          count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions
+          max(DATE_FORMAT(dateTime, 'HH:mm')) AS minute,""" + _RANK_SQL + """
         FROM bid GROUP BY channel, DATE_FORMAT(dateTime, 'yyyy-MM-dd')""")
 
 
@@ -321,10 +296,13 @@ def q14(events: Any) -> Any:
 
 
 # -- q15, q17: statistics per day (Flink: an unbounded GROUP BY, an update stream) ----------
-def q15(events: Any) -> Any:
-    b = bids(events).with_column("day", F.date_format("dateTime", "yyyy-MM-dd"))
-    for rank, (low, high) in enumerate(((None, 10_000), (10_000, 1_000_000),
-                                        (1_000_000, None)), start=1):
+_RANKS = ((None, 10_000), (10_000, 1_000_000), (1_000_000, None))
+
+
+def _ranked(b: Any) -> Any:
+    """Bids with r1..r3 (1 where the price is in that rank) and the rank's bidder and auction
+    (null outside it): count() and count_distinct() of them are Flink's FILTER clauses."""
+    for rank, (low, high) in enumerate(_RANKS, start=1):
         cond = F.lit(True)
         if low is not None:
             cond = cond & (F.col("price") >= low)
@@ -333,20 +311,19 @@ def q15(events: Any) -> Any:
         b = b.with_column(f"r{rank}", F.when(cond, F.lit(1))) \
             .with_column(f"r{rank}_bidder", F.when(cond, F.col("bidder"))) \
             .with_column(f"r{rank}_auction", F.when(cond, F.col("auction")))
-    return b.key_by("day").window(tumbling("1 day"), output_mode="update").agg(
-        name="q15", total_bids=count(), rank1_bids=count("r1"), rank2_bids=count("r2"),
-        rank3_bids=count("r3"), total_bidders=count_distinct("bidder"),
-        rank1_bidders=count_distinct("r1_bidder"), rank2_bidders=count_distinct("r2_bidder"),
-        rank3_bidders=count_distinct("r3_bidder"), total_auctions=count_distinct("auction"),
-        rank1_auctions=count_distinct("r1_auction"),
-        rank2_auctions=count_distinct("r2_auction"),
-        rank3_auctions=count_distinct("r3_auction")).transform(lambda df: df.drop("window"))
+    return b
 
 
-def q15_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
-    ev.where("event_type = 2").select("bid.*").createOrReplaceTempView("bid")
-    return spark.sql("""
-        SELECT DATE_FORMAT(dateTime, 'yyyy-MM-dd') AS day,
+def _rank_counts() -> dict[str, Any]:
+    out: dict[str, Any] = {"total_bids": count()}
+    out |= {f"rank{r}_bids": count(f"r{r}") for r in (1, 2, 3)}
+    for what in ("bidder", "auction"):
+        out[f"total_{what}s"] = count_distinct(what)
+        out |= {f"rank{r}_{what}s": count_distinct(f"r{r}_{what}") for r in (1, 2, 3)}
+    return out
+
+
+_RANK_SQL = """
           count(*) AS total_bids,
           count(*) FILTER (WHERE price < 10000) AS rank1_bids,
           count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids,
@@ -360,7 +337,19 @@ def q15_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
           count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions,
           count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000)
             AS rank2_auctions,
-          count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions
+          count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions"""
+
+
+def q15(events: Any) -> Any:
+    b = _ranked(bids(events).with_column("day", F.date_format("dateTime", "yyyy-MM-dd")))
+    return b.key_by("day").window(tumbling("1 day"), output_mode="update") \
+        .agg(name="q15", **_rank_counts()).transform(lambda df: df.drop("window"))
+
+
+def q15_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
+    ev.where("event_type = 2").select("bid.*").createOrReplaceTempView("bid")
+    return spark.sql("""
+        SELECT DATE_FORMAT(dateTime, 'yyyy-MM-dd') AS day,""" + _RANK_SQL + """
         FROM bid GROUP BY DATE_FORMAT(dateTime, 'yyyy-MM-dd')""")
 
 

@@ -218,3 +218,14 @@ def assert_outputs_equal(spark, output: str, expected: dict) -> None:
     settled = spark.read.parquet(f"{output}/settled")
     ids = sorted(r.order_id for r in settled.select("order_id").collect())
     assert ids == expected["settled_ids"], "settled output lost or duplicated rows"
+
+
+def write_batch_files(spark, frames, schema: str, source) -> str:
+    """Each pandas frame one Parquet file in ``source`` (a new directory), named in order so a
+    file stream with ``max_files_per_batch=1`` reads frame ``b`` as batch ``b``."""
+    source.mkdir()
+    for b, frame in enumerate(frames):
+        spark.createDataFrame(frame, schema).coalesce(1).write.parquet(str(source / f"b{b}"))
+    for n, f in enumerate(sorted(source.glob("b*/*.parquet"))):
+        f.rename(source / f"part-{n:02d}.parquet")
+    return str(source)

@@ -18,18 +18,14 @@ from pyspark.sql import functions as F
 from spark_ckpt import StreamingContext
 from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.options import Settings
+from helpers import write_batch_files
 
 BASE_MS = 1_767_225_600_000
 SCHEMA = "id BIGINT, auction BIGINT, price BIGINT, t_ms BIGINT"
 
 
 def _write(spark, frames: list[pd.DataFrame], source) -> str:
-    source.mkdir()
-    for b, frame in enumerate(frames):
-        spark.createDataFrame(frame, SCHEMA).coalesce(1).write.parquet(str(source / f"b{b}"))
-    for n, f in enumerate(sorted(source.glob("b*/*.parquet"))):
-        f.rename(source / f"part-{n:02d}.parquet")
-    return str(source)
+    return write_batch_files(spark, frames, SCHEMA, source)
 
 
 def _context(spark, tmp_path, name: str) -> StreamingContext:

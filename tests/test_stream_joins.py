@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from spark_ckpt import StreamingContext
 from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.options import Settings
+from helpers import write_batch_files
 from spark_ckpt.streaming.template.joins import HOWS
 
 BASE_MS = 1_767_225_600_000
@@ -53,12 +54,7 @@ def _data(batches: int = 4, seed: int = 11) -> tuple[list[pd.DataFrame], list[pd
 
 
 def _write(spark, frames: list[pd.DataFrame], schema: str, source) -> str:
-    source.mkdir()
-    for b, frame in enumerate(frames):
-        spark.createDataFrame(frame, schema).coalesce(1).write.parquet(str(source / f"b{b}"))
-    for n, f in enumerate(sorted(source.glob("b*/*.parquet"))):
-        f.rename(source / f"part-{n:02d}.parquet")
-    return str(source)
+    return write_batch_files(spark, frames, schema, source)
 
 
 def _streams(ctx, spark, tmp_path, auctions, bids):

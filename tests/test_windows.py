@@ -40,7 +40,7 @@ from spark_ckpt.state import (
     sum_,
 )
 from spark_ckpt.streaming import cumulate, session, sliding, tumbling
-from helpers import LONG_FAULTS, ROOT, child_env
+from helpers import write_batch_files, LONG_FAULTS, ROOT, child_env
 
 DELAY_MS = 3_000
 BASE_MS = 1_767_225_600_000  # 2026-01-01
@@ -112,12 +112,7 @@ def _events(batches: int = 4, per_key: int = 40, keys: int = 3, seed: int = 7,
 
 
 def _write(spark, frames: list[pd.DataFrame], source) -> str:
-    source.mkdir()
-    for b, frame in enumerate(frames):
-        spark.createDataFrame(frame, SCHEMA).coalesce(1).write.parquet(str(source / f"b{b}"))
-    for n, f in enumerate(sorted(source.glob("b*/*.parquet"))):
-        f.rename(source / f"part-{n:02d}.parquet")
-    return str(source)
+    return write_batch_files(spark, frames, SCHEMA, source)
 
 
 def _context(spark, tmp_path, name: str) -> StreamingContext:

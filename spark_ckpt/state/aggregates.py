@@ -245,6 +245,19 @@ def to_internal(array: pa.ChunkedArray | pa.Array) -> pa.Array:
     return array
 
 
+#: an event time that is null, among int64 microseconds
+NULL_TIME = np.iinfo(np.int64).min
+
+
+def event_micros(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A timestamp column as int64 microseconds (Spark's precision); nulls as NULL_TIME."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    micros = column.cast(pa.timestamp("us", tz=getattr(column.type, "tz", None))) \
+        .cast(pa.int64()).fill_null(NULL_TIME)
+    return np.asarray(micros.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
 def from_internal(array: pa.Array, target: pa.DataType) -> pa.Array:
     if pa.types.is_timestamp(target):
         return array.cast(pa.timestamp("us", tz=target.tz))

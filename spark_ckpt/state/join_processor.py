@@ -19,6 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_ckpt.state.aggregates import NULL_TIME, event_micros
 from spark_ckpt.state.processor import KeyedBatch, Result, VectorizedProcessor
 
 __all__ = ["SIDE_COLUMN", "TIME_COLUMN", "JoinProcessor"]
@@ -26,18 +27,6 @@ __all__ = ["SIDE_COLUMN", "TIME_COLUMN", "JoinProcessor"]
 SIDE_COLUMN = "__ckpt_side"  # 0: left, 1: right (set on each input before the union)
 TIME_COLUMN = "__ckpt_event_time"  # each input's own event time, one column for both
 _SIDES = ("l", "r")
-
-
-_NULL_TIME = np.iinfo(np.int64).min
-
-
-def _us(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """A timestamp column as int64 microseconds (Spark's precision); nulls as _NULL_TIME."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    micros = column.cast(pa.timestamp("us", tz=getattr(column.type, "tz", None))) \
-        .cast(pa.int64()).fill_null(_NULL_TIME)
-    return np.asarray(micros.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 class JoinProcessor(VectorizedProcessor):
@@ -113,10 +102,10 @@ class JoinProcessor(VectorizedProcessor):
         n_keys = len(batch)
         group = np.asarray(batch.group, dtype=np.int64)
         side_of = np.asarray(rows.column(SIDE_COLUMN).to_numpy(zero_copy_only=False))
-        t_all = _us(rows.column(TIME_COLUMN))
+        t_all = event_micros(rows.column(TIME_COLUMN))
         late = np.zeros(rows.num_rows, dtype=bool)
         bounded = self.lower is not None or self.upper is not None
-        no_time = (t_all == _NULL_TIME) if bounded else np.zeros(rows.num_rows, dtype=bool)
+        no_time = (t_all == NULL_TIME) if bounded else np.zeros(rows.num_rows, dtype=bool)
         if batch.late_watermark_ms is not None:  # the previous batch's, as Spark's
             late = ~no_time & (t_all <= int(batch.late_watermark_ms) * 1000)
         # a null key never equals anything (Spark's equi-join): an outer or anti row is

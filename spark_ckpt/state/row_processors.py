@@ -18,24 +18,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_ckpt.state.aggregates import NULL_TIME, event_micros
 from spark_ckpt.state.processor import KeyedBatch, Result, VectorizedProcessor
 
 __all__ = ["DedupProcessor", "TopNProcessor"]
 
 FIRST_SEEN = "first_event_ms"
 RANK_COLUMN = "rank"
-
-
-_NULL_TIME = np.iinfo(np.int64).min
-
-
-def _event_us(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """A timestamp column as int64 microseconds (Spark's precision), nulls as _NULL_TIME."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    micros = column.cast(pa.timestamp("us", tz=getattr(column.type, "tz", None))) \
-        .cast(pa.int64()).fill_null(_NULL_TIME)
-    return np.asarray(micros.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 class DedupProcessor(VectorizedProcessor):
@@ -56,8 +45,8 @@ class DedupProcessor(VectorizedProcessor):
         no_time = np.zeros(rows.num_rows, dtype=bool)
         event = None
         if self.event_time is not None:
-            event = _event_us(rows.column(self.event_time))
-            no_time = event == _NULL_TIME  # no event time: dropped and counted
+            event = event_micros(rows.column(self.event_time))
+            no_time = event == NULL_TIME  # no event time: dropped and counted
             if batch.late_watermark_ms is not None:  # at or before it: late, dropped
                 late = ~no_time & (event <= int(batch.late_watermark_ms) * 1000)
         # each key's first row that is not late (arrival order within a key)

@@ -239,6 +239,58 @@ def test_sparks_connector_and_the_python_reader_give_the_same_rows(spark, kafka,
     assert int(got["spark"].key.isna().sum()) == 120
 
 
+def _reader_spec(kafka, tasks: list[list[tuple[str, int, int, int]]]) -> dict:
+    config = {"bootstrap.servers": kafka.bootstrap, "group.id": "spark-ckpt-pool-reader",
+              "enable.auto.commit": False, "enable.partition.eof": False,
+              "auto.offset.reset": "error"}
+    return {"config": config, "fail_on_data_loss": True, "source": "pool",
+            "bootstrap": kafka.bootstrap, "tasks": tasks, "format": None}
+
+
+def _offsets_read(reader, task: int) -> list[tuple[int, int]]:
+    import pyarrow as pa
+
+    ids = pa.record_batch([pa.array([task], pa.int64())], names=["id"])
+    return [(p, o) for b in reader(iter([ids]))
+            for p, o in zip(b.column("partition").to_pylist(), b.column("offset").to_pylist())]
+
+
+def test_a_workers_kept_consumers_read_each_range_exactly_and_a_stuck_one_is_replaced(
+        kafka, monkeypatch):
+    """In a Python worker (here in-process, as a task runs it): a consumer kept from one
+    range reads the next range of another partition, then of the first partition again from
+    an earlier offset, each exactly (CI found a kept consumer paused, then assigned and
+    resumed, reading nothing for 120 s: librdkafka's pause/resume race an assign; kept
+    consumers are now unassigned). A consumer that reads nothing although the records exist
+    (here one whose partition is paused) is replaced by a new one at the same offset, long
+    before the read times out."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from spark_ckpt.sources import kafka_reader
+
+    kafka.create_topic("pool-t", 2)
+    produce(kafka, "pool-t", records(120, 2))  # 60 a partition
+    reader = kafka_reader.ReadRanges(_reader_spec(
+        kafka, [[("pool-t", 0, 0, 40)], [("pool-t", 1, 5, 60)], [("pool-t", 0, 10, 60)],
+                [("pool-t", 1, 0, 30)]]))
+    for task, (partition, start, end) in enumerate([(0, 0, 40), (1, 5, 60), (0, 10, 60),
+                                                    (1, 0, 30)]):
+        assert _offsets_read(reader, task) == [(partition, o) for o in range(start, end)]
+    monkeypatch.setattr(kafka_reader, "_RENEW_S", 2.0)
+    monkeypatch.setattr(kafka_reader, "_READ_TIMEOUT_S", 30.0)
+
+    def stuck(config, topic, partition, start):
+        consumer = Consumer(config)
+        consumer.assign([TopicPartition(topic, partition, start)])
+        consumer.pause([TopicPartition(topic, partition)])
+        return "stuck", consumer
+
+    monkeypatch.setattr(kafka_reader._CONSUMERS, "take", stuck)
+    started = time.monotonic()
+    assert _offsets_read(reader, 2) == [(0, o) for o in range(10, 60)]
+    assert time.monotonic() - started < 20
+
+
 def test_partitions_added_and_topics_matching_the_pattern_are_read_from_their_start(
         spark, kafka, tmp_path):
     """A pattern source over evt-a (2 partitions): after a run, evt-a gets two more partitions

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 # Spark's (Java's) timestamp type ids, by librdkafka's: not available, create time, log append
 _TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}
 _READ_TIMEOUT_S = 120.0  # a range's consumer waits this long for records it knows exist
+# a consumer that read nothing this long is replaced by a new one at the same position (a
+# client stuck in a state of its own reads nothing however long it waits)
+_RENEW_S = 20.0
 _BATCH_ROWS = 10_000  # records per Arrow batch a reading task yields
 # librdkafka's codes for an offset out of range: the broker's, and its own (auto.offset.reset
 # is "error": a reader never jumps elsewhere by itself)
@@ -41,10 +44,10 @@ class _Consumers:
     """A Python worker's Kafka consumers, kept between its tasks (Spark reuses a Python worker
     for many tasks), per client configuration, as Spark's Kafka connector pools its consumers:
     a kept consumer has its connections and metadata (a new one costs a short batch's task
-    about 150 ms). A task takes the one that last read its partition if there is one (its
-    position may be where the range starts), else any, assigned to the range's partition.
-    A consumer is kept only after a range it read to its end, paused (an idle consumer fetches
-    nothing); at most ``_KEPT`` a configuration, and none idle for ``_IDLE_S``."""
+    about 150 ms). A task takes the one that last read its partition if there is one, else any,
+    assigned to the range's partition at the range's start.
+    A consumer is kept only after a range it read to its end, unassigned (an idle consumer
+    fetches nothing); at most ``_KEPT`` a configuration, and none idle for ``_IDLE_S``."""
 
     _IDLE_S = 300.0
     _KEPT = 4
@@ -73,32 +76,35 @@ class _Consumers:
         for consumer in closing:
             _close(consumer)
         if kept is not None:
-            was_topic, was_partition, consumer, _at = kept
+            consumer = kept[2]
             try:
-                here = kafka.TopicPartition(topic, partition)
-                at = consumer.position([here])[0].offset \
-                    if (was_topic, was_partition) == (topic, partition) else None
-                if at != start:  # elsewhere, or another partition's: assigned at start
-                    consumer.assign([kafka.TopicPartition(topic, partition, start)])
-                # kept paused; a partition assigned again stays paused too (librdkafka keeps
-                # the flag with the partition): found reading nothing until the timeout
-                consumer.resume([here])
+                # kept unassigned: assigned afresh at the range's start. Not paused and
+                # resumed: librdkafka's pause/resume ops race an assign (versioned ops on
+                # the partition, confluentinc/librdkafka#5591, #2190) and left a partition
+                # paused for good, its position invalid, found reading nothing until the
+                # timeout
+                consumer.assign([kafka.TopicPartition(topic, partition, start)])
                 return key, consumer
             except Exception as exc:  # noqa: BLE001 - a kept client that fails: a new one
                 log.debug("kafka reader: a kept consumer failed (%s); a new one", exc)
                 _close(consumer)
+        return key, self.new(config, topic, partition, start)
+
+    @staticmethod
+    def new(config: dict[str, Any], topic: str, partition: int, start: int) -> Any:
+        """A new consumer assigned to ``topic``-``partition`` at ``start``."""
+        kafka = load_kafka()
         consumer = kafka.Consumer(config)
         consumer.assign([kafka.TopicPartition(topic, partition, start)])
-        return key, consumer
+        return consumer
 
     def give_back(self, key: str, topic: str, partition: int, consumer: Any) -> None:
-        """Keep ``consumer``, paused (a kept one that went on prefetching cost the tasks CPU
-        and memory, and threw its fetches away when another worker read the range next)."""
-        kafka = load_kafka()
+        """Keep ``consumer``, unassigned (a kept one that went on prefetching cost the tasks
+        CPU and memory, and threw its fetches away when another worker read the range next)."""
         try:
-            consumer.pause([kafka.TopicPartition(topic, partition)])
+            consumer.unassign()
         except Exception as exc:  # noqa: BLE001 - a client that fails now is not kept
-            log.debug("kafka reader: pausing a consumer failed (%s); closed", exc)
+            log.debug("kafka reader: unassigning a consumer failed (%s); closed", exc)
             _close(consumer)
             return
         with self._lock:
@@ -143,7 +149,7 @@ class ReadRanges:
         read_to_end = False
         try:
             first = True
-            waited_since = time.monotonic()
+            waited_since = renewed_since = time.monotonic()
             position = start
             while position < end:
                 messages = consumer.consume(num_messages=min(_BATCH_ROWS, end - position),
@@ -154,6 +160,16 @@ class ReadRanges:
                     at = consumer.position([kafka.TopicPartition(topic, partition)])[0].offset
                     if at >= end:
                         break
+                    quiet = time.monotonic() - max(waited_since, renewed_since)
+                    if quiet > _RENEW_S and time.monotonic() - waited_since <= _READ_TIMEOUT_S:
+                        log.warning("kafka source %s: %s-%d read nothing at offset %d in %.0f s "
+                                    "(the consumer stands at %d); a new consumer",
+                                    self.spec["source"], topic, partition, position, quiet, at)
+                        _close(consumer)
+                        consumer = _CONSUMERS.new(self.spec["config"], topic, partition,
+                                                  position)
+                        renewed_since = time.monotonic()
+                        continue
                     if time.monotonic() - waited_since > _READ_TIMEOUT_S:
                         raise SourceError(
                             f"kafka source {self.spec['source']}: expected the records of "

@@ -1,0 +1,426 @@
+"""Nexmark throughput (issue 35): spark_ckpt against Structured Streaming and PyFlink SQL, the
+same events, the same query, each system writing its result exactly once, outputs checked
+against batch Spark SQL over all events.
+
+    python scripts/bench_nexmark.py --events 10000000 --queries q0,q1,q2,q5,q7,q8,q11 \\
+        --reps 1 --pyflink /opt/flinkenv/bin/python --json benchmarks/results/nexmark.json
+
+The generator's events (scripts/nexmark_gen.py, 10,000 a second of event time) in ``--files``
+Parquet files; each arm its own driver process, the arms in alternating order between
+repetitions:
+
+``ckpt``   spark_ckpt: ``ctx.file_stream`` of the files, ``--files-per-batch`` a batch,
+           ``with_watermark("dateTime", "4 seconds")``, the query of
+           scripts/nexmark_queries.py, ``write_parquet`` (two-phase: files visible when a
+           checkpoint completes, one every 10 s), ``process_available``; state on the default
+           backend, ``state_parallelism`` 2;
+``ss``     Structured Streaming as a careful user writes the query: ``readStream`` of the
+           files, ``maxFilesPerTrigger`` the same, ``withWatermark``, the query in the
+           DataFrame API (SS_QUERIES below), RocksDB state with changelog checkpointing, the
+           file sink (exactly once), ``availableNow``. A query Structured Streaming refuses is
+           reported with its error;
+``flink``  PyFlink SQL (``--pyflink PYTHON``): Flink's nexmark SQL over a Parquet copy of the
+           events, RocksDB, incremental checkpoints every 10 s, parallelism 2
+           (scripts/bench_nexmark_flink.py).
+
+Throughput is the events over the query's time (from the query's start to its end; the
+driver's or mini-cluster's start is reported beside it). Checked: each arm's rows equal the
+reference's (``nexmark_queries.QUERIES``), over the windows that the final watermark (the
+last event's time less 4 s) closes. Flink closes every window at the end of its bounded
+input; its rows of the windows past that watermark are left out before comparing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import nexmark_gen  # noqa: E402
+import nexmark_queries  # noqa: E402
+
+RATE = 10_000  # events a second of event time (the generator's default)
+FLINK_PARQUET = ("https://repo1.maven.org/maven2/org/apache/flink/flink-sql-parquet/"
+                 "{v}/flink-sql-parquet-{v}.jar")
+CACHE = Path.home() / ".cache" / "spark-ckpt-bench"
+
+
+# -- Structured Streaming's queries ---------------------------------------------------------
+def _ss_kind(ev: Any, kind: int, struct: str, fields: list[str]) -> Any:
+    """One kind's fields, with the events' top-level ``dateTime`` (which carries the
+    watermark; it equals the kind's own) in the place of the kind's."""
+    from pyspark.sql import functions as F
+
+    return ev.where(f"event_type = {kind}").select(
+        *[F.col("dateTime") if f == "dateTime" else F.col(f"{struct}.{f}") for f in fields])
+
+
+def ss_bids(ev: Any) -> Any:
+    return _ss_kind(ev, 2, "bid", ["auction", "bidder", "price", "channel", "url", "dateTime",
+                                   "extra"])
+
+
+def ss_q5(ev: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    counts = ss_bids(ev).groupBy("auction", F.window("dateTime", "10 seconds", "2 seconds")) \
+        .agg(F.count(F.lit(1)).alias("num"))
+    # one event-time column a stream: the largest count per sliding window groups by a
+    # 2-second window over the counts' window_time (one sliding window ends in each) and
+    # carries the sliding window's bounds as plain columns
+    maxes = counts.select(F.col("window.start").alias("mstart"),
+                          F.col("window.end").alias("mend"), "num",
+                          F.window_time("window").alias("wt")) \
+        .groupBy(F.window("wt", "2 seconds").alias("w"), "mstart", "mend") \
+        .agg(F.max("num").alias("maxn"))
+    c = counts.select("auction", "num", F.col("window.start").alias("starttime"),
+                      F.col("window.end").alias("endtime"), F.window_time("window").alias("ct"))
+    m = maxes.select("mstart", "mend", "maxn", F.window_time("w").alias("mt"))
+    return c.join(m, (c.starttime == m.mstart) & (c.endtime == m.mend) & (c.num >= m.maxn)
+                  & (c.ct >= m.mt - F.expr("INTERVAL 2 seconds")) & (c.ct <= m.mt)) \
+        .select("auction", "num", "starttime")
+
+
+def ss_q7(ev: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    b = ss_bids(ev)
+    maxes = b.groupBy(F.window("dateTime", "10 seconds")) \
+        .agg(F.max("price").alias("maxprice")) \
+        .select("maxprice", F.col("window.end").alias("wend"),
+                F.window_time("window").alias("m_time"))
+    # the reference's bound is the window's end less 1 ms (Flink's rowtime); window_time, the
+    # time column that carries the watermark, is the end less 1 µs: bound on both
+    return b.join(maxes, (b.price == maxes.maxprice)
+                  & (b.dateTime >= maxes.wend - F.expr("INTERVAL 10001 milliseconds"))
+                  & (b.dateTime <= maxes.wend - F.expr("INTERVAL 1 millisecond"))
+                  & (b.dateTime >= maxes.m_time - F.expr("INTERVAL 11 seconds"))
+                  & (b.dateTime <= maxes.m_time)) \
+        .select("auction", "price", "bidder", "dateTime", "extra")
+
+
+def ss_q8(ev: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    p = _ss_kind(ev, 0, "person", ["id", "name", "dateTime"]) \
+        .groupBy("id", "name", F.window("dateTime", "10 seconds")).count() \
+        .select("id", "name", F.col("window").alias("pw"))
+    a = _ss_kind(ev, 1, "auction", ["seller", "dateTime"]) \
+        .groupBy("seller", F.window("dateTime", "10 seconds")).count() \
+        .select("seller", F.col("window").alias("aw"))
+    return p.join(a, (p.id == a.seller) & (p.pw == a.aw)) \
+        .select("id", "name", F.col("pw.start").alias("starttime"))
+
+
+def ss_q11(ev: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return ss_bids(ev).groupBy("bidder", F.session_window("dateTime", "10 seconds").alias("w")) \
+        .agg(F.count(F.lit(1)).alias("bid_count")) \
+        .select("bidder", "bid_count", F.col("w.start").alias("starttime"),
+                F.col("w.end").alias("endtime"))
+
+
+SS_QUERIES = {
+    "q0": nexmark_queries.q0, "q1": nexmark_queries.q1, "q2": nexmark_queries.q2,
+    "q5": ss_q5, "q7": ss_q7, "q8": ss_q8, "q11": ss_q11,
+}
+
+
+# -- the children ---------------------------------------------------------------------------
+def session(name: str) -> Any:
+    import logging
+
+    from spark_ckpt import get_or_create_session
+
+    logging.basicConfig(level=logging.WARNING)
+    spark = get_or_create_session(name, conf={
+        "spark.master": "local[2]", "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC"})
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def child_ckpt(args: argparse.Namespace, spark: Any) -> dict:
+    from spark_ckpt import Settings, StreamingContext
+
+    work = Path(args.work)
+    ctx = StreamingContext(spark, 0.1, str(work / "ckpt"), f"nexmark-{args.query}",
+                           settings=Settings(progress="never", checkpoint_interval_ms=10_000,
+                                             state_parallelism=2))
+    events = ctx.file_stream("events", args.events, "parquet", nexmark_gen.SPARK_SCHEMA,
+                             max_files_per_batch=args.files_per_batch) \
+        .with_watermark("dateTime", nexmark_queries.WATERMARK_DELAY)
+    query = nexmark_queries.QUERIES[args.query][0]
+    query(events).write_parquet(str(work / "out"), name=args.query)
+    t0 = time.perf_counter()
+    progress = ctx.process_available(timeout=7200)
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "rows": sum(p["num_input_rows"] or 0 for p in progress),
+            "batches": sum(1 for p in progress if p["num_input_rows"]),
+            "batch_ms": [p["durations_ms"]["total"] for p in progress]}
+
+
+def child_ss(args: argparse.Namespace, spark: Any) -> dict:
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass",
+                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+                   "true")
+    work = Path(args.work)
+    events = (spark.readStream.schema(nexmark_gen.SPARK_SCHEMA)
+              .option("maxFilesPerTrigger", args.files_per_batch).parquet(args.events)
+              .withWatermark("dateTime", nexmark_queries.WATERMARK_DELAY))
+    try:
+        result = SS_QUERIES[args.query](events)
+        writer = (result.writeStream.format("parquet").option("path", str(work / "out"))
+                  .option("checkpointLocation", str(work / "ckpt")).outputMode("append")
+                  .trigger(availableNow=True))
+        t0 = time.perf_counter()
+        query = writer.start()
+    except Exception as exc:  # noqa: BLE001 - a query SS refuses is reported, not a failure
+        return {"refused": f"{type(exc).__name__}: {str(exc).splitlines()[0][:400]}"}
+    query.awaitTermination()
+    seconds = time.perf_counter() - t0
+    progress = query.recentProgress
+    return {"seconds": seconds, "rows": sum(p["numInputRows"] for p in progress),
+            "batches": sum(1 for p in progress if p["numInputRows"])}
+
+
+def child(args: argparse.Namespace) -> None:
+    t0 = time.perf_counter()
+    spark = session(f"nexmark-{args.child}-{args.query}")
+    started = time.perf_counter() - t0
+    result = child_ss(args, spark) if args.child == "ss" else child_ckpt(args, spark)
+    result["session_start_s"] = started
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# -- the parent -----------------------------------------------------------------------------
+def prepare(work: Path, events: int, files: int) -> tuple[Path, Path]:
+    """The events (kept between runs of the same size) and their copy for Flink: INT96
+    timestamps, which Flink's Parquet format reads as TIMESTAMP(3)."""
+    import pyarrow.parquet as pq
+
+    out = work / f"events-{events}-{files}"
+    flink = work / f"events-flink-{events}-{files}"
+    if not (out / "_DONE").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        nexmark_gen.write(out, events, files, events_per_second=RATE)
+        (out / "_DONE").write_text("")
+        print(f"generated {events} events in {time.perf_counter() - t0:.1f} s", flush=True)
+    if not (flink / "_DONE").exists():
+        shutil.rmtree(flink, ignore_errors=True)
+        flink.mkdir(parents=True)
+        for path in sorted(out.glob("*.parquet")):
+            pq.write_table(pq.read_table(path), flink / path.name,
+                           use_deprecated_int96_timestamps=True)
+        (flink / "_DONE").write_text("")
+    return out, flink
+
+
+def flink_jar(version: str) -> str:
+    path = CACHE / f"flink-sql-parquet-{version}.jar"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        urllib.request.urlretrieve(FLINK_PARQUET.format(v=version), path)
+    return f"file://{path}"
+
+
+def run(args: argparse.Namespace, system: str, query: str, work: Path, events: Path,
+        flink_events: Path) -> dict:
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    if system == "flink":
+        version = subprocess.run(
+            [args.pyflink, "-c", "import importlib.metadata as m; "
+             "print(m.version('apache-flink'))"], capture_output=True, text=True,
+            check=True).stdout.strip()
+        # Flink's Parquet format reads through Hadoop's classes: the Hadoop client jars that
+        # pip's PySpark ships
+        import pyspark
+
+        hadoop = sorted(f"file://{p}" for p in (Path(pyspark.__file__).parent / "jars")
+                        .glob("hadoop-client-*.jar"))
+        cmd = [args.pyflink, str(ROOT / "scripts" / "bench_nexmark_flink.py"), "--query",
+               query, "--events", str(flink_events), "--jars",
+               ";".join([flink_jar(version), *hadoop]), "--work", str(work)]
+        env = dict(os.environ, TZ="UTC")
+    else:
+        cmd = [sys.executable, __file__, "--child", system, "--query", query, "--work",
+               str(work), "--events", str(events), "--files-per-batch",
+               str(args.files_per_batch)]
+        env = dict(os.environ, PYSPARK_PYTHON=sys.executable,
+                   PYSPARK_DRIVER_PYTHON=sys.executable,
+                   PYSPARK_SUBMIT_ARGS=f"--driver-memory {args.driver_memory} pyspark-shell",
+                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    (work.parent / f"{work.name}.log").write_text(proc.stdout[-50_000:] + proc.stderr[-200_000:])
+    line = next((li for li in proc.stdout.splitlines() if li.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        return {"failed": f"exit {proc.returncode}: {proc.stderr[-1500:]}",
+                "process_seconds": wall}
+    result = {**json.loads(line[7:]), "process_seconds": wall}
+    if "seconds" in result:
+        result["throughput"] = args.events / result["seconds"]
+    return result
+
+
+def _normal(frame: Any) -> Any:
+    import pandas as pd
+
+    frame = frame.copy()
+    for column in frame.columns:
+        if frame[column].dtype == object and frame[column].map(
+                lambda v: isinstance(v, float)).any():
+            frame[column] = frame[column].astype(float)
+        if pd.api.types.is_float_dtype(frame[column]):
+            frame[column] = frame[column].round(3)
+        if pd.api.types.is_datetime64_any_dtype(frame[column]):
+            frame[column] = pd.to_datetime(frame[column], utc=True).astype("int64") // 1000
+    cols = sorted(frame.columns)
+    return frame[cols].sort_values(cols).reset_index(drop=True)
+
+
+def closed(frame: Any, mode: str, final_watermark_ms: int) -> Any:
+    """The rows of windows the final watermark closes (all rows for other modes)."""
+    import pandas as pd
+
+    if mode.startswith("closed-window:"):
+        _, column, size = mode.split(":")
+        t = pd.to_datetime(frame[column], utc=True).astype("int64") // 1_000_000 \
+            - nexmark_gen.BASE_MS
+        ends = nexmark_gen.BASE_MS + (t // int(size) + 1) * int(size)
+        return frame[ends <= final_watermark_ms]
+    if mode.startswith("closed:"):
+        end, _, plus = mode.split(":")[1].partition("+")
+        ends = pd.to_datetime(frame[end], utc=True).astype("int64") // 1_000_000 + int(plus or 0)
+        return frame[ends <= final_watermark_ms]
+    return frame
+
+
+def read_output(spark: Any, system: str, work: Path, expected: Any) -> Any:
+    import pandas as pd
+
+    lines = work / "out.jsonl"
+    if lines.exists():  # Flink's collected changelog: strings, typed as the reference's
+        rows = [json.loads(li) for li in lines.read_text().splitlines()]
+        frame = pd.DataFrame(rows, columns=list(expected.columns))
+        for column in frame.columns:
+            if pd.api.types.is_datetime64_any_dtype(expected[column]):
+                frame[column] = pd.to_datetime(frame[column], utc=True)
+            elif pd.api.types.is_numeric_dtype(expected[column]):
+                frame[column] = pd.to_numeric(frame[column])
+        return frame
+    out = work / "out"
+    # Flink's part files have no suffix; hidden ones (in progress) are not its output
+    files = [p for p in out.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))
+             and "_spark_metadata" not in p.parts] if out.exists() else []
+    if not files:
+        return pd.DataFrame(columns=list(expected.columns))
+    return spark.read.parquet(str(out)).toPandas()
+
+
+def check(spark: Any, system: str, work: Path, expected: Any, mode: str,
+          final_watermark_ms: int) -> dict:
+    import pandas as pd
+
+    got = closed(read_output(spark, system, work, expected), mode, final_watermark_ms)
+    got = got[[c for c in expected.columns]]
+    a, b = _normal(got), _normal(expected)
+    try:
+        pd.testing.assert_frame_equal(a, b, check_dtype=False)
+        return {"equal": True, "rows": len(a)}
+    except AssertionError:
+        merged = a.merge(b, how="outer", indicator=True)
+        return {"equal": False, "rows": len(a), "expected_rows": len(b),
+                "missing": int((merged["_merge"] == "right_only").sum()),
+                "extra": int((merged["_merge"] == "left_only").sum())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", default="10000000",
+                        help="how many events (a child: the directory of the events)")
+    parser.add_argument("--files", type=int, default=100)
+    parser.add_argument("--files-per-batch", type=int, default=10)
+    parser.add_argument("--queries", default="q0,q1,q2,q5,q7,q8,q11")
+    parser.add_argument("--arms", default="ckpt,ss,flink")
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--pyflink", default="/opt/flinkenv/bin/python")
+    parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/spark-ckpt-bench-nexmark"))
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child", choices=["ckpt", "ss"])
+    parser.add_argument("--query")
+    args, _ = parser.parse_known_args()
+    if args.child:
+        args.work = str(args.work)
+        child(args)
+        return
+    args.events = int(args.events)
+
+    events, flink_events = prepare(args.work, args.events, args.files)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("nexmark-reference")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+             .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "4g")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    everything = spark.read.schema(nexmark_gen.SPARK_SCHEMA).parquet(str(events))
+    final_watermark = nexmark_gen.BASE_MS + (args.events - 1) * 1000 // RATE - 4_000
+    arms = args.arms.split(",")
+    results: dict[str, Any] = {
+        "command": " ".join(sys.argv), "machine": f"{platform.node()} {os.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "events": args.events,
+        "files": args.files, "files_per_batch": args.files_per_batch, "reps": args.reps,
+        "queries": {}}
+    for query in args.queries.split(","):
+        _stream, reference, mode = nexmark_queries.QUERIES[query]
+        spark.catalog.clearCache()
+        expected = closed(reference(spark, everything).toPandas(), mode, final_watermark)
+        runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+        for rep in range(args.reps):
+            for arm in (arms if rep % 2 == 0 else arms[::-1]):
+                work = args.work / "runs" / f"{query}-{arm}-{rep}"
+                result = run(args, arm, query, work, events, flink_events)
+                if "seconds" in result:
+                    result["check"] = check(spark, arm, work, expected, mode, final_watermark)
+                runs[arm].append(result)
+                shutil.rmtree(work, ignore_errors=True)
+                print(query, arm, rep, json.dumps({k: v for k, v in result.items()
+                                                   if k != "batch_ms"}), flush=True)
+        summary: dict[str, Any] = {"runs": runs}
+        for arm in arms:
+            done = [r["throughput"] for r in runs[arm] if "throughput" in r]
+            if done:
+                summary[f"{arm}_events_per_s"] = statistics.median(done)
+        for other in ("ss", "flink"):
+            if "ckpt_events_per_s" in summary and f"{other}_events_per_s" in summary:
+                summary[f"ckpt_over_{other}"] = (summary["ckpt_events_per_s"]
+                                                 / summary[f"{other}_events_per_s"])
+        results["queries"][query] = summary
+        print(query, json.dumps({k: v for k, v in summary.items() if k != "runs"}), flush=True)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(results, indent=1))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

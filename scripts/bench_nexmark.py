@@ -170,7 +170,10 @@ def child_ckpt(args: argparse.Namespace, spark: Any) -> dict:
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "rows": sum(p["num_input_rows"] or 0 for p in progress),
             "batches": sum(1 for p in progress if p["num_input_rows"]),
-            "batch_ms": [p["durations_ms"]["total"] for p in progress]}
+            "batch_ms": [p["durations_ms"]["total"] for p in progress],
+            "durations_ms": [p["durations_ms"] for p in progress],
+            "checkpoints": [{k: c.get(k) for k in ("checkpoint_id", "status", "duration_ms")}
+                            for c in ctx.recent_checkpoints]}
 
 
 def child_ss(args: argparse.Namespace, spark: Any) -> dict:
@@ -403,8 +406,9 @@ def main() -> None:
                     result["check"] = check(spark, arm, work, expected, mode, final_watermark)
                 runs[arm].append(result)
                 shutil.rmtree(work, ignore_errors=True)
-                print(query, arm, rep, json.dumps({k: v for k, v in result.items()
-                                                   if k != "batch_ms"}), flush=True)
+                print(f"\n{query} {arm} {rep}", json.dumps(
+                    {k: v for k, v in result.items()
+                     if k not in ("batch_ms", "durations_ms", "checkpoints")}), flush=True)
         summary: dict[str, Any] = {"runs": runs}
         for arm in arms:
             done = [r["throughput"] for r in runs[arm] if "throughput" in r]
@@ -415,7 +419,8 @@ def main() -> None:
                 summary[f"ckpt_over_{other}"] = (summary["ckpt_events_per_s"]
                                                  / summary[f"{other}_events_per_s"])
         results["queries"][query] = summary
-        print(query, json.dumps({k: v for k, v in summary.items() if k != "runs"}), flush=True)
+        print(f"\n{query}", json.dumps({k: v for k, v in summary.items() if k != "runs"}),
+              flush=True)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(results, indent=1))

@@ -161,7 +161,8 @@ def chunk(index: int, *, seed: int = 42, events_per_second: int = 10_000) -> pa.
 
 def write(out: Path, events: int, files: int, *, seed: int = 42,
           events_per_second: int = 10_000) -> list[Path]:
-    """``events`` events (a multiple of CHUNK) in ``files`` Parquet files, in event order."""
+    """``events`` events in ``files`` Parquet files, in event order: whole chunks of
+    ``CHUNK`` events a file, so fewer files than asked when there are fewer chunks."""
     chunks = math.ceil(events / CHUNK)
     out.mkdir(parents=True, exist_ok=True)
     per_file = math.ceil(chunks / files)

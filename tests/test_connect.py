@@ -52,10 +52,9 @@ PARITY = {
         "tests/test_batch_cuts.py::"
         "test_killed_during_partial_waves_resumes_from_them[sorted_report]",
     ],
-    # CI keeps an event kill, a Delta commit kill and adoption; the rest SPARK_CKPT_LONG_FAULTS=1
+    # CI keeps a Delta commit kill and adoption (whose six cases kill at events too); the rest
+    # SPARK_CKPT_LONG_FAULTS=1
     "batch-client-killed": [
-        "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
-        "[vertex.finished:1-10]",
         "tests/test_recovery_faults.py::test_kill_during_a_sink_commit_commits_exactly_once"
         "[sink.committed:2]",
         # (its six cases: kills at events and from outside, a killed re-run, a replaced input)
@@ -63,6 +62,8 @@ PARITY = {
         "test_the_next_client_records_what_a_killed_clients_writes_finished_on_the_server",
     ],
     "batch-client-killed-long": [
+        "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
+        "[vertex.finished:1-10]",
         "tests/test_recovery_faults.py::test_killed_from_outside_mid_vertex",
         "tests/test_recovery_faults.py::test_torn_event_log_tail_is_tolerated",
         "tests/test_recovery_faults.py::test_kill_before_and_after_each_kind_of_event"
@@ -97,8 +98,10 @@ PARITY = {
         "tests/test_state_evolution.py::"
         "test_an_aggregation_gains_an_output_renames_one_and_widens_another",
     ],
-    "event-time": [  # windows (Spark's window()/session_window() from the client) and joins
+    "event-time": [  # windows (Spark's window()/session_window() from the client)
         "tests/test_windows.py::test_every_window_kind_and_function_equals_batch_spark",
+    ],
+    "event-time-long": [  # stream-stream joins (two inputs' watermarks, kept rows)
         "tests/test_stream_joins.py::test_every_join_kind_equals_batch_sparks_join",
     ],
     "stream-client-killed": [
@@ -107,6 +110,8 @@ PARITY = {
     ],
     "kafka": [  # the Python reader and the commit's tasks run in the server's Python workers
         "tests/test_kafka.py::test_each_batch_reads_its_recorded_offsets_in_sparks_kafka_schema",
+    ],
+    "kafka-long": [  # the sink's transactions sent from the server's Python workers
         "tests/test_kafka.py::test_a_checkpoints_records_reach_read_committed_consumers_once",
     ],
 }
@@ -118,7 +123,8 @@ CLIENT_KILLS = ("batch-client-killed", "batch-client-killed-long")
 # More of the classic suite on Connect, run with SPARK_CKPT_LONG_FAULTS=1: what they check
 # on Connect, the groups above check there too (a batch job's output, keyed state, restores,
 # a killed batch client of each kind)
-LONG_ONLY_GROUPS = ("batch-long", "keyed-state-long", "batch-client-killed-long")
+LONG_ONLY_GROUPS = ("batch-long", "keyed-state-long", "batch-client-killed-long",
+                    "event-time-long", "kafka-long")
 
 
 def run_parity(connect_url: str, groups: list[str]) -> None:

@@ -14,5 +14,5 @@ pytestmark = [pytest.mark.connect, pytest.mark.slow]
 def test_the_batch_client_kills_pass_on_spark_connect(connect_url):
     """A killed batch client's next client recovers: the batch-client-killed group (and the
     batch-client-killed-long group with SPARK_CKPT_LONG_FAULTS=1)."""
-    # CI runs batch-client-killed (event, Delta commit, adoption); the rest SPARK_CKPT_LONG_FAULTS=1
+    # CI runs batch-client-killed (Delta commit, adoption); the rest SPARK_CKPT_LONG_FAULTS=1
     run_parity(connect_url, [g for g in CLIENT_KILLS if LONG_FAULTS or g not in LONG_ONLY_GROUPS])

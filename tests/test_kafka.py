@@ -247,12 +247,14 @@ def _reader_spec(kafka, tasks: list[list[tuple[str, int, int, int]]]) -> dict:
             "bootstrap": kafka.bootstrap, "tasks": tasks, "format": None}
 
 
-def _offsets_read(reader, task: int) -> list[tuple[int, int]]:
+def _records_read(reader, task: int) -> list[tuple[int, int, int]]:
+    """(partition, offset, the record's number in its value) of what a task reads."""
     import pyarrow as pa
 
     ids = pa.record_batch([pa.array([task], pa.int64())], names=["id"])
-    return [(p, o) for b in reader(iter([ids]))
-            for p, o in zip(b.column("partition").to_pylist(), b.column("offset").to_pylist())]
+    return [(p, o, json.loads(v)["amount"]) for b in reader(iter([ids]))
+            for p, o, v in zip(b.column("partition").to_pylist(), b.column("offset").to_pylist(),
+                               b.column("value").to_pylist(), strict=True)]
 
 
 def test_a_workers_kept_consumers_read_each_range_exactly_and_a_stuck_one_is_replaced(
@@ -261,21 +263,28 @@ def test_a_workers_kept_consumers_read_each_range_exactly_and_a_stuck_one_is_rep
     range reads the next range of another partition, then of the first partition again from
     an earlier offset, each exactly (CI found a kept consumer paused, then assigned and
     resumed, reading nothing for 120 s: librdkafka's pause/resume race an assign; kept
-    consumers are now unassigned). A consumer that reads nothing although the records exist
-    (here one whose partition is paused) is replaced by a new one at the same offset, long
-    before the read times out."""
+    consumers are now unassigned), one consumer made for all four. A consumer that reads
+    nothing although the records exist (here one whose partition is paused) is replaced by a
+    new one at the same offset, long before the read times out."""
     from confluent_kafka import Consumer, TopicPartition
 
     from spark_ckpt.sources import kafka_reader
 
     kafka.create_topic("pool-t", 2)
-    produce(kafka, "pool-t", records(120, 2))  # 60 a partition
+    produce(kafka, "pool-t", records(120, 2))  # record i at partition i % 2, offset i // 2
+    pool = kafka_reader._Consumers()
+    monkeypatch.setattr(kafka_reader, "_CONSUMERS", pool)
+    made = []
+    monkeypatch.setattr(pool, "new", lambda *a: made.append(a) or kafka_reader._Consumers.new(*a))
     reader = kafka_reader.ReadRanges(_reader_spec(
         kafka, [[("pool-t", 0, 0, 40)], [("pool-t", 1, 5, 60)], [("pool-t", 0, 10, 60)],
                 [("pool-t", 1, 0, 30)]]))
     for task, (partition, start, end) in enumerate([(0, 0, 40), (1, 5, 60), (0, 10, 60),
                                                     (1, 0, 30)]):
-        assert _offsets_read(reader, task) == [(partition, o) for o in range(start, end)]
+        # the values say which record each is: its partition's, at its offset
+        assert _records_read(reader, task) == [
+            (partition, o, 2 * o + partition) for o in range(start, end)]
+    assert len(made) == 1  # one consumer, kept and assigned again for each range, none renewed
     monkeypatch.setattr(kafka_reader, "_RENEW_S", 2.0)
     monkeypatch.setattr(kafka_reader, "_READ_TIMEOUT_S", 30.0)
 
@@ -285,10 +294,10 @@ def test_a_workers_kept_consumers_read_each_range_exactly_and_a_stuck_one_is_rep
         consumer.pause([TopicPartition(topic, partition)])
         return "stuck", consumer
 
-    monkeypatch.setattr(kafka_reader._CONSUMERS, "take", stuck)
+    monkeypatch.setattr(pool, "take", stuck)
     started = time.monotonic()
-    assert _offsets_read(reader, 2) == [(0, o) for o in range(10, 60)]
-    assert time.monotonic() - started < 20
+    assert _records_read(reader, 2) == [(0, o, 2 * o) for o in range(10, 60)]
+    assert time.monotonic() - started < 20 and len(made) == 2  # replaced once
 
 
 def test_partitions_added_and_topics_matching_the_pattern_are_read_from_their_start(

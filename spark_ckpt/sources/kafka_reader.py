@@ -192,6 +192,9 @@ class ReadRanges:
                     first = False
                     position = max(position, good[-1].offset() + 1)
                     yield self._batch(pa, topic, partition, good)
+                    # the time the task's consumer (the JVM) took the batch is not a quiet
+                    # broker's: waiting counts from here
+                    waited_since = time.monotonic()
                 if failed is not None:
                     error = messages[failed].error()
                     if error.code() in _OUT_OF_RANGE:

@@ -294,39 +294,6 @@ def run(args: argparse.Namespace, system: str, query: str, work: Path, events: P
     return result
 
 
-def _normal(frame: Any) -> Any:
-    import pandas as pd
-
-    frame = frame.copy()
-    for column in frame.columns:
-        if frame[column].dtype == object and frame[column].map(
-                lambda v: isinstance(v, float)).any():
-            frame[column] = frame[column].astype(float)
-        if pd.api.types.is_float_dtype(frame[column]):
-            frame[column] = frame[column].round(3)
-        if pd.api.types.is_datetime64_any_dtype(frame[column]):
-            frame[column] = pd.to_datetime(frame[column], utc=True).astype("int64") // 1000
-    cols = sorted(frame.columns)
-    return frame[cols].sort_values(cols).reset_index(drop=True)
-
-
-def closed(frame: Any, mode: str, final_watermark_ms: int) -> Any:
-    """The rows of windows the final watermark closes (all rows for other modes)."""
-    import pandas as pd
-
-    if mode.startswith("closed-window:"):
-        _, column, size = mode.split(":")
-        t = pd.to_datetime(frame[column], utc=True).astype("int64") // 1_000_000 \
-            - nexmark_gen.BASE_MS
-        ends = nexmark_gen.BASE_MS + (t // int(size) + 1) * int(size)
-        return frame[ends <= final_watermark_ms]
-    if mode.startswith("closed:"):
-        end, _, plus = mode.split(":")[1].partition("+")
-        ends = pd.to_datetime(frame[end], utc=True).astype("int64") // 1_000_000 + int(plus or 0)
-        return frame[ends <= final_watermark_ms]
-    return frame
-
-
 def read_output(spark: Any, system: str, work: Path, expected: Any) -> Any:
     import pandas as pd
 
@@ -364,9 +331,10 @@ def check(spark: Any, system: str, work: Path, expected: Any, mode: str,
     except Exception as exc:  # noqa: BLE001 - an unreadable output is a failed check
         return {"equal": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     if system == "flink":
-        got = closed(got, mode, final_watermark_ms)
+        got = nexmark_queries.closed(got, mode, final_watermark_ms, nexmark_gen.BASE_MS)
     got = got[[c for c in expected.columns]]
-    a, b = _normal(got), _normal(expected)
+    # (3 decimals: Flink's q1 multiplies a DECIMAL, Spark a DOUBLE)
+    a, b = nexmark_queries.normal(got, 3), nexmark_queries.normal(expected, 3)
     try:
         pd.testing.assert_frame_equal(a, b, check_dtype=False)
         return {"equal": True, "rows": len(a)}
@@ -418,7 +386,8 @@ def main() -> None:
     for query in args.queries.split(","):
         _stream, reference, mode = nexmark_queries.QUERIES[query]
         spark.catalog.clearCache()
-        expected = closed(reference(spark, everything).toPandas(), mode, final_watermark)
+        expected = nexmark_queries.closed(reference(spark, everything).toPandas(), mode,
+                                          final_watermark, nexmark_gen.BASE_MS)
         runs: dict[str, list[dict]] = {arm: [] for arm in arms}
         for rep in range(args.reps):
             for arm in (arms if rep % 2 == 0 else arms[::-1]):

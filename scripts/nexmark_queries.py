@@ -488,3 +488,40 @@ QUERIES: dict[str, tuple[Callable[[Any], Any], Callable[[SparkSession, DataFrame
     "q21": (q21, _stateless(_q21), "append"),
     "q22": (q22, _stateless(_q22), "append"),
 }
+
+
+# -- comparing a query's rows with its reference's ------------------------------------------
+def closed(frame: Any, mode: str, final_watermark_ms: int, base_ms: int) -> Any:
+    """The rows of the windows that the final watermark closes (all rows for other modes):
+    ``closed:<end column>[+ms]`` and ``closed-window:<time column>:<size ms>`` (tumbling
+    windows of that size from ``base_ms``)."""
+    import pandas as pd
+
+    if mode.startswith("closed-window:"):
+        _, column, size = mode.split(":")
+        t = pd.to_datetime(frame[column], utc=True).astype("int64") // 1_000_000 - base_ms
+        ends = base_ms + (t // int(size) + 1) * int(size)
+        return frame[ends <= final_watermark_ms]
+    if mode.startswith("closed:"):
+        end, _, plus = mode.split(":")[1].partition("+")
+        ends = pd.to_datetime(frame[end], utc=True).astype("int64") // 1_000_000 + int(plus or 0)
+        return frame[ends <= final_watermark_ms]
+    return frame
+
+
+def normal(frame: Any, decimals: int = 6) -> Any:
+    """``frame`` comparable row for row: floats rounded, times as UTC microseconds, columns
+    and rows sorted."""
+    import pandas as pd
+
+    frame = frame.copy()
+    for column in frame.columns:
+        if frame[column].dtype == object and frame[column].map(
+                lambda v: isinstance(v, float)).any():
+            frame[column] = frame[column].astype(float)
+        if pd.api.types.is_float_dtype(frame[column]):
+            frame[column] = frame[column].round(decimals)
+        if pd.api.types.is_datetime64_any_dtype(frame[column]):
+            frame[column] = pd.to_datetime(frame[column], utc=True).astype("int64") // 1000
+    cols = sorted(frame.columns)
+    return frame[cols].sort_values(cols).reset_index(drop=True)

@@ -38,20 +38,6 @@ def test_the_generator_is_deterministic_and_in_proportion(tmp_path):
     assert hot.max() > 100 * float(pd.Series(hot).median())  # hot auctions take most bids
 
 
-def _normal(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame.copy()
-    for column in frame.columns:
-        if frame[column].dtype == object and frame[column].map(
-                lambda v: isinstance(v, float)).any():
-            frame[column] = frame[column].astype(float)
-        if pd.api.types.is_float_dtype(frame[column]):
-            frame[column] = frame[column].round(6)
-        if pd.api.types.is_datetime64_any_dtype(frame[column]):
-            frame[column] = frame[column].astype("int64")
-    cols = sorted(frame.columns)
-    return frame[cols].sort_values(cols).reset_index(drop=True)
-
-
 def test_every_query_equals_batch_spark_sql(spark, tmp_path):
     assert len(nexmark_gen.write(tmp_path / "events", EVENTS, 2,
                                  events_per_second=RATE)) == 2
@@ -75,16 +61,9 @@ def test_every_query_equals_batch_spark_sql(spark, tmp_path):
             keys = mode.split(":")[1].split(",")
             got = got.sort_values("__batch", kind="stable").groupby(keys, as_index=False) \
                 .tail(1)
-        elif mode.startswith("closed-window:"):
-            _, column, size = mode.split(":")
-            t = expected[column].astype("int64") // 1_000_000 - nexmark_gen.BASE_MS
-            ends = nexmark_gen.BASE_MS + (t // int(size) + 1) * int(size)
-            expected = expected[ends <= final_watermark]
-        elif mode.startswith("closed:"):
-            end, _, plus = mode.split(":")[1].partition("+")
-            ends = expected[end].astype("int64") // 1_000_000 + int(plus or 0)
-            expected = expected[ends <= final_watermark]
+        expected = nexmark_queries.closed(expected, mode, final_watermark, nexmark_gen.BASE_MS)
         got = got.drop(columns="__batch")
         assert len(expected) > 0, name
-        pd.testing.assert_frame_equal(_normal(got), _normal(expected), check_dtype=False,
+        pd.testing.assert_frame_equal(nexmark_queries.normal(got),
+                                      nexmark_queries.normal(expected), check_dtype=False,
                                       obj=name)

@@ -2,8 +2,8 @@
 same events, the same query, each system writing its result exactly once, outputs checked
 against batch Spark SQL over all events.
 
-    python scripts/bench_nexmark.py --events 10000000 --queries q0,q1,q2,q5,q7,q8,q11 \\
-        --reps 1 --pyflink /opt/flinkenv/bin/python --json benchmarks/results/nexmark.json
+    python scripts/bench_nexmark.py --events 10000000 --reps 1 \\
+        --pyflink /opt/flinkenv/bin/python --json benchmarks/results/nexmark.json
 
 The generator's events (scripts/nexmark_gen.py, 10,000 a second of event time) in ``--files``
 Parquet files; each arm its own driver process, the arms in alternating order between
@@ -16,9 +16,10 @@ repetitions:
            backend, ``state_parallelism`` 2;
 ``ss``     Structured Streaming as a careful user writes the query: ``readStream`` of the
            files, ``maxFilesPerTrigger`` the same, ``withWatermark``, the query in the
-           DataFrame API (SS_QUERIES below), RocksDB state with changelog checkpointing, the
-           file sink (exactly once), ``availableNow``. A query Structured Streaming refuses is
-           reported with its error;
+           DataFrame API (``ss_query`` below: the windowed ones written for it, every
+           other one its batch reference run on the stream), RocksDB state with changelog
+           checkpointing, the file sink (exactly once), ``availableNow``. A query
+           Structured Streaming refuses is reported with its error;
 ``flink``  PyFlink SQL (``--pyflink PYTHON``): Flink's nexmark SQL over a Parquet copy of the
            events (one file of one row group: read in event order, see ``prepare``), RocksDB,
            incremental checkpoints every 10 s, parallelism 2 (scripts/bench_nexmark_flink.py).
@@ -50,6 +51,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import bench_nexmark_flink  # noqa: E402  (its SQL; pyflink is imported only in its main)
 import nexmark_gen  # noqa: E402
 import nexmark_queries  # noqa: E402
 
@@ -135,10 +137,31 @@ def ss_q11(ev: Any) -> Any:
                 F.col("w.end").alias("endtime"))
 
 
-SS_QUERIES = {
-    "q0": nexmark_queries.q0, "q1": nexmark_queries.q1, "q2": nexmark_queries.q2,
-    "q5": ss_q5, "q7": ss_q7, "q8": ss_q8, "q11": ss_q11,
-}
+# The queries whose windows need the watermarked column and window_time; every other query is
+# its batch reference run on the stream: the same DataFrame or SQL, as a user ports it
+SS_WINDOWED = {"q5": ss_q5, "q7": ss_q7, "q8": ss_q8, "q11": ss_q11}
+
+
+def ss_query(name: str, events: Any) -> Any:
+    if name in SS_WINDOWED:
+        return SS_WINDOWED[name](events)
+    return nexmark_queries.QUERIES[name][1](events.sparkSession, events)
+
+
+def upsert_keys(query: str) -> list[str]:
+    """The keys of a query whose result is an update stream (none for an append result)."""
+    mode = nexmark_queries.QUERIES[query][2]
+    return mode.split(":")[1].split(",") if mode.startswith("upsert:") else []
+
+
+def _batch_writer(out: str) -> Any:
+    """An update stream's sink, the same in both Spark arms: each batch's rows appended to
+    Parquet with the batch's id; the last row of a key is its result."""
+    from pyspark.sql import functions as F
+
+    def write(df: Any, batch: int) -> None:
+        df.withColumn("__batch", F.lit(batch)).write.mode("append").parquet(out)
+    return write
 
 
 # -- the children ---------------------------------------------------------------------------
@@ -165,8 +188,11 @@ def child_ckpt(args: argparse.Namespace, spark: Any) -> dict:
     events = ctx.file_stream("events", args.events, "parquet", nexmark_gen.SPARK_SCHEMA,
                              max_files_per_batch=args.files_per_batch) \
         .with_watermark("dateTime", nexmark_queries.WATERMARK_DELAY)
-    query = nexmark_queries.QUERIES[args.query][0]
-    query(events).write_parquet(str(work / "out"), name=args.query)
+    query = nexmark_queries.QUERIES[args.query][0](events)
+    if upsert_keys(args.query):
+        query.foreach_batch(_batch_writer(str(work / "out")), name=args.query)
+    else:
+        query.write_parquet(str(work / "out"), name=args.query)
     t0 = time.perf_counter()
     progress = ctx.process_available(timeout=7200)
     seconds = time.perf_counter() - t0
@@ -188,10 +214,14 @@ def child_ss(args: argparse.Namespace, spark: Any) -> dict:
               .option("maxFilesPerTrigger", args.files_per_batch).parquet(args.events)
               .withWatermark("dateTime", nexmark_queries.WATERMARK_DELAY))
     try:
-        result = SS_QUERIES[args.query](events)
-        writer = (result.writeStream.format("parquet").option("path", str(work / "out"))
-                  .option("checkpointLocation", str(work / "ckpt")).outputMode("append")
-                  .trigger(availableNow=True))
+        result = ss_query(args.query, events)
+        writer = result.writeStream.option("checkpointLocation", str(work / "ckpt")) \
+            .trigger(availableNow=True)
+        if upsert_keys(args.query):
+            writer = writer.outputMode("update").foreachBatch(_batch_writer(str(work / "out")))
+        else:
+            writer = writer.format("parquet").option("path", str(work / "out")) \
+                .outputMode("append")
         t0 = time.perf_counter()
         query = writer.start()
     except Exception as exc:  # noqa: BLE001 - a query SS refuses is reported, not a failure
@@ -294,30 +324,53 @@ def run(args: argparse.Namespace, system: str, query: str, work: Path, events: P
     return result
 
 
-def read_output(spark: Any, system: str, work: Path, expected: Any) -> Any:
+def flink_changelog(files: list[Path], expected: Any) -> Any:
+    """Flink's update stream (debezium-json: a new row as ``after``, a retracted one as
+    ``before``) applied: the rows left, typed as the reference's."""
+    from collections import Counter
+
     import pandas as pd
 
-    lines = work / "out.jsonl"
-    if lines.exists():  # Flink's collected changelog: strings, typed as the reference's
-        rows = [json.loads(li) for li in lines.read_text().splitlines()]
-        frame = pd.DataFrame(rows, columns=list(expected.columns))
-        for column in frame.columns:
-            if pd.api.types.is_datetime64_any_dtype(expected[column]):
-                frame[column] = pd.to_datetime(frame[column], utc=True)
-            elif pd.api.types.is_numeric_dtype(expected[column]):
-                frame[column] = pd.to_numeric(frame[column])
-        return frame
+    columns = list(expected.columns)
+    final: Counter = Counter()
+    for path in files:
+        for line in path.read_text().splitlines():
+            change = json.loads(line)
+            if change.get("before") is not None:
+                final[tuple(change["before"][c] for c in columns)] -= 1
+            if change.get("after") is not None:
+                final[tuple(change["after"][c] for c in columns)] += 1
+    if any(n < 0 for n in final.values()):
+        raise ValueError("Flink's changelog retracts a row it never inserted")
+    frame = pd.DataFrame([k for k, n in final.items() for _ in range(n)], columns=columns)
+    for column in frame.columns:
+        if pd.api.types.is_datetime64_any_dtype(expected[column]):
+            frame[column] = pd.to_datetime(frame[column], utc=True)
+        elif pd.api.types.is_numeric_dtype(expected[column]):
+            frame[column] = pd.to_numeric(frame[column])
+    return frame
+
+
+def read_output(spark: Any, system: str, query: str, work: Path, expected: Any) -> Any:
+    import pandas as pd
+
     out = work / "out"
     # Flink's part files have no suffix; hidden ones (in progress) are not its output
-    files = [p for p in out.rglob("*") if p.is_file() and not any(
-        part.startswith((".", "_")) for part in p.relative_to(out).parts)] \
+    files = sorted(p for p in out.rglob("*") if p.is_file() and not any(
+        part.startswith((".", "_")) for part in p.relative_to(out).parts)) \
         if out.exists() else []
     if not files:
         return pd.DataFrame(columns=list(expected.columns))
-    return spark.read.parquet(str(out)).toPandas()
+    if system == "flink" and not bench_nexmark_flink.QUERIES[query][2]:
+        return flink_changelog(files, expected)
+    frame = spark.read.parquet(str(out)).toPandas()
+    if "__batch" in frame.columns:  # the Spark arms' update stream: a key's last row
+        frame = frame.sort_values("__batch", kind="stable") \
+            .groupby(upsert_keys(query), as_index=False).tail(1).drop(columns="__batch")
+    return frame
 
 
-def check(spark: Any, system: str, work: Path, expected: Any, mode: str,
+def check(spark: Any, system: str, query: str, work: Path, expected: Any, mode: str,
           final_watermark_ms: int) -> dict:
     """The arm's rows against the reference's. Only Flink's are cut to the windows the
     final watermark closes (it closes every window at the end of its input); spark_ckpt's and
@@ -327,7 +380,7 @@ def check(spark: Any, system: str, work: Path, expected: Any, mode: str,
     if len(expected) == 0:
         raise SystemExit("the reference has no rows: too few events for this query's windows")
     try:
-        got = read_output(spark, system, work, expected)
+        got = read_output(spark, system, query, work, expected)
     except Exception as exc:  # noqa: BLE001 - an unreadable output is a failed check
         return {"equal": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     if system == "flink":
@@ -351,7 +404,7 @@ def main() -> None:
                         help="how many events (a child: the directory of the events)")
     parser.add_argument("--files", type=int, default=100)
     parser.add_argument("--files-per-batch", type=int, default=10)
-    parser.add_argument("--queries", default="q0,q1,q2,q5,q7,q8,q11")
+    parser.add_argument("--queries", default=",".join(nexmark_queries.QUERIES))
     parser.add_argument("--arms", default="ckpt,ss,flink")
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--pyflink", default="/opt/flinkenv/bin/python")
@@ -394,7 +447,8 @@ def main() -> None:
                 work = args.work / "runs" / f"{query}-{arm}-{rep}"
                 result = run(args, arm, query, work, events, flink_events)
                 if "seconds" in result:
-                    result["check"] = check(spark, arm, work, expected, mode, final_watermark)
+                    result["check"] = check(spark, arm, query, work, expected, mode,
+                                            final_watermark)
                 runs[arm].append(result)
                 shutil.rmtree(work, ignore_errors=True)
                 print(f"\n{query} {arm} {rep}", json.dumps(

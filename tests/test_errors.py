@@ -26,6 +26,7 @@ ALLOWED = {
     ("spark_ckpt.sources.receivers", "ConnectionResetError"):
         "the server closed the socket: an OSError the receiver's reconnect loop catches",
     ("spark_ckpt.state", "AttributeError"): "a module's __getattr__ (PEP 562) for a name it lacks",
+    ("spark_ckpt", "AttributeError"): "a module's __getattr__ (PEP 562) for a name it lacks",
     ("spark_ckpt.ops.cli", "ClickException"): "click's protocol for a message and exit code 1",
     ("spark_ckpt.ops.cli", "UsageError"): "click's protocol for a usage error (exit code 2)",
     ("spark_ckpt.faults", "OSError"): "an injected storage failure: the storage's own error",

@@ -495,18 +495,25 @@ def closed(frame: Any, mode: str, final_watermark_ms: int, base_ms: int) -> Any:
     """The rows of the windows that the final watermark closes (all rows for other modes):
     ``closed:<end column>[+ms]`` and ``closed-window:<time column>:<size ms>`` (tumbling
     windows of that size from ``base_ms``)."""
-    import pandas as pd
 
     if mode.startswith("closed-window:"):
         _, column, size = mode.split(":")
-        t = pd.to_datetime(frame[column], utc=True).astype("int64") // 1_000_000 - base_ms
+        t = _micros(frame[column]) // 1000 - base_ms
         ends = base_ms + (t // int(size) + 1) * int(size)
         return frame[ends <= final_watermark_ms]
     if mode.startswith("closed:"):
         end, _, plus = mode.split(":")[1].partition("+")
-        ends = pd.to_datetime(frame[end], utc=True).astype("int64") // 1_000_000 + int(plus or 0)
+        ends = _micros(frame[end]) // 1000 + int(plus or 0)
         return frame[ends <= final_watermark_ms]
     return frame
+
+
+def _micros(column: Any) -> Any:
+    """A time column as UTC microseconds, whatever its unit (Spark's pandas are in ns,
+    delta-rs' in µs) and zone (naive is UTC)."""
+    import pandas as pd
+
+    return pd.to_datetime(column, utc=True).dt.as_unit("us").astype("int64")
 
 
 def normal(frame: Any, decimals: int = 6) -> Any:
@@ -522,6 +529,6 @@ def normal(frame: Any, decimals: int = 6) -> Any:
         if pd.api.types.is_float_dtype(frame[column]):
             frame[column] = frame[column].round(decimals)
         if pd.api.types.is_datetime64_any_dtype(frame[column]):
-            frame[column] = pd.to_datetime(frame[column], utc=True).astype("int64") // 1000
+            frame[column] = _micros(frame[column])
     cols = sorted(frame.columns)
     return frame[cols].sort_values(cols).reset_index(drop=True)

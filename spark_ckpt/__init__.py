@@ -108,7 +108,12 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+if not TYPE_CHECKING:  # (mypy sees the imports above: a misspelt name is still an error)
+    def __getattr__(name: str) -> Any:
+        return _resolve(name)
+
+
+def _resolve(name: str) -> Any:
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module 'spark_ckpt' has no attribute {name!r}")

@@ -84,12 +84,19 @@ def spread_defaults(tmp_path):
     return spread
 
 
+def task_paths(tmp_path, since: int = 0) -> tuple[set[bool], int]:
+    """The task paths of the batches in the progress log from line ``since`` on (True: one
+    task for a small batch, False: one per key-group range), and the log's length."""
+    path = tmp_path / "ckpt" / "progress" / "progress.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    progress = [json.loads(line) for line in lines[since:]]
+    return {p["state"]["totals"].get("single_task") for p in progress
+            if p["state"].get("totals", {}).get("tasks_run")}, len(lines)
+
+
 def assert_both_task_paths_ran(tmp_path) -> None:
     """The aggregation ran both ways: one task for a small batch, one per key-group range."""
-    progress = [json.loads(line) for line in
-                (tmp_path / "ckpt" / "progress" / "progress.jsonl").read_text().splitlines()]
-    paths = {p["state"]["totals"].get("single_task") for p in progress
-             if p["state"].get("totals", {}).get("tasks_run")}
+    paths, _ = task_paths(tmp_path)
     assert paths == {True, False}, paths
 
 
@@ -182,15 +189,27 @@ def test_exactly_once_across_sigkills_at_every_fault_point(spark, tmp_path, api)
     else:  # each of these drivers dies at its first checkpoint: fewer ids go past them all
         # CI keeps the first 2 kills (pending, completed); all 9 with SPARK_CKPT_LONG_FAULTS=1
         schedule, total = SCHEDULE[:2], CHAIN_HEAD
+    seen: set[bool] = set()
+    logged = 0
+    remote = bool(os.environ.get("SPARK_CKPT_TEST_REMOTE"))
     for attempt, kill in enumerate((*schedule, None)):
-        # every other driver runs with one task per key-group range: both task paths, and a
-        # switch between them at every restart
-        env = child_env(**({"SPARK_CKPT_DEFAULTS": str(spread)} if attempt % 2 else {}))
+        # every other driver runs with one task per key-group range, the last one (which runs
+        # to the end) among them: both task paths, and a switch between them at every restart
+        per_range = (len(schedule) - attempt) % 2 == 0
+        env = child_env(**({"SPARK_CKPT_DEFAULTS": str(spread)} if per_range else {}))
         out = drive(tmp_path, total, env, kill, rng, vectorized=api == "vectorized")
         if attempt >= 2:  # a checkpoint completed (attempt 1's): every restart restores one
             assert "restored checkpoint" in out, (attempt, out[-3000:])
+        # each driver's batches ran on its own path (a driver killed at its first checkpoint
+        # may have logged none: its kill can come before its first batch's progress)
+        paths, logged = task_paths(tmp_path, logged)
+        if not remote:  # (a Connect client's size estimate may be missing: no small path)
+            assert paths <= {not per_range}, (attempt, paths)
+        seen |= paths
     assert_exactly_once(spark, tmp_path, total)
-    assert_both_task_paths_ran(tmp_path)
+    assert False in seen, seen  # the last driver's batches, one task per range
+    if LONG_FAULTS or remote:  # nine killed drivers, or one killed after it logged progress
+        assert seen == {True, False}, seen
 
 
 @pytest.mark.skipif(not LONG_FAULTS, reason=LONG_ONLY)

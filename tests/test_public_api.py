@@ -90,13 +90,17 @@ def test_a_python_worker_that_runs_a_stateful_task_does_not_import_the_driver_si
     import subprocess
     import sys
 
-    probe = ("import sys, spark_ckpt.state.process_task; print(sorted({m.split('.')[1] for m in "
-             "sys.modules if m.startswith('spark_ckpt.')}))")
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            check=True).stdout
+    from helpers import ROOT
+
+    probe = ("import sys, spark_ckpt, spark_ckpt.state.process_task; print(spark_ckpt.__file__); "
+             "print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('spark_ckpt.')}))")
+    where, loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                   check=True, cwd=ROOT).stdout.splitlines()
+    assert where.startswith(str(ROOT)), where  # this checkout's package, not another copy
     for driver_side in ("streaming", "batch", "ops", "eventlog", "sinks", "sources"):
         assert f"'{driver_side}'" not in loaded, loaded
     assert "'state'" in loaded
     import spark_ckpt  # and every public name still resolves, from the package itself
 
     assert all(getattr(spark_ckpt, name) is not None for name in spark_ckpt.__all__)
+    assert set(spark_ckpt._MODULE_OF) == set(spark_ckpt.__all__)  # the two lists agree

@@ -286,6 +286,18 @@ def prepare(work: Path, events: int, files: int) -> tuple[Path, Path]:
     return out, flink
 
 
+def reference_session(name: str) -> Any:
+    """The parent's session: batch Spark SQL over every event, and the arms' outputs read."""
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName(name)
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+             .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "4g")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def flink_jar(version: str) -> str:
     path = CACHE / f"flink-sql-parquet-{version}.jar"
     if not path.exists():
@@ -451,13 +463,8 @@ def main() -> None:
     args.events = int(args.events)
 
     events, flink_events = prepare(args.work, args.events, args.files)
-    from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master("local[2]").appName("nexmark-reference")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
-             .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "4g")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = reference_session("nexmark-reference")
     everything = spark.read.schema(nexmark_gen.SPARK_SCHEMA).parquet(str(events))
     final_watermark = nexmark_gen.BASE_MS + (args.events - 1) * 1000 // RATE - 4_000
     arms = args.arms.split(",")

@@ -26,6 +26,8 @@ import argparse
 import json
 import time
 
+import nexmark_sql  # (this script's directory is on the path)
+
 SOURCE = """CREATE TABLE nexmark (
   event_type INT,
   person ROW<id BIGINT, name STRING, emailAddress STRING, creditCard STRING, city STRING,
@@ -55,21 +57,7 @@ VIEWS = [
        bid.extra AS extra FROM nexmark WHERE event_type = 2""",
 ]
 
-_RANK_SQL = """
-          count(*) AS total_bids,
-          count(*) FILTER (WHERE price < 10000) AS rank1_bids,
-          count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids,
-          count(*) FILTER (WHERE price >= 1000000) AS rank3_bids,
-          count(DISTINCT bidder) AS total_bidders,
-          count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders,
-          count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000)
-            AS rank2_bidders,
-          count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders,
-          count(DISTINCT auction) AS total_auctions,
-          count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions,
-          count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000)
-            AS rank2_auctions,
-          count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions"""
+_RANK_SQL = nexmark_sql.RANK_SQL
 _RANK_COLUMNS = ", ".join(f"{n} BIGINT" for n in [
     "total_bids", "rank1_bids", "rank2_bids", "rank3_bids", "total_bidders", "rank1_bidders",
     "rank2_bidders", "rank3_bidders", "total_auctions", "rank1_auctions", "rank2_auctions",

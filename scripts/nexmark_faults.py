@@ -232,13 +232,8 @@ def main() -> None:
         return
     args.events = int(args.events)
     events, _flink = bench_nexmark.prepare(args.work, args.events, args.files)
-    from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master("local[2]").appName("nexmark-faults-reference")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
-             .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "4g")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = bench_nexmark.reference_session("nexmark-faults-reference")
     everything = spark.read.schema(nexmark_gen.SPARK_SCHEMA).parquet(str(events))
     final_watermark = nexmark_gen.BASE_MS + (args.events - 1) * 1000 // bench_nexmark.RATE \
         - 4_000

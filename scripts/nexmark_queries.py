@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import nexmark_sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -323,21 +324,7 @@ def _rank_counts() -> dict[str, Any]:
     return out
 
 
-_RANK_SQL = """
-          count(*) AS total_bids,
-          count(*) FILTER (WHERE price < 10000) AS rank1_bids,
-          count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids,
-          count(*) FILTER (WHERE price >= 1000000) AS rank3_bids,
-          count(DISTINCT bidder) AS total_bidders,
-          count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders,
-          count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000)
-            AS rank2_bidders,
-          count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders,
-          count(DISTINCT auction) AS total_auctions,
-          count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions,
-          count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000)
-            AS rank2_auctions,
-          count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions"""
+_RANK_SQL = nexmark_sql.RANK_SQL
 
 
 def q15(events: Any) -> Any:

@@ -77,7 +77,7 @@ class _Generator:
         self.batches, self.next_batch, self.times = batches, 0, []
         self.empty_from, self.fail_at = empty_from, None
         # whether event time moved, asked when no input is left (None: no event time)
-        self.time_moved = (lambda: bool(time_moves and time_moves.pop(0))) \
+        self.time_moved = (lambda _t: bool(time_moves and time_moves.pop(0))) \
             if time_moves is not None else None
         self.no_data = []  # the no-data batches generated
 

@@ -410,3 +410,97 @@ def test_windows_chain_and_the_watermark_flows_through(spark, tmp_path):
     key = lambda f: f.assign(start=f.window.map(lambda w: w["start"]))[["start", "most"]] \
         .sort_values("start").reset_index(drop=True)  # noqa: E731
     pd.testing.assert_frame_equal(key(got), key(expected), check_dtype=False)
+
+
+def _add_file(spark, source, staging, n: int, bidders: list[int]) -> None:
+    """One more input file (``part-NN``), moved into the watched directory whole."""
+    frame = pd.DataFrame({"key": bidders, "t_ms": [0] * len(bidders),
+                          "value": [1.0] * len(bidders), "label": ["x"] * len(bidders)})
+    spark.createDataFrame(frame, SCHEMA).coalesce(1).write.parquet(str(staging / f"f{n}"))
+    (part,) = (staging / f"f{n}").glob("*.parquet")
+    part.rename(source / f"part-{n:02d}.parquet")
+
+
+def test_processing_time_windows_fire_on_the_clock_without_data_and_never_reopen(spark,
+                                                                               tmp_path):
+    """Flink's TUMBLE(PROCTIME(), ...) (Nexmark q12) on the pipeline's injected clock: a row's
+    time is its batch's time; a window is emitted once, in the first batch at or after its
+    end, also a batch without data the clock alone makes due. A restart whose clock reads
+    earlier keeps the time it had (a window it closed stays closed, the rows go on counting
+    in the open one), and the windows' state comes back from the checkpoint."""
+    from spark_ckpt.clock import ManualClock
+    from helpers import wait_for
+
+    t0 = BASE_MS  # on a 10-second boundary
+    source, staging = tmp_path / "in", tmp_path / "staging"
+    source.mkdir()
+    staging.mkdir()
+
+    def run(clock: ManualClock) -> StreamingContext:
+        ctx = StreamingContext(spark, 5.0, str(tmp_path / "ckpt"), "proctime", clock=clock,
+                               settings=Settings(checkpoint_interval_ms=0, state_parallelism=2,
+                                                 progress="never",
+                                                 stream_skip_empty_batches=True))
+        ctx.file_stream("events", str(source), "parquet", SCHEMA) \
+            .key_by("key").window(tumbling("10 seconds", processing_time=True)) \
+            .agg(name="q12", n=count()) \
+            .select("key", "n", F.unix_millis("window.start").alias("start_ms"),
+                    F.unix_millis("window.end").alias("end_ms")) \
+            .write_parquet(str(tmp_path / "out"), name="out")
+        ctx.start()
+        return ctx
+
+    def batches(ctx) -> list[tuple[int, int]]:  # (batch time, input rows) of each batch run
+        return [(p["batch_time_ms"], p["num_input_rows"]) for p in ctx.recent_progress]
+
+    def emitted() -> list[tuple]:
+        if not (tmp_path / "out").exists():
+            return []
+        frame = spark.read.schema("key BIGINT, n BIGINT, start_ms BIGINT, end_ms BIGINT") \
+            .parquet(str(tmp_path / "out")).toPandas()
+        return sorted(map(tuple, frame[["key", "n", "start_ms", "end_ms"]].values.tolist()))
+
+    def tick(ctx, clock: ManualClock, ms: int, expected: list[tuple[int, int]]) -> None:
+        clock.advance(ms)
+        assert wait_for(lambda: batches(ctx) == expected, 120), batches(ctx)
+
+    _add_file(spark, source, staging, 0, [1, 1, 1, 2, 2])
+    clock = ManualClock(start_ms=t0)
+    ctx = run(clock)
+    assert wait_for(lambda: batches(ctx) == [(t0, 5)], 120), batches(ctx)
+    _add_file(spark, source, staging, 1, [1, 3])
+    tick(ctx, clock, 5_000, [(t0, 5), (t0 + 5_000, 2)])
+    # no data (empty batches skipped): the clock passing the window's end runs a batch
+    tick(ctx, clock, 5_000, [(t0, 5), (t0 + 5_000, 2), (t0 + 10_000, 0)])
+    closed = ctx.last_progress["state"]["q12"]  # (visible at the checkpoint on stop)
+    assert closed["timers_fired"] == 3 and closed["state_rows"] == 0, closed
+    window0 = [(1, 4, t0, t0 + 10_000), (2, 2, t0, t0 + 10_000), (3, 1, t0, t0 + 10_000)]
+    clock.advance(10_000)  # nothing open, nothing new: no batch
+    assert not wait_for(lambda: len(batches(ctx)) > 3, 3), batches(ctx)
+    _add_file(spark, source, staging, 2, [2, 2, 3])
+    clock.advance(5_000)
+    assert wait_for(lambda: len(batches(ctx)) == 4, 120), batches(ctx)
+    assert batches(ctx)[3] == (t0 + 25_000, 3)
+    ctx.stop()
+    assert emitted() == window0
+
+    # a restart on a clock that reads earlier than the last batch's time: rows keep the
+    # operator's time (t0+25s, window [t0+20s, t0+30s) still open) until the clock passes it
+    _add_file(spark, source, staging, 3, [3, 4])
+    clock = ManualClock(start_ms=t0 + 1_000)
+    ctx = run(clock)
+    assert wait_for(lambda: [n for _t, n in batches(ctx)] == [2], 120), batches(ctx)
+    assert ctx.last_progress["state"]["q12"]["watermark_ms"] == t0 + 25_000
+    clock.advance(25_000)  # t0+26s: before the window's end, nothing due
+    assert not wait_for(lambda: len(batches(ctx)) > 1, 3), batches(ctx)
+    clock.advance(5_000)  # t0+31s: the next tick after the window's end
+    assert wait_for(lambda: len(batches(ctx)) == 2, 120), batches(ctx)
+    ctx.stop()
+    window2 = [(2, 2, t0 + 20_000, t0 + 30_000), (3, 2, t0 + 20_000, t0 + 30_000),
+               (4, 1, t0 + 20_000, t0 + 30_000)]
+    assert emitted() == sorted(window0 + window2)
+
+
+def test_processing_time_windows_take_no_time_column():
+    with pytest.raises(JobDefinitionError, match="processing-time windows take no time column"):
+        tumbling("10 seconds", on="event_time", processing_time=True)

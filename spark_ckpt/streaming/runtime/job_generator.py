@@ -38,7 +38,7 @@ class JobGenerator:
     def __init__(self, pipeline: str, *, tracker: ReceiverTracker, batches: BatchQueue,
                  driver_state: MetadataLog, positions: Callable[[], dict[str, Any]],
                  fence: Callable[[], None], clock: Clock, interval_ms: int, next_batch: int,
-                 skip_empty: bool, time_moved: Callable[[], bool] | None = None) -> None:
+                 skip_empty: bool, time_moved: Callable[[int | None], bool] | None = None) -> None:
         self.pipeline = pipeline
         self._tracker = tracker
         self._batches = batches

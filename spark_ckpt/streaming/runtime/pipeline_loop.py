@@ -358,7 +358,7 @@ class PipelineLoop:
                     self._awaiting_time = self._available_now
                     if self._available_now:
                         return
-                elif generator.time_moved():
+                elif generator.time_moved(None if self._available_now else self._next_ms):
                     queued = generator.generate(self._next_ms, no_data=True)
         except BaseException as exc:  # noqa: BLE001 - the batches already allocated run first
             self._handle(BatchFailed(generator.next_batch, exc, drain=True))

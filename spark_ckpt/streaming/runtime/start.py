@@ -251,11 +251,13 @@ class PipelineStart:
         self.loop.post(event)
 
 
-def _time_moved(graph: Any) -> Callable[[], bool] | None:
+def _time_moved(graph: Any) -> Callable[[int | None], bool] | None:
     """Whether any event-time operator's watermark moved past the one its tasks last ran
-    with (a no-data batch fires its timers); None when the graph has none."""
+    with (a no-data batch fires its timers), asked with the time a batch allocated now would
+    have (None in an available-now run: processing time does not move there without input);
+    None when the graph has none."""
     timed = [s for s in graph.reachable() if getattr(s, "event_time", None) is not None
              and hasattr(s, "time_moved")]
     if not timed:
         return None
-    return lambda: any(s.time_moved() for s in timed)
+    return lambda batch_time_ms: any(s.time_moved(batch_time_ms) for s in timed)

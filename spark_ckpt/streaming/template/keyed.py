@@ -873,9 +873,10 @@ class ProcessedStream(StatefulStream):
         applied = state.extra.get("applied_watermark_ms")
         return mark if applied is None else max(mark, int(applied))
 
-    def time_moved(self) -> bool:
+    def time_moved(self, batch_time_ms: int | None = None) -> bool:
         """The watermark moved past the one the tasks last ran with: a batch, with data or
-        not, fires the timers it reached (any thread: the published snapshot)."""
+        not, fires the timers it reached (any thread: the published snapshot). Event time
+        does not depend on ``batch_time_ms`` (a processing-time operator's does)."""
         snapshot = self.snapshot()
         if snapshot is not None and self.clock is not None:  # the upstream's moved on
             upstream = self.clock.snapshot()

@@ -26,6 +26,18 @@ Semantics (as Structured Streaming's, with ``withWatermark`` on the time column)
 - The window definition is recorded with the state: a restart that changes it is refused.
 - Rows with a null event time belong to no window and are dropped.
 
+Processing-time windows (``tumbling(..., processing_time=True)``, also ``sliding`` and
+``cumulate``; Flink SQL's ``TUMBLE(PROCTIME(), ...)``, Nexmark q12): a row's time is its
+batch's time on the pipeline's clock (the injected one), as Spark's ``current_timestamp()`` is
+one instant per micro-batch; Flink stamps each record as it arrives. A window is emitted in the
+first batch at or after its end, also a batch without data when empty batches are skipped (a
+batch is run when the clock passes the end of a window that holds rows); never in an
+available-now run's extra batches (its time moves only with its input: windows still open at
+its end stay in the checkpoint). The batch's time is recorded with its allocation, so a
+replayed batch stamps its rows alike; a restart whose clock reads earlier than the last batch
+keeps the last batch's time until the clock passes it (closed windows stay closed). No row is
+ever late. Processing-time session windows are not built.
+
 Output: the key columns, ``window`` (a ``STRUCT<start: TIMESTAMP, end: TIMESTAMP>``, as
 Spark's ``window()`` column), and one column per aggregation.
 """
@@ -57,8 +69,10 @@ if TYPE_CHECKING:
     from spark_ckpt.state.window_aggs import WindowAggSpec
     from spark_ckpt.streaming.template.batch_run import BatchRun
 
-__all__ = ["WindowAggStream", "WindowSpec", "WindowedKeyedStream", "cumulate", "session",
-           "sliding", "tumbling"]
+PROCTIME_COLUMN = "__ckpt_proctime"  # a processing-time window's rows: their batch's time
+
+__all__ = ["PROCTIME_COLUMN", "WindowAggStream", "WindowSpec", "WindowedKeyedStream",
+           "cumulate", "session", "sliding", "tumbling"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +88,7 @@ class WindowSpec:
     gap_ms: int = 0
     offset_ms: int = 0
     on: str | None = None  # the event-time column; default: the declared watermark's
+    time: str = "event"  # event | processing (the batch's time on the pipeline's clock)
 
 
 def _positive(value: Any, what: str) -> int:
@@ -92,21 +107,35 @@ def _offset(offset: Any, slide_ms: int) -> int:
     return ms
 
 
-def tumbling(size: Any, *, on: str | None = None, offset: Any = 0) -> WindowSpec:
+def _time(on: str | None, processing_time: bool, what: str) -> str:
+    if processing_time and on is not None:
+        raise JobDefinitionError(
+            f"{what}: processing-time windows take no time column (a row's time is its "
+            f"batch's time on the pipeline's clock), found on={on!r}")
+    return "processing" if processing_time else "event"
+
+
+def tumbling(size: Any, *, on: str | None = None, offset: Any = 0,
+             processing_time: bool = False) -> WindowSpec:
     """Fixed windows of ``size`` ("10 seconds"), Spark's ``window(on, size)`` and Flink's
-    ``TUMBLE``; ``offset`` shifts their start (Spark's ``startTime``)."""
+    ``TUMBLE``; ``offset`` shifts their start (Spark's ``startTime``).
+    ``processing_time=True``: Flink's ``TUMBLE(PROCTIME(), ...)`` (see the module's
+    docstring)."""
     size_ms = _positive(size, "tumbling(size)")
-    return WindowSpec("tumbling", size_ms, size_ms, 0, _offset(offset, size_ms), on)
+    return WindowSpec("tumbling", size_ms, size_ms, 0, _offset(offset, size_ms), on,
+                      _time(on, processing_time, "tumbling()"))
 
 
-def sliding(size: Any, slide: Any, *, on: str | None = None, offset: Any = 0) -> WindowSpec:
+def sliding(size: Any, slide: Any, *, on: str | None = None, offset: Any = 0,
+            processing_time: bool = False) -> WindowSpec:
     """Windows of ``size`` starting every ``slide``: Spark's ``window(on, size, slide)``,
     Flink's ``HOP``; a row is in ``size / slide`` of them."""
     size_ms, slide_ms = _positive(size, "sliding(size)"), _positive(slide, "sliding(slide)")
     if slide_ms > size_ms:
         raise JobDefinitionError(
             f"sliding({size!r}, {slide!r}): expected a slide no longer than the size")
-    return WindowSpec("sliding", size_ms, slide_ms, 0, _offset(offset, slide_ms), on)
+    return WindowSpec("sliding", size_ms, slide_ms, 0, _offset(offset, slide_ms), on,
+                      _time(on, processing_time, "sliding()"))
 
 
 def session(gap: Any, *, on: str | None = None) -> WindowSpec:
@@ -115,14 +144,16 @@ def session(gap: Any, *, on: str | None = None) -> WindowSpec:
     return WindowSpec("session", 0, 0, _positive(gap, "session(gap)"), 0, on)
 
 
-def cumulate(step: Any, size: Any, *, on: str | None = None) -> WindowSpec:
+def cumulate(step: Any, size: Any, *, on: str | None = None,
+             processing_time: bool = False) -> WindowSpec:
     """Flink's ``CUMULATE``: windows that start every ``size`` and grow by ``step`` (a row at
     ``t`` is in every window of its ``size`` period that ends after ``t``)."""
     step_ms, size_ms = _positive(step, "cumulate(step)"), _positive(size, "cumulate(size)")
     if size_ms % step_ms:
         raise JobDefinitionError(
             f"cumulate({step!r}, {size!r}): expected a size that is a whole number of steps")
-    return WindowSpec("cumulate", size_ms, step_ms, 0, 0, on)
+    return WindowSpec("cumulate", size_ms, step_ms, 0, 0, on,
+                      _time(on, processing_time, "cumulate()"))
 
 
 _MODES = ("append", "update")
@@ -158,16 +189,22 @@ class WindowAggStream(DerivedOperator):
         from spark_ckpt.streaming.template.event_time import declared_watermark, upstream_clock
 
         keyed = windowed.keyed
-        mark = declared_watermark(keyed.inputs, f"windowed aggregation {name}")
-        clock = upstream_clock(keyed.inputs, f"windowed aggregation {name}") \
-            if mark is None else None
-        if mark is None and (clock is None or windowed.spec.on is None):
+        self.processing_time = windowed.spec.time == "processing"
+        if self.processing_time:  # the batch's time: no watermark to take from the input
+            mark, clock = None, None
+        else:
+            mark = declared_watermark(keyed.inputs, f"windowed aggregation {name}")
+            clock = upstream_clock(keyed.inputs, f"windowed aggregation {name}") \
+                if mark is None else None
+        if mark is None and not self.processing_time and \
+                (clock is None or windowed.spec.on is None):
             raise JobDefinitionError(
                 f"windowed aggregation {name}: expected a watermark on its input, found none; "
                 "declare one with stream.with_watermark('event_time', '10 seconds') (the "
                 "watermark decides when a window is complete), or window on=a column of an "
                 "event-time operator's output (its watermark then flows on)")
-        on = windowed.spec.on or mark.column  # type: ignore[union-attr]  # one of them is set
+        on = PROCTIME_COLUMN if self.processing_time else \
+            windowed.spec.on or mark.column  # type: ignore[union-attr]  # one of them is set
         if mark is not None and on != mark.column:
             raise JobDefinitionError(
                 f"windowed aggregation {name}: windows on {on!r}, the watermark is on "
@@ -193,6 +230,14 @@ class WindowAggStream(DerivedOperator):
         from spark_ckpt.arrowtypes import to_arrow
         from spark_ckpt.state.window_aggs import WindowAggSpec
 
+        if self.processing_time:
+            from pyspark.sql.types import TimestampType
+
+            if PROCTIME_COLUMN in schema.fieldNames():
+                raise JobDefinitionError(
+                    f"windowed aggregation {self.operator}: its input has a column "
+                    f"{PROCTIME_COLUMN!r}, the name processing-time windows stamp rows with")
+            schema = StructType([*schema.fields, StructField(PROCTIME_COLUMN, TimestampType())])
         fields = {f.name: f for f in schema.fields}
         time_field = fields.get(str(self.window_spec.on))
         if time_field is None or time_field.dataType.typeName() != "timestamp":
@@ -219,6 +264,8 @@ class WindowAggStream(DerivedOperator):
         state = super().configure(restored)
         spec = dataclasses.asdict(self.window_spec)
         recorded = state.extra.get("window")
+        if recorded is not None:  # fields added since: their defaults
+            recorded = {"time": "event", **recorded}
         if recorded is not None and recorded != spec:
             from spark_ckpt.errors import StateSchemaError
 
@@ -239,6 +286,9 @@ class WindowAggStream(DerivedOperator):
         df = super()._unrouted(run)
         if df is None:
             return None
+        if self.processing_time:  # every row of the batch at the batch's processing time
+            df = df.withColumn(PROCTIME_COLUMN,
+                               F.timestamp_millis(F.lit(self._processing_ms(run))))
         spec: WindowAggSpec = self.derived().extra
         # late: at or before the watermark the previous batch ran with, as Structured
         # Streaming drops them (windows then close at this batch's, after its rows merged)
@@ -263,6 +313,44 @@ class WindowAggStream(DerivedOperator):
             *self.user_keys, WINDOW_START, WINDOW_END, LATE_COLUMN).agg(
             *spec.partial_columns(), *extra)
         return out
+
+    # -- processing time: the batch's time is the watermark ------------------------------------
+    def _processing_ms(self, run: BatchRun) -> int:
+        """The batch's processing time: its time on the pipeline's clock (recorded with its
+        allocation, so a replay stamps its rows alike), never before the time the tasks last
+        ran with (a restart on a clock that reads earlier does not reopen closed windows)."""
+        applied = self._state(run).extra.get("applied_watermark_ms")
+        at = int(run.allocation.batch_time_ms)
+        return at if applied is None else max(at, int(applied))
+
+    def _watermark(self, extra: Any) -> int | None:
+        if not self.processing_time:
+            return super()._watermark(extra)
+        applied = extra.get("applied_watermark_ms")
+        return None if applied is None else int(applied)
+
+    def watermark_of(self, state: Any, run: BatchRun | None = None) -> int | None:
+        if not self.processing_time:
+            return super().watermark_of(state, run)
+        if run is None:
+            return self._watermark(state.extra)
+        return self._processing_ms(run)
+
+    def time_moved(self, batch_time_ms: int | None = None) -> bool:
+        """Processing time: whether a batch at ``batch_time_ms`` would close a window that
+        holds rows (the clock passed the end of one since the last batch); never in an
+        available-now run (None), whose processing time moves only with its input."""
+        if not self.processing_time:
+            return super().time_moved(batch_time_ms)
+        snapshot = self.snapshot()
+        if batch_time_ms is None or snapshot is None:
+            return False
+        applied, top = snapshot.extra.get("applied_watermark_ms"), \
+            snapshot.extra.get("max_event_ms")
+        if applied is None or top is None:
+            return False
+        return _next_end(self.window_spec, int(applied)) <= min(
+            int(batch_time_ms), _last_end(self.window_spec, int(top)))
 
     def _assign(self, df: DataFrame) -> tuple[DataFrame, Column]:
         """Each row with its window(s) (one row per window it belongs to), and the window's
@@ -305,3 +393,17 @@ class WindowAggStream(DerivedOperator):
                          *spec.final_columns())
         finished: DataFrame = spec.spark_finals(out, [*self.user_keys, "window"])
         return finished
+
+
+def _last_end(w: WindowSpec, t: int) -> int:
+    """The end (ms) of the last window a row at ``t`` (ms) is in."""
+    if w.kind == "cumulate":
+        return t - t % w.size_ms + w.size_ms
+    return t - (t - w.offset_ms) % w.slide_ms + w.size_ms
+
+
+def _next_end(w: WindowSpec, t: int) -> int:
+    """The first window end (ms) after ``t`` (ms): window ends lie on a grid of the slide (the
+    step for cumulate windows)."""
+    first = 0 if w.kind == "cumulate" else (w.offset_ms + w.size_ms) % w.slide_ms
+    return first + ((t - first) // w.slide_ms + 1) * w.slide_ms

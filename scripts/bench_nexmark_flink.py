@@ -127,6 +127,14 @@ QUERIES: dict[str, tuple[str, str, bool]] = {
           FROM TABLE(TUMBLE(TABLE auction, DESCRIPTOR(`dateTime`), INTERVAL '10' SECOND))
           GROUP BY seller, window_start, window_end) A
         ON P.id = A.seller AND P.starttime = A.starttime AND P.endtime = A.endtime""", True),
+    # q12: processing-time windows (PROCTIME() per record, on the wall clock)
+    "q12": ("bidder BIGINT, bid_count BIGINT, starttime TIMESTAMP(3), endtime TIMESTAMP(3)",
+            """
+        SELECT bidder, count(*) AS bid_count, window_start AS starttime,
+          window_end AS endtime
+        FROM TABLE(TUMBLE(TABLE (SELECT bidder, PROCTIME() AS p_time FROM bid),
+                          DESCRIPTOR(p_time), INTERVAL '10' SECOND))
+        GROUP BY bidder, window_start, window_end""", True),
     "q11": ("bidder BIGINT, bid_count BIGINT, starttime TIMESTAMP(3), endtime TIMESTAMP(3)",
             """
         SELECT bidder, count(*) AS bid_count, window_start AS starttime,

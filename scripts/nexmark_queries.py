@@ -11,9 +11,10 @@ each with its reference: the same query as batch Spark SQL over all events.
   final watermark closes: the reference keeps the rows whose column, plus ms, is at or before
   it; ``"closed-window:<time column>:<size ms>"``: the rows whose tumbling window it closes).
 
-Built so far: q0–q5, q7–q11, q13–q22 (q5 also outputs its window's start, to compare the
-windows the final watermark closes). Still to write: q12, processing-time windows (q6 is left
-out, as Flink leaves it out).
+Built: q0–q5, q7–q22 (q5 also outputs its window's start, to compare the windows the final
+watermark closes; q6 is left out, as Flink leaves it out). q12's processing-time windows take
+each batch's time on the pipeline's clock, so its reference (``q12_reference``) is computed from
+the run's batch times (``mode`` ``"proctime"``).
 """
 
 from __future__ import annotations
@@ -280,6 +281,41 @@ def q11_reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
                 F.col("w.end").alias("endtime"))
 
 
+# -- q12 processing-time windows: each batch's bids at its batch's time on the pipeline's clock
+def q12(events: Any) -> Any:
+    return bids(events).key_by("bidder").window(tumbling("10 seconds", processing_time=True)) \
+        .agg(name="q12", bid_count=count()) \
+        .select("bidder", "bid_count", F.col("window.start").alias("starttime"),
+                F.col("window.end").alias("endtime"))
+
+
+def q12_reference(spark: SparkSession, ev: DataFrame, file_times_ms: dict[str, int],
+                  close_ms: int) -> DataFrame:
+    """q12 as batch Spark given the run's batches: each file's bids at the time of the batch
+    that read it (``file_times_ms``: file name -> batch time), the windows that ``close_ms``
+    (the last batch's time) closes: a processing-time window closes in the first batch at or
+    after its end."""
+    stamps = spark.createDataFrame(sorted(file_times_ms.items()), "file STRING, stamp_ms BIGINT")
+    b = ev.withColumn("file", F.regexp_extract(F.input_file_name(), r"([^/]+)$", 1)) \
+        .where("event_type = 2").select("bid.bidder", "file").join(F.broadcast(stamps), "file")
+    w = F.window(F.timestamp_millis("stamp_ms"), "10 seconds")
+    return b.groupBy("bidder", w.alias("w")).agg(F.count(F.lit(1)).alias("bid_count")) \
+        .where(F.unix_millis(F.col("w.end")) <= F.lit(close_ms)) \
+        .select("bidder", "bid_count", F.col("w.start").alias("starttime"),
+                F.col("w.end").alias("endtime"))
+
+
+def batch_files(ctx: Any, progress: list[dict[str, Any]], source: str = "events") \
+        -> dict[str, int]:
+    """File name -> the time of the batch that read it, from the run's allocations."""
+    times = {}
+    for p in progress:
+        piece = ctx.allocation(p["batch_id"]).pieces.get(source) or {}
+        for path, *_rest in piece.get("files", []):
+            times[str(path).rsplit("/", 1)[-1]] = int(p["batch_time_ms"])
+    return times
+
+
 # -- q14 calculation --------------------------------------------------------------------------
 def _q14(b: Any) -> Any:
     hour = F.hour("dateTime")
@@ -439,6 +475,10 @@ def q22(events: Any) -> Any:
     return _q22(bids(events))
 
 
+def _unchecked(b: Any) -> Any:
+    raise NotImplementedError("q12's reference depends on the run's batches: q12_reference")
+
+
 def _stateless(fn: Callable[[Any], Any]) -> Callable[[SparkSession, DataFrame], DataFrame]:
     """The reference of a stateless query: the same expressions over all bids."""
     def reference(spark: SparkSession, ev: DataFrame) -> DataFrame:
@@ -464,6 +504,7 @@ QUERIES: dict[str, tuple[Callable[[Any], Any], Callable[[SparkSession, DataFrame
     "q9": (q9, q9_reference, "upsert:auction"),
     "q10": (q10, _stateless(_q10), "append"),
     "q11": (q11, q11_reference, "closed:endtime"),
+    "q12": (q12, _stateless(_unchecked), "proctime"),  # reference: q12_reference
     "q13": (q13, q13_reference, "append"),
     "q14": (q14, _stateless(_q14), "append"),
     "q15": (q15, q15_reference, "upsert:day"),

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
 from spark_ckpt import StreamingContext
+from spark_ckpt.clock import ManualClock
 from spark_ckpt.options import Settings
 from helpers import ROOT
 
@@ -41,8 +42,10 @@ def test_the_generator_is_deterministic_and_in_proportion(tmp_path):
 def test_every_query_equals_batch_spark_sql(spark, tmp_path):
     assert len(nexmark_gen.write(tmp_path / "events", EVENTS, 2,
                                  events_per_second=RATE)) == 2
-    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "nexmark", settings=Settings(
-        checkpoint_interval_ms=0, state_parallelism=2, progress="never"))
+    # batches 10 s apart on the injected clock (q12's processing-time windows then close)
+    ctx = StreamingContext(spark, 10.0, str(tmp_path / "ckpt"), "nexmark", settings=Settings(
+        checkpoint_interval_ms=0, state_parallelism=2, progress="never"),
+        clock=ManualClock(start_ms=nexmark_gen.BASE_MS))
     events = ctx.file_stream("events", str(tmp_path / "events"), "parquet",
                              nexmark_gen.SPARK_SCHEMA, max_files_per_batch=1) \
         .with_watermark("dateTime", nexmark_queries.WATERMARK_DELAY)
@@ -50,13 +53,17 @@ def test_every_query_equals_batch_spark_sql(spark, tmp_path):
         query(events).foreach_batch(
             lambda df, b, name=name: df.withColumn("__batch", F.lit(b)).write.mode("append")
             .parquet(str(tmp_path / "out" / name)), name=name)
-    ctx.process_available(timeout=1800)
+    progress = ctx.process_available(timeout=1800)
+    batch_times = [p["batch_time_ms"] for p in progress]
+    assert batch_times == [nexmark_gen.BASE_MS + 10_000 * b for b in range(len(progress))]
     everything = spark.read.schema(nexmark_gen.SPARK_SCHEMA).parquet(str(tmp_path / "events"))
     # the last event's time minus the delay
     final_watermark = nexmark_gen.BASE_MS + (EVENTS - 1) * 1000 // RATE - 4_000
     for name, (_query, reference, mode) in nexmark_queries.QUERIES.items():
         got = spark.read.parquet(str(tmp_path / "out" / name)).toPandas()
-        expected = reference(spark, everything).toPandas()
+        expected = (nexmark_queries.q12_reference(
+            spark, everything, nexmark_queries.batch_files(ctx, progress), max(batch_times))
+            if mode == "proctime" else reference(spark, everything)).toPandas()
         if mode.startswith("upsert:"):
             keys = mode.split(":")[1].split(",")
             got = got.sort_values("__batch", kind="stable").groupby(keys, as_index=False) \

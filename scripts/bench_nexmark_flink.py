@@ -55,6 +55,7 @@ VIEWS = [
     """CREATE VIEW bid AS SELECT bid.auction AS auction, bid.bidder AS bidder,
        bid.price AS price, bid.channel AS channel, bid.url AS url, `dateTime`,
        bid.extra AS extra FROM nexmark WHERE event_type = 2""",
+    "CREATE VIEW bid_proctime AS SELECT bidder, PROCTIME() AS p_time FROM bid",
 ]
 
 _RANK_SQL = nexmark_sql.RANK_SQL
@@ -132,8 +133,7 @@ QUERIES: dict[str, tuple[str, str, bool]] = {
             """
         SELECT bidder, count(*) AS bid_count, window_start AS starttime,
           window_end AS endtime
-        FROM TABLE(TUMBLE(TABLE (SELECT bidder, PROCTIME() AS p_time FROM bid),
-                          DESCRIPTOR(p_time), INTERVAL '10' SECOND))
+        FROM TABLE(TUMBLE(TABLE bid_proctime, DESCRIPTOR(p_time), INTERVAL '10' SECOND))
         GROUP BY bidder, window_start, window_end""", True),
     "q11": ("bidder BIGINT, bid_count BIGINT, starttime TIMESTAMP(3), endtime TIMESTAMP(3)",
             """

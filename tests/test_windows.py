@@ -45,6 +45,7 @@ from helpers import write_batch_files, LONG_FAULTS, ROOT, child_env
 DELAY_MS = 3_000
 BASE_MS = 1_767_225_600_000  # 2026-01-01
 SCHEMA = "key BIGINT, t_ms BIGINT, value DOUBLE, label STRING"
+SCHEMA_COLUMNS = ["key", "t_ms", "value", "label"]
 
 SPECS = {
     "tumbling": (lambda: tumbling("10 seconds"), lambda c: F.window(c, "10 seconds")),
@@ -220,14 +221,17 @@ def test_update_mode_ends_each_window_with_its_final_value(spark, tmp_path, kind
 def test_late_rows_are_dropped_and_counted(spark, tmp_path):
     """Rows 30 s behind: late where their window ended at or before the watermark the
     previous batch ran with (as Structured Streaming drops them); counted in the progress;
-    the windows equal batch Spark's over the rows kept."""
+    the windows equal batch Spark's over the rows kept; the late rows themselves, with their
+    window, through ``late_rows()`` to a Delta table of their own, each once."""
     frames = _events(late=5)
     source = _write(spark, frames, tmp_path / "in")
     ctx = _context(spark, tmp_path, "late")
-    _input(ctx, source).key_by("key").window(tumbling("10 seconds")) \
-        .agg(name="tumbling", **_aggs()).write_parquet(str(tmp_path / "out"), name="out")
+    windows = _input(ctx, source).key_by("key").window(tumbling("10 seconds")) \
+        .agg(name="tumbling", **_aggs())
+    windows.write_parquet(str(tmp_path / "out"), name="out")
+    windows.late_rows().write_delta(str(tmp_path / "late"), name="late")
     progress = ctx.process_available(timeout=600)
-    kept, late, tops = [], 0, []
+    kept, late, tops, dropped = [], 0, [], []
     for b, frame in enumerate(frames):
         # late against the watermark batch b-1 ran with: the newest time before batch b-1
         watermark = max(tops[:b - 1]) - DELAY_MS if b >= 2 else None
@@ -235,6 +239,7 @@ def test_late_rows_are_dropped_and_counted(spark, tmp_path):
         is_late = (end <= watermark) if watermark is not None else np.zeros(len(frame), bool)
         late += int(np.sum(is_late))
         kept.append(frame[~np.asarray(is_late)])
+        dropped.append(frame[np.asarray(is_late)])
         tops.append(int(frame.t_ms.max()))
     top = max(tops)
     assert late >= 10
@@ -243,6 +248,16 @@ def test_late_rows_are_dropped_and_counted(spark, tmp_path):
     expected = _reference(spark, everything, "tumbling", top - DELAY_MS)
     got = _normal(spark.read.parquet(str(tmp_path / "out")).toPandas())
     pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+    # the late rows: the input's columns and their window, each once
+    late_rows = DeltaTable(str(tmp_path / "late")).to_pandas()
+    assert sorted(late_rows.columns) == sorted([*SCHEMA_COLUMNS, "event_time", "window"])
+    gone = pd.concat(dropped)
+    order = ["key", "t_ms"]
+    pd.testing.assert_frame_equal(
+        late_rows[SCHEMA_COLUMNS].sort_values(order).reset_index(drop=True),
+        gone[SCHEMA_COLUMNS].sort_values(order).reset_index(drop=True), check_dtype=False)
+    starts = late_rows["window"].map(lambda w: w["start"]).astype("datetime64[us, UTC]")
+    assert (starts.astype("int64") // 1000 == late_rows.t_ms // 10_000 * 10_000).all()
 
 
 def test_structured_streaming_gives_the_same_windows(spark, tmp_path):
@@ -504,3 +519,49 @@ def test_processing_time_windows_fire_on_the_clock_without_data_and_never_reopen
 def test_processing_time_windows_take_no_time_column():
     with pytest.raises(JobDefinitionError, match="processing-time windows take no time column"):
         tumbling("10 seconds", on="event_time", processing_time=True)
+
+
+@pytest.mark.parametrize("kind", ["tumbling", "sliding"])
+def test_window_top_n_equals_row_number_over_windows_in_batch_spark(spark, tmp_path, kind):
+    """Flink's Window Top-N (``ROW_NUMBER() OVER (PARTITION BY window_start, window_end, key
+    ORDER BY value DESC, t_ms) <= 3``): each window's top rows once, when the watermark passes
+    its end; rows 100 s behind merge while their windows are open and are dropped and counted
+    once the watermark passed them; the windows the final watermark closes equal batch
+    Spark's over the rows that were on time."""
+    frames = _events(late=2)
+    source = _write(spark, frames, tmp_path / "in")
+    ctx = _context(spark, tmp_path, f"top-{kind}")
+    _input(ctx, source).key_by("key").window(SPECS[kind][0]()) \
+        .top_n(3, [("value", "desc"), ("t_ms", "asc")], name="top") \
+        .select("key", "t_ms", "value", "label", "rank",
+                F.unix_millis("window.start").alias("w_start"),
+                F.unix_millis("window.end").alias("w_end")) \
+        .write_parquet(str(tmp_path / "out"), name="out")
+    progress = ctx.process_available(timeout=900)
+    late = sum(p["state"]["top"].get("late_rows", 0) for p in progress)
+    # the reference drops what Structured Streaming drops: a (row, window) of batch b is late
+    # when the window ended at or before the watermark batch b - 1 ran with (the largest time
+    # of the batches before it, less the delay)
+    marks = [None, None] + [int(pd.concat(frames[:b - 1]).t_ms.max()) - DELAY_MS
+                            for b in range(2, len(frames))]
+    batched = pd.concat([f.assign(mark=m if m is not None else -1)
+                         for f, m in zip(frames, marks, strict=True)])
+    watermark = int(batched.t_ms.max()) - DELAY_MS
+    w = spark.createDataFrame(batched, f"{SCHEMA}, mark BIGINT") \
+        .withColumn("w", SPECS[kind][1](F.timestamp_millis("t_ms")))
+    dropped = w.where(F.unix_millis("w.end") <= F.col("mark")).count()
+    assert late == dropped and dropped >= len(frames) - 2, (late, dropped)
+    rank = F.row_number().over(
+        __import__("pyspark.sql.window", fromlist=["Window"]).Window
+        .partitionBy("key", "w").orderBy(F.col("value").desc_nulls_last(), "t_ms"))
+    expected = w.where(F.unix_millis("w.end") > F.col("mark")) \
+        .withColumn("rank", rank).where("rank <= 3") \
+        .select("key", "t_ms", "value", "label", "rank",
+                F.unix_millis("w.start").alias("w_start"), F.unix_millis("w.end").alias("w_end")) \
+        .where(F.col("w_end") <= watermark).toPandas()
+    got = spark.read.parquet(str(tmp_path / "out")).toPandas()
+    order = ["key", "w_start", "rank"]
+    assert len(expected) >= 20 and got.duplicated(order).sum() == 0
+    pd.testing.assert_frame_equal(
+        got.sort_values(order).reset_index(drop=True)[expected.columns],
+        expected.sort_values(order).reset_index(drop=True), check_dtype=False)

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from spark_ckpt.state.aggregates import NULL_TIME, event_micros
 from spark_ckpt.state.processor import KeyedBatch, Result, VectorizedProcessor
 
-__all__ = ["DedupProcessor", "TopNProcessor"]
+__all__ = ["DedupProcessor", "TopNProcessor", "WindowTopNProcessor"]
 
 FIRST_SEEN = "first_event_ms"
 RANK_COLUMN = "rank"
@@ -88,15 +88,26 @@ class TopNProcessor(VectorizedProcessor):
     def process_batch(self, batch: KeyedBatch) -> Result | None:
         rows, state, keys = batch.arrow_rows, batch.arrow_state, batch.arrow_keys
         assert rows is not None and state is not None and keys is not None
-        n_keys = len(batch)
-        # the kept rows of every key (flattened lists) and the batch's rows, one table
+        new_state, changed, emit = self._merge(rows, np.asarray(batch.group, dtype=np.int64),
+                                               state, len(batch))
+        return Result(state=new_state, changed=changed, emit=emit)
+
+    def _kept(self, state: pa.Table) -> tuple[pa.Table, np.ndarray]:
+        """The kept rows of every key (flattened lists, in rank order) and their key."""
         kept_key = pc.list_parent_indices(state.column(self.names[0]).combine_chunks()) \
             .to_numpy().astype(np.int64)
         kept = pa.table({c: pc.list_flatten(state.column(s).combine_chunks())
                          for c, s in zip(self.columns, self.names, strict=True)})
+        return kept, kept_key
+
+    def _merge(self, rows: pa.Table, group: np.ndarray, state: pa.Table, n_keys: int) \
+            -> tuple[pa.Table, np.ndarray, pa.Table]:
+        """Each key's new top rows (as state), whether they changed, and the changed keys'
+        top rows with their rank."""
+        kept, kept_key = self._kept(state)
         fresh = rows.select(self.columns)
         both = pa.concat_tables([kept.cast(fresh.schema), fresh])
-        owner = np.concatenate([kept_key, np.asarray(batch.group, dtype=np.int64)])
+        owner = np.concatenate([kept_key, group])
         is_new = np.concatenate([np.zeros(kept.num_rows, bool), np.ones(fresh.num_rows, bool)])
         # order: by key, then the declared order; ties keep the kept rows, then arrival
         table = both.append_column("__owner", pa.array(owner)) \
@@ -123,4 +134,45 @@ class TopNProcessor(VectorizedProcessor):
         emit = emit_rows.select(self.columns)
         if self.with_rank:
             emit = emit.append_column(RANK_COLUMN, pa.array(emit_ranks, pa.int32()))
-        return Result(state=new_state, changed=changed, emit=emit)
+        return new_state, changed, emit
+
+
+class WindowTopNProcessor(TopNProcessor):
+    """A window's first ``n`` rows per key (Flink's Window Top-N): the keys are (key, window
+    start, window end); a window's rows are kept as :class:`TopNProcessor` keeps them and
+    emitted once, with their rank, when the watermark passes its end (an event timer at the
+    end); rows its input flagged late change nothing and are counted."""
+
+    def __init__(self, n: int, order: list[tuple[str, bool]], columns: list[str],
+                 state_ddl: str) -> None:
+        super().__init__(n, order, columns, state_ddl, with_rank=True)
+
+    def process_batch(self, batch: KeyedBatch) -> Result | None:
+        from spark_ckpt.state.window_processors import LATE_COLUMN, WINDOW_END, micros, timer_ms
+
+        rows, state, keys = batch.arrow_rows, batch.arrow_state, batch.arrow_keys
+        assert rows is not None and state is not None and keys is not None
+        late = np.asarray(rows.column(LATE_COLUMN).to_numpy(zero_copy_only=False), dtype=bool)
+        on_time = np.flatnonzero(~late)
+        group = np.asarray(batch.group, dtype=np.int64)
+        new_state, changed, _emit = self._merge(
+            rows.take(pa.array(on_time, pa.int64())), group[on_time], state, len(batch))
+        timers = pd.array([pd.NA] * len(batch), dtype="Int64")
+        ends = timer_ms(micros(keys.column(WINDOW_END)))
+        timers[changed] = ends[changed]
+        return Result(state=new_state, changed=changed, event_timers=timers,
+                      counters={"late_rows": int(late.sum())} if late.any() else None)
+
+    def on_timers(self, batch: KeyedBatch) -> Result | None:
+        state, keys = batch.arrow_state, batch.arrow_keys
+        assert state is not None and keys is not None
+        kept, owner = self._kept(state)
+        starts = np.searchsorted(owner, np.arange(len(batch)), side="left")
+        rank = np.arange(len(owner)) - starts[owner] + 1
+        window = keys.select(keys.column_names[-2:]).take(pa.array(owner, pa.int64()))
+        emit = pa.Table.from_arrays(
+            [*kept.columns, *window.columns, pa.array(rank, pa.int32())],
+            names=[*kept.column_names, *window.column_names, RANK_COLUMN])
+        cleared = pa.table({s: pa.nulls(len(batch), state.schema.field(s).type)
+                            for s in self.names})
+        return Result(state=cleared, emit=emit)

@@ -27,7 +27,7 @@ from spark_ckpt.state.processor import KeyedBatch, Result, VectorizedProcessor
 from spark_ckpt.state.window_aggs import merge_columns, merge_scalars
 
 __all__ = ["LATE_COLUMN", "ROWS_COLUMN", "SessionAggProcessor", "WindowAggProcessor",
-           "WINDOW_END", "WINDOW_START"]
+           "WINDOW_END", "WINDOW_START", "micros", "timer_ms"]
 
 WINDOW_START = "__ckpt_window_start"
 WINDOW_END = "__ckpt_window_end"
@@ -37,7 +37,7 @@ SESSION_STARTS = "session__starts"  # no output name holds "__"
 SESSION_ENDS = "session__ends"
 
 
-def _micros(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+def micros(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """A timestamp column as int64 microseconds since the epoch."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
@@ -45,7 +45,7 @@ def _micros(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
                       .cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _timer_ms(end_us: np.ndarray) -> np.ndarray:
+def timer_ms(end_us: np.ndarray) -> np.ndarray:
     """A window's timer: due when ``end <= watermark`` (µs against ms, as Spark compares)."""
     return -(-end_us // 1000)
 
@@ -81,7 +81,7 @@ class WindowAggProcessor(VectorizedProcessor):
         late, dropped = _late(rows)
         merged = merge_columns(self.merges, state, rows.select(self.names))
         new = pa.table(merged)
-        timers = pd.array(np.where(late, 0, _timer_ms(_micros(keys.column(WINDOW_END)))),
+        timers = pd.array(np.where(late, 0, timer_ms(micros(keys.column(WINDOW_END)))),
                           dtype="Int64")
         timers[late] = pd.NA
         emit = None
@@ -166,8 +166,8 @@ class SessionAggProcessor(VectorizedProcessor):
         rows, state, keys = batch.arrow_rows, batch.arrow_state, batch.arrow_keys
         assert rows is not None and state is not None and keys is not None
         late, dropped = _late(rows)
-        starts = _micros(rows.column(WINDOW_START))
-        ends = _micros(rows.column(WINDOW_END))
+        starts = micros(rows.column(WINDOW_START))
+        ends = micros(rows.column(WINDOW_END))
         values = {n: rows.column(n).to_pylist() for n in self.names}
         st = state.to_pydict()
         key_rows = keys.to_pylist()
@@ -185,7 +185,7 @@ class SessionAggProcessor(VectorizedProcessor):
             merged, touched = self._merge(sessions + fresh)
             changed[i] = True
             new_state.append(self._state_row(merged))
-            timers.append(int(_timer_ms(np.array([min(s["end"] for s in merged)]))[0]))
+            timers.append(int(timer_ms(np.array([min(s["end"] for s in merged)]))[0]))
             if self.emit_updates:
                 emitted += self._emit_rows(key_rows[i], [merged[j] for j in sorted(touched)])
         return Result(state=self._table(new_state), changed=changed,
@@ -206,7 +206,7 @@ class SessionAggProcessor(VectorizedProcessor):
             if not self.emit_updates:
                 emitted += self._emit_rows(key_rows[i], closed)
             new_state.append(self._state_row(open_))
-            timers.append(int(_timer_ms(np.array([min(s["end"] for s in open_)]))[0])
+            timers.append(int(timer_ms(np.array([min(s["end"] for s in open_)]))[0])
                           if open_ else -1)
         return Result(state=self._table(new_state), event_timers=pd.array(timers, dtype="Int64"),
                       emit=emitted or None)

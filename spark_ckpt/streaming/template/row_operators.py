@@ -34,9 +34,25 @@ from spark_ckpt.streaming.template.keyed import KeyedStream
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-__all__ = ["DeduplicatedStream", "TopNStream"]
+__all__ = ["DeduplicatedStream", "TopNStream", "parse_order"]
 
 log = logging.getLogger(__name__)
+
+
+def parse_order(what: str, order_by: Any) -> list[tuple[str, bool]]:
+    """``order_by`` ("price", or [("price", "desc"), ("ts", "asc")]) as (column, descending)
+    pairs. Nulls sort last either way."""
+    order = [(order_by, "asc")] if isinstance(order_by, str) else list(order_by)
+    parsed = []
+    for item in order:
+        column, direction = (item, "asc") if isinstance(item, str) else item
+        if str(direction).lower() not in ("asc", "desc"):
+            raise JobDefinitionError(
+                f"{what}: expected order_by as [(column, 'asc' | 'desc')], found {item!r}")
+        parsed.append((column, str(direction).lower() == "desc"))
+    if not parsed:
+        raise JobDefinitionError(f"{what}: expected at least one order_by column")
+    return parsed
 
 
 class DeduplicatedStream(DerivedOperator):
@@ -71,19 +87,8 @@ class TopNStream(DerivedOperator):
                  order_by: Sequence[tuple[str, str]] | str, *, with_rank: bool = True) -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise JobDefinitionError(f"top_n {name}: expected n >= 1, found {n!r}")
-        order = [(order_by, "asc")] if isinstance(order_by, str) else list(order_by)
-        parsed = []
-        for item in order:
-            column, direction = (item, "asc") if isinstance(item, str) else item
-            if str(direction).lower() not in ("asc", "desc"):
-                raise JobDefinitionError(
-                    f"top_n {name}: expected order_by as [(column, 'asc' | 'desc')], found "
-                    f"{item!r}")
-            parsed.append((column, str(direction).lower() == "desc"))
-        if not parsed:
-            raise JobDefinitionError(f"top_n {name}: expected at least one order_by column")
         self.n = n
-        self.order = parsed
+        self.order = parse_order(f"top_n {name}", order_by)
         self.with_rank = with_rank
         super().__init__(keyed, name)  # unbounded: no event time (Top-N per window: later)
 

@@ -61,6 +61,7 @@ from spark_ckpt.state.window_processors import (
 from spark_ckpt.streaming.template.derived import Derived, DerivedOperator
 from spark_ckpt.streaming.template.event_time import duration_ms
 from spark_ckpt.streaming.template.keyed import KeyedStream
+from spark_ckpt.streaming.template.stream import Stream
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -71,7 +72,8 @@ if TYPE_CHECKING:
 
 PROCTIME_COLUMN = "__ckpt_proctime"  # a processing-time window's rows: their batch's time
 
-__all__ = ["PROCTIME_COLUMN", "WindowAggStream", "WindowSpec", "WindowedKeyedStream",
+__all__ = ["PROCTIME_COLUMN", "LateRows", "WindowAggStream", "WindowSpec", "WindowTopNStream",
+           "WindowedKeyedStream",
            "cumulate", "session", "sliding", "tumbling"]
 
 log = logging.getLogger(__name__)
@@ -181,25 +183,38 @@ class WindowedKeyedStream:
         collect_list, collect_set, percentile)."""
         return WindowAggStream(self, name or f"window_{self.spec.kind}", aggs)
 
+    def top_n(self, n: int, order_by: Any, *, name: str | None = None) -> WindowTopNStream:
+        """Each key's first ``n`` rows of each window by ``order_by``
+        (``[("price", "desc")]``): Flink's Window Top-N (``ROW_NUMBER() OVER (PARTITION BY
+        window_start, window_end, key ORDER BY ...) <= n`` over a window TVF). A window's rows
+        are emitted once, with their ``rank`` and ``window``, when the watermark passes its
+        end; its state is then dropped. Rows of a window that ended at or before the previous
+        batch's watermark are late: dropped and counted."""
+        return WindowTopNStream(self, name or "window_top_n", n, order_by)
 
-class WindowAggStream(DerivedOperator):
-    """An event-time windowed aggregation (see the module's docstring)."""
 
-    def __init__(self, windowed: WindowedKeyedStream, name: str, aggs: dict[str, Agg]) -> None:
+class _WindowedOperator(DerivedOperator):
+    """What a windowed operator's windows share: the time they are on (a watermarked column,
+    an upstream operator's watermark, or processing time), the windows a row is in, and a
+    restart's check that the windows did not change."""
+
+    what = "windowed operator"
+
+    def __init__(self, windowed: WindowedKeyedStream, name: str) -> None:
         from spark_ckpt.streaming.template.event_time import declared_watermark, upstream_clock
 
         keyed = windowed.keyed
+        what = f"{self.what} {name}"
         self.processing_time = windowed.spec.time == "processing"
         if self.processing_time:  # the batch's time: no watermark to take from the input
             mark, clock = None, None
         else:
-            mark = declared_watermark(keyed.inputs, f"windowed aggregation {name}")
-            clock = upstream_clock(keyed.inputs, f"windowed aggregation {name}") \
-                if mark is None else None
+            mark = declared_watermark(keyed.inputs, what)
+            clock = upstream_clock(keyed.inputs, what) if mark is None else None
         if mark is None and not self.processing_time and \
                 (clock is None or windowed.spec.on is None):
             raise JobDefinitionError(
-                f"windowed aggregation {name}: expected a watermark on its input, found none; "
+                f"{what}: expected a watermark on its input, found none; "
                 "declare one with stream.with_watermark('event_time', '10 seconds') (the "
                 "watermark decides when a window is complete), or window on=a column of an "
                 "event-time operator's output (its watermark then flows on)")
@@ -207,58 +222,34 @@ class WindowAggStream(DerivedOperator):
             windowed.spec.on or mark.column  # type: ignore[union-attr]  # one of them is set
         if mark is not None and on != mark.column:
             raise JobDefinitionError(
-                f"windowed aggregation {name}: windows on {on!r}, the watermark is on "
+                f"{what}: windows on {on!r}, the watermark is on "
                 f"{mark.column!r}; expected windows on the watermark's column")
         self.window_spec = dataclasses.replace(windowed.spec, on=on)
         self.output_mode = windowed.output_mode
-        self.aggs = dict(aggs)
         self.user_keys = tuple(keyed.keys)
-        for agg in self.aggs.values():
-            if not isinstance(agg, Agg):
-                raise JobDefinitionError(
-                    f"windowed aggregation {name}: expected aggregations such as count() or "
-                    f"max_('price'), found {agg!r}")
         super().__init__(keyed, name, event_time=on, delay_ms=mark.delay_ms if mark else 0)
         self.clock = clock
         if self.window_spec.kind != "session":
             self.keys = (*self.user_keys, WINDOW_START, WINDOW_END)
 
-    # -- derived at start from the input's schema -------------------------------------------
-    def derive(self, schema: StructType) -> Derived:
-        from pyspark.sql.types import LongType, StructField, StructType
-
-        from spark_ckpt.arrowtypes import to_arrow
-        from spark_ckpt.state.window_aggs import WindowAggSpec
+    def _time_field(self, schema: StructType) -> tuple[StructType, Any]:
+        """The input's schema as the operator sees it (with the processing time when the
+        windows are on it), and the field of the windows' time (checked: a TIMESTAMP)."""
+        from pyspark.sql.types import StructField, StructType, TimestampType
 
         if self.processing_time:
-            from pyspark.sql.types import TimestampType
-
             if PROCTIME_COLUMN in schema.fieldNames():
                 raise JobDefinitionError(
-                    f"windowed aggregation {self.operator}: its input has a column "
+                    f"{self.what} {self.operator}: its input has a column "
                     f"{PROCTIME_COLUMN!r}, the name processing-time windows stamp rows with")
             schema = StructType([*schema.fields, StructField(PROCTIME_COLUMN, TimestampType())])
-        fields = {f.name: f for f in schema.fields}
-        time_field = fields.get(str(self.window_spec.on))
+        time_field = {f.name: f for f in schema.fields}.get(str(self.window_spec.on))
         if time_field is None or time_field.dataType.typeName() != "timestamp":
             raise JobDefinitionError(
-                f"windowed aggregation {self.operator}: expected "
+                f"{self.what} {self.operator}: expected "
                 f"{self.window_spec.on!r} to be a TIMESTAMP column, found "
                 f"{time_field.dataType.simpleString() if time_field else 'no such column'}")
-        spec = WindowAggSpec(self.aggs, schema, order_by=str(self.window_spec.on),
-                             reserved=[*self.user_keys, "window", str(self.window_spec.on)])
-        state_fields = [StructField(n, t) for o in spec.outputs for n, _k, t in o.state]
-        emit_updates = self.output_mode == "update"
-        window_type = time_field.dataType if self.window_spec.kind != "session" else LongType()
-        raw = StructType([*[fields[k] for k in self.user_keys],
-                          StructField(WINDOW_START, window_type),
-                          StructField(WINDOW_END, window_type), *state_fields])
-        if self.window_spec.kind == "session":
-            types = {f.name: to_arrow(StructType([f])).field(0).type for f in state_fields}
-            processor: Any = SessionAggProcessor(spec.merges(), types, emit_updates)
-        else:
-            processor = WindowAggProcessor(spec.merges(), spec.state_ddl(), emit_updates)
-        return Derived(processor, raw, spec)
+        return schema, time_field
 
     def configure(self, restored: dict[str, Any] | None) -> Any:
         state = super().configure(restored)
@@ -270,17 +261,62 @@ class WindowAggStream(DerivedOperator):
             from spark_ckpt.errors import StateSchemaError
 
             raise StateSchemaError(
-                f"windowed aggregation {self.operator}: the checkpoint's windows are "
+                f"{self.what} {self.operator}: the checkpoint's windows are "
                 f"{recorded}, the pipeline asks for {spec}; windows cannot change under a "
                 "checkpoint (keep the old definition or start a new checkpoint directory)")
         state.extra["window"] = spec
         return state
 
-    # -- per batch -------------------------------------------------------------------------
     def input_keys(self) -> tuple[str, ...]:
         return self.user_keys
 
-    def _unrouted(self, run: BatchRun) -> DataFrame | None:
+    # -- late rows: dropped and counted, or kept as a stream of their own -------------------
+    late_stream: LateRows | None = None
+
+    def late_rows(self, name: str | None = None) -> LateRows:
+        """The rows this operator drops as late, as a stream (Flink's ``sideOutputLateData``):
+        each batch, the input's columns of every late row and the ``window`` it was late for
+        (a row late for several sliding windows once per window), to write to a table of
+        their own with any sink (exactly once through the two-phase ones)."""
+        if self.late_stream is None:
+            self.late_stream = LateRows(self, name or f"{self.operator}.late_rows")
+        return self.late_stream
+
+    def _keep_late(self, run: BatchRun, windowed: DataFrame, late: Column) -> None:
+        """Hand this batch's late rows to the late-rows stream (its memo for the batch: a
+        frame over the batch's input and a literal watermark, the same on a replay)."""
+        if self.late_stream is not None:
+            run.memo[(self.late_stream.id, run.batch_id)] = self._late_view(windowed.where(late))
+
+    def late_schema_frame(self, schema_run: Any) -> DataFrame:
+        """The late rows over no input (the template's dry run at start)."""
+        from pyspark.sql import functions as F
+
+        from spark_ckpt.sparkapi import empty_frame
+
+        df = empty_frame(self.pipeline.spark, schema_run.input_schema(self))
+        if self.processing_time:
+            df = df.withColumn(PROCTIME_COLUMN, F.current_timestamp())
+        return self._late_view(self._assign(df)[0])
+
+    def _late_view(self, windowed: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        if self.window_spec.kind == "session":  # a late row's own session: [t, t + gap)
+            start = F.col(str(self.window_spec.on))
+            end = start + F.expr(f"INTERVAL {self.window_spec.gap_ms} MILLISECONDS")
+        else:
+            start, end = F.col(WINDOW_START), F.col(WINDOW_END)
+        columns = [c for c in windowed.columns if not c.startswith(("__ckpt", "_ch"))]
+        out: DataFrame = windowed.select(*columns, F.struct(
+            start.alias("start"), end.alias("end")).alias(
+            "window", metadata={"spark.timeWindow": True}))
+        return out
+
+    def _timed(self, run: BatchRun) -> tuple[DataFrame, int | None] | None:
+        """The batch's rows with a time (stamped with the batch's when the windows are on
+        processing time), and the watermark the previous batch ran with (rows of a window
+        that ended at or before it are late)."""
         from pyspark.sql import functions as F
 
         df = super()._unrouted(run)
@@ -289,30 +325,9 @@ class WindowAggStream(DerivedOperator):
         if self.processing_time:  # every row of the batch at the batch's processing time
             df = df.withColumn(PROCTIME_COLUMN,
                                F.timestamp_millis(F.lit(self._processing_ms(run))))
-        spec: WindowAggSpec = self.derived().extra
-        # late: at or before the watermark the previous batch ran with, as Structured
-        # Streaming drops them (windows then close at this batch's, after its rows merged)
         watermark = self._state(run).extra.get("applied_watermark_ms")
-        on = str(self.window_spec.on)
-        df = df.where(F.col(on).isNotNull())
-        windowed, end_us = self._assign(df)
-        late = F.lit(False) if watermark is None else end_us <= F.lit(int(watermark) * 1000)
-        extra = [F.max(on).alias(on), F.count(F.lit(1)).alias(ROWS_COLUMN)]
-        if self.window_spec.kind == "session":
-            gap = f"{self.window_spec.gap_ms} milliseconds"
-            grouped = windowed.withColumn(LATE_COLUMN, late).groupBy(
-                *self.user_keys, LATE_COLUMN, F.session_window(on, gap).alias("__ckpt_s"))
-            out: DataFrame = grouped.agg(*spec.partial_columns(), *extra).select(
-                *self.user_keys,
-                F.unix_micros(F.col("__ckpt_s.start")).alias(WINDOW_START),
-                F.unix_micros(F.col("__ckpt_s.end")).alias(WINDOW_END),
-                *[F.col(n) for n in spec.state_names()], F.col(on), F.col(ROWS_COLUMN),
-                F.col(LATE_COLUMN))
-            return out
-        out = windowed.withColumn(LATE_COLUMN, late).groupBy(
-            *self.user_keys, WINDOW_START, WINDOW_END, LATE_COLUMN).agg(
-            *spec.partial_columns(), *extra)
-        return out
+        return df.where(F.col(str(self.window_spec.on)).isNotNull()), \
+            None if watermark is None else int(watermark)
 
     # -- processing time: the batch's time is the watermark ------------------------------------
     def _processing_ms(self, run: BatchRun) -> int:
@@ -378,6 +393,77 @@ class WindowAggStream(DerivedOperator):
             .withColumn(WINDOW_END, F.col("__ckpt_w.end")).drop("__ckpt_w")
         return out, F.unix_micros(F.col(WINDOW_END))
 
+
+class WindowAggStream(_WindowedOperator):
+    """An event-time windowed aggregation (see the module's docstring)."""
+
+    what = "windowed aggregation"
+
+    def __init__(self, windowed: WindowedKeyedStream, name: str, aggs: dict[str, Agg]) -> None:
+        self.aggs = dict(aggs)
+        for agg in self.aggs.values():
+            if not isinstance(agg, Agg):
+                raise JobDefinitionError(
+                    f"windowed aggregation {name}: expected aggregations such as count() or "
+                    f"max_('price'), found {agg!r}")
+        super().__init__(windowed, name)
+
+    # -- derived at start from the input's schema -------------------------------------------
+    def derive(self, schema: StructType) -> Derived:
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        from spark_ckpt.arrowtypes import to_arrow
+        from spark_ckpt.state.window_aggs import WindowAggSpec
+
+        schema, time_field = self._time_field(schema)
+        fields = {f.name: f for f in schema.fields}
+        spec = WindowAggSpec(self.aggs, schema, order_by=str(self.window_spec.on),
+                             reserved=[*self.user_keys, "window", str(self.window_spec.on)])
+        state_fields = [StructField(n, t) for o in spec.outputs for n, _k, t in o.state]
+        emit_updates = self.output_mode == "update"
+        window_type = time_field.dataType if self.window_spec.kind != "session" else LongType()
+        raw = StructType([*[fields[k] for k in self.user_keys],
+                          StructField(WINDOW_START, window_type),
+                          StructField(WINDOW_END, window_type), *state_fields])
+        if self.window_spec.kind == "session":
+            types = {f.name: to_arrow(StructType([f])).field(0).type for f in state_fields}
+            processor: Any = SessionAggProcessor(spec.merges(), types, emit_updates)
+        else:
+            processor = WindowAggProcessor(spec.merges(), spec.state_ddl(), emit_updates)
+        return Derived(processor, raw, spec)
+
+    # -- per batch -------------------------------------------------------------------------
+    def _unrouted(self, run: BatchRun) -> DataFrame | None:
+        from pyspark.sql import functions as F
+
+        timed = self._timed(run)
+        if timed is None:
+            return None
+        df, watermark = timed
+        spec: WindowAggSpec = self.derived().extra
+        # late: at or before the watermark the previous batch ran with, as Structured
+        # Streaming drops them (windows then close at this batch's, after its rows merged)
+        on = str(self.window_spec.on)
+        windowed, end_us = self._assign(df)
+        late = F.lit(False) if watermark is None else end_us <= F.lit(int(watermark) * 1000)
+        self._keep_late(run, windowed, late)
+        extra = [F.max(on).alias(on), F.count(F.lit(1)).alias(ROWS_COLUMN)]
+        if self.window_spec.kind == "session":
+            gap = f"{self.window_spec.gap_ms} milliseconds"
+            grouped = windowed.withColumn(LATE_COLUMN, late).groupBy(
+                *self.user_keys, LATE_COLUMN, F.session_window(on, gap).alias("__ckpt_s"))
+            out: DataFrame = grouped.agg(*spec.partial_columns(), *extra).select(
+                *self.user_keys,
+                F.unix_micros(F.col("__ckpt_s.start")).alias(WINDOW_START),
+                F.unix_micros(F.col("__ckpt_s.end")).alias(WINDOW_END),
+                *[F.col(n) for n in spec.state_names()], F.col(on), F.col(ROWS_COLUMN),
+                F.col(LATE_COLUMN))
+            return out
+        out = windowed.withColumn(LATE_COLUMN, late).groupBy(
+            *self.user_keys, WINDOW_START, WINDOW_END, LATE_COLUMN).agg(
+            *spec.partial_columns(), *extra)
+        return out
+
     def finish(self, raw: DataFrame) -> DataFrame:
         """The emitted rows as the user sees them: the keys, ``window``, the outputs."""
         from pyspark.sql import functions as F
@@ -393,6 +479,95 @@ class WindowAggStream(DerivedOperator):
                          *spec.final_columns())
         finished: DataFrame = spec.spark_finals(out, [*self.user_keys, "window"])
         return finished
+
+
+class WindowTopNStream(_WindowedOperator):
+    """Flink's Window Top-N (see :meth:`WindowedKeyedStream.top_n`)."""
+
+    what = "window top_n"
+
+    def __init__(self, windowed: WindowedKeyedStream, name: str, n: int, order_by: Any) -> None:
+        from spark_ckpt.streaming.template.row_operators import parse_order
+
+        if windowed.spec.kind == "session":
+            raise JobDefinitionError(
+                f"window top_n {name}: expected tumbling, sliding or cumulate windows, found "
+                "session windows (their bounds move as rows merge them)")
+        if windowed.output_mode != "append":
+            raise JobDefinitionError(
+                f"window top_n {name}: expected output_mode 'append' (a window's rows are "
+                f"emitted once, when it closes), found {windowed.output_mode!r}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise JobDefinitionError(f"window top_n {name}: expected n >= 1, found {n!r}")
+        self.n = n
+        self.order = parse_order(f"window top_n {name}", order_by)
+        super().__init__(windowed, name)
+
+    def derive(self, schema: StructType) -> Derived:
+        from pyspark.sql.types import ArrayType, IntegerType, StructField, StructType
+
+        from spark_ckpt.state.row_processors import RANK_COLUMN, WindowTopNProcessor
+
+        schema, time_field = self._time_field(schema)
+        names = schema.fieldNames()
+        for column, _desc in self.order:
+            if column not in names:
+                raise JobDefinitionError(
+                    f"window top_n {self.operator}: order_by column {column!r} is not in its "
+                    f"input; columns: {sorted(names)}")
+        for reserved in (RANK_COLUMN, "window"):
+            if reserved in names:
+                raise JobDefinitionError(
+                    f"window top_n {self.operator}: its input has a column {reserved!r}, a "
+                    "name of the output's; rename it")
+        ddl = ", ".join(f"row_{i} {ArrayType(f.dataType, True).simpleString()}"
+                        for i, f in enumerate(schema.fields))
+        raw = StructType([*schema.fields, StructField(WINDOW_START, time_field.dataType),
+                          StructField(WINDOW_END, time_field.dataType),
+                          StructField(RANK_COLUMN, IntegerType())])
+        return Derived(WindowTopNProcessor(self.n, self.order, names, ddl), raw)
+
+    def _unrouted(self, run: BatchRun) -> DataFrame | None:
+        from pyspark.sql import functions as F
+
+        timed = self._timed(run)
+        if timed is None:
+            return None
+        df, watermark = timed
+        windowed, end_us = self._assign(df)
+        late = F.lit(False) if watermark is None else end_us <= F.lit(watermark * 1000)
+        self._keep_late(run, windowed, late)
+        return windowed.withColumn(LATE_COLUMN, late)
+
+    def finish(self, raw: DataFrame) -> DataFrame:
+        """The input's columns, ``window`` and ``rank``."""
+        from pyspark.sql import functions as F
+
+        from spark_ckpt.state.row_processors import RANK_COLUMN
+
+        columns = [c for c in raw.columns if c not in (WINDOW_START, WINDOW_END, RANK_COLUMN,
+                                                       PROCTIME_COLUMN)]
+        window = F.struct(F.col(WINDOW_START).alias("start"), F.col(WINDOW_END).alias("end"))
+        out: DataFrame = raw.select(*columns, window.alias(
+            "window", metadata={"spark.timeWindow": True}), F.col(RANK_COLUMN))
+        return out
+
+
+class LateRows(Stream):
+    """The rows a windowed operator drops as late (:meth:`_WindowedOperator.late_rows`)."""
+
+    def __init__(self, operator: _WindowedOperator, name: str) -> None:
+        super().__init__(operator.pipeline, (operator,), name)
+        self.operator = operator
+
+    def compute(self, run: BatchRun) -> DataFrame | None:
+        run.get_or_compute(self.operator)  # it hands this batch's late rows over as it runs
+        late: DataFrame | None = run.memo.get((self.id, run.batch_id))
+        return late
+
+    def schema_frame(self, schema_run: Any) -> DataFrame:
+        """The late rows' schema (the template's dry run at start)."""
+        return self.operator.late_schema_frame(schema_run)
 
 
 def _last_end(w: WindowSpec, t: int) -> int:

@@ -33,6 +33,7 @@ from spark_ckpt.names import check_name
 from spark_ckpt.options import Settings
 from spark_ckpt.sinks.dead_letters import DeadLetters
 from spark_ckpt.sources.delta_stream import DeltaStreamSource
+from spark_ckpt.sources.delta_table import DeltaTableSource
 from spark_ckpt.sources.file_stream import FileStreamSource
 from spark_ckpt.sources.generator import GeneratorSource
 from spark_ckpt.sources.kafka import KafkaSource
@@ -263,6 +264,13 @@ class StreamingContext:
                                              ignore_deletes=ignore_deletes,
                                              ignore_changes=ignore_changes,
                                              skip_change_commits=skip_change_commits))
+
+    def delta_table(self, name: str, path: str) -> InputStream:
+        """A Delta table beside the streams, for ``stream.join_as_of(table, on, time_column)``
+        (each row with the table as of its time); read as a stream, each batch's table as of
+        the version its allocation recorded (sources/delta_table.py). It runs no batch by
+        itself."""
+        return self._input(DeltaTableSource(name, path))
 
     def kafka_stream(self, name: str, bootstrap_servers: str, *,
                      topics: list[str] | None = None, pattern: str | None = None,

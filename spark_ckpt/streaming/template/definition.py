@@ -85,6 +85,13 @@ class PipelineDefinition:
 
         return StreamJoin(left, right, on, how, between, ttl, name)
 
+    def temporal_join(self, left: Stream, table: Stream, on: Any, time_column: str, how: str,
+                      name: str) -> Any:
+        """A temporal join with a Delta table (template.temporal)."""
+        from spark_ckpt.streaming.template.temporal import TemporalJoin
+
+        return TemporalJoin(left, table, on, time_column, how, name)
+
     def recorded_schema(self, source: str) -> StructType | None:
         from pyspark.sql.types import StructType
 

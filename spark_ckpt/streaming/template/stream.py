@@ -54,6 +54,10 @@ class Template(PipelineScope, Protocol):
                     ttl: Any, name: str) -> Any:
         """A stream-stream join (template.joins)."""
 
+    def temporal_join(self, left: Stream, table: Stream, on: Any, time_column: str, how: str,
+                      name: str) -> Any:
+        """A temporal join with a Delta table (template.temporal)."""
+
 __all__ = ["InputStream", "Output", "Stream", "union_by_name"]
 
 _ids = itertools.count()
@@ -176,6 +180,15 @@ class Stream:
         ``how``: inner, left_outer, right_outer, full_outer, left_semi, left_anti."""
         return self.pipeline.stream_join(  # type: ignore[no-any-return]
             self, other, on, how, between, ttl, name or f"join_{self.name}_{other.name}")
+
+    def join_as_of(self, table: Stream, on: str | Sequence[str], time_column: str,
+                   how: str = "inner", *, name: str | None = None) -> Stream:
+        """Each row joined with ``table`` (``ctx.delta_table(...)``) as of the row's
+        ``time_column``: the newest version of the Delta table committed at or before it, as
+        Flink SQL's ``FOR SYSTEM_TIME AS OF`` and Delta's ``TIMESTAMP AS OF``; ``how``: inner
+        or left (template/temporal.py)."""
+        return self.pipeline.temporal_join(  # type: ignore[no-any-return]
+            self, table, on, time_column, how, name or f"as_of_{self.name}_{table.name}")
 
     def drop_duplicates(self, *columns: str, within: Any = None, ttl: Any = None,
                         name: str | None = None) -> Stream:

@@ -153,18 +153,20 @@ def ss_q12(ev: Any) -> Any:
 
 def ss_batch_files(ckpt: Path) -> dict[str, int]:
     """File name -> the ``current_timestamp()`` of the micro-batch that read it, from the
-    query's offset log (``batchTimestampMs``) and its file source's log."""
-    times = {}
+    query's offset log (``batchTimestampMs``) and its file source's log (every entry names its
+    batch; the log is compacted every 10 batches into ``N.compact``, which holds them all)."""
+    stamps = {}
     for offsets in (ckpt / "offsets").iterdir():
-        if not offsets.name.isdigit():
-            continue
-        meta = json.loads(offsets.read_text().splitlines()[1])
-        log = ckpt / "sources" / "0" / offsets.name
-        if not log.exists():
+        if offsets.name.isdigit():
+            meta = json.loads(offsets.read_text().splitlines()[1])
+            stamps[int(offsets.name)] = int(meta["batchTimestampMs"])
+    times = {}
+    for log in (ckpt / "sources" / "0").iterdir():
+        if not log.name.removesuffix(".compact").isdigit():
             continue
         for line in log.read_text().splitlines()[1:]:
             entry = json.loads(line)
-            times[entry["path"].rsplit("/", 1)[-1]] = int(meta["batchTimestampMs"])
+            times[entry["path"].rsplit("/", 1)[-1]] = stamps[int(entry["batchId"])]
     return times
 
 

@@ -305,14 +305,18 @@ def q12_reference(spark: SparkSession, ev: DataFrame, file_times_ms: dict[str, i
                 F.col("w.end").alias("endtime"))
 
 
-def batch_files(ctx: Any, progress: list[dict[str, Any]], source: str = "events") \
-        -> dict[str, int]:
-    """File name -> the time of the batch that read it, from the run's allocations."""
+def batch_files(ctx: Any, progress: list[dict[str, Any]], source: str = "events",
+                operator: str = "q12") -> dict[str, int]:
+    """File name -> the processing time the operator stamped the batch that read it with
+    (the batch's watermark: its time, or the last batch's if the clock read earlier), from
+    the run's allocations."""
     times = {}
     for p in progress:
         piece = ctx.allocation(p["batch_id"]).pieces.get(source) or {}
+        stamp = (p.get("state") or {}).get(operator, {}).get("watermark_ms")
         for path, *_rest in piece.get("files", []):
-            times[str(path).rsplit("/", 1)[-1]] = int(p["batch_time_ms"])
+            times[str(path).rsplit("/", 1)[-1]] = int(stamp if stamp is not None
+                                                      else p["batch_time_ms"])
     return times
 
 

@@ -8,9 +8,18 @@ batch by itself (its piece holds no rows). Versions are read into the driver thr
 (``storage.delta_reader``), so the table is a dimension table that fits there; each version
 read is kept (versions never change) up to ``_KEPT`` of them.
 
-Commit times are Delta's: the ``timestamp`` of each version's commit, made monotonic as Delta
-Lake makes them for time travel (a version's time is at least its predecessor's plus 1 ms), so
-"as of t" is the newest version committed at or before ``t``, Delta's ``TIMESTAMP AS OF``.
+Commit times are the ``timestamp`` of each version's ``commitInfo`` (the writer's clock; Delta
+Lake's own ``TIMESTAMP AS OF`` reads the log file's modification time unless in-commit
+timestamps are on), made monotonic as Delta Lake makes them for time travel (a version's time is
+at least its predecessor's plus 1 ms), so "as of t" is the newest version committed at or before
+``t``. Only the versions whose commits the log still holds are known: once Delta cleaned up the
+log before a version (``delta.logRetentionDuration``, 30 days by default), a row older than the
+oldest version it holds stops the pipeline with a :class:`SourceError` rather than join a
+version that may not be the one it is as of.
+
+The rows of every version are read with the schema the table has when the pipeline starts: a
+column an older version lacks is null there; a column whose values do not cast to it stops the
+pipeline with a :class:`SourceError` naming the version.
 """
 
 from __future__ import annotations
@@ -50,7 +59,9 @@ class DeltaTableSource(Source):
         self.version = -1  # the version the last batch recorded
         self._schema: StructType | None = None
         self._times: dict[int, int] = {}  # version -> monotonic commit time (ms)
+        self._oldest = 0  # the oldest version whose commit the log held when last read
         self._kept: OrderedDict[int, pa.Table] = OrderedDict()
+        self._latest: Any = None  # the table without its files, updated each plan
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": self.path}
@@ -77,7 +88,17 @@ class DeltaTableSource(Source):
 
     # -- allocation: the latest version, never rows -------------------------------------------
     def plan(self) -> dict[str, Any]:
-        return {"version": int(self._table().version()), "rows": 0}
+        if self._latest is None:
+            from deltalake import DeltaTable
+
+            try:
+                self._latest = DeltaTable(self.uri)
+            except Exception as exc:
+                raise SourceError(f"Delta table {self.name}: expected a Delta table at "
+                                  f"{self.uri}, cannot load it: {exc}") from exc
+        else:
+            self._latest.update_incremental()
+        return {"version": int(self._latest.version()), "rows": 0}
 
     def advance(self, piece: dict[str, Any]) -> None:
         self.version = int(piece["version"])
@@ -100,23 +121,34 @@ class DeltaTableSource(Source):
         """The table as of the batch's recorded version."""
         return self.frame(run.spark, [int(piece["version"])], None)
 
-    def commit_times(self, latest: int) -> list[tuple[int, int]]:
-        """``(version, commit time in ms)`` of versions 0..``latest``, times monotonic."""
-        if any(v not in self._times for v in range(latest + 1)):
-            history = {int(c["version"]): int(c["timestamp"])
-                       for c in self._table().history() if "version" in c}
-            missing = [v for v in range(latest + 1) if v not in history]
-            if missing:
-                raise SourceError(
-                    f"Delta table {self.name}: expected the commit times of versions 0 to "
-                    f"{latest} in {self.uri}'s log, found none for {missing[:5]}"
-                    f"{' ...' if len(missing) > 5 else ''} (the log was cleaned up past them: "
-                    "rows older than the oldest version kept cannot be joined as of their time)")
-            previous = None
-            for v in range(latest + 1):
+    def commit_times(self, latest: int) -> tuple[list[tuple[int, int]], bool]:
+        """``(version, commit time in ms)`` of the versions up to ``latest`` whose commits the
+        log holds, times monotonic; and whether the log still starts at version 0 (when not,
+        a time before the first one listed has no known version)."""
+        if latest not in self._times:
+            history: dict[int, int] = {}
+            for commit in self._table().history():
+                if "version" not in commit:
+                    continue
+                if "timestamp" not in commit:
+                    raise SourceError(
+                        f"Delta table {self.name}: expected a commit time (commitInfo "
+                        f"timestamp) for version {commit['version']} of {self.uri}, found none")
+                history[int(commit["version"])] = int(commit["timestamp"])
+            if latest not in history:
+                raise SourceError(f"Delta table {self.name}: expected version {latest} in "
+                                  f"{self.uri}'s log, found versions {sorted(history)[-3:]}")
+            oldest = latest
+            while oldest - 1 in history:
+                oldest -= 1
+            times: dict[int, int] = {}
+            previous: int | None = None
+            for v in range(oldest, latest + 1):
                 at = history[v] if previous is None else max(history[v], previous + 1)
-                self._times[v] = previous = at
-        return [(v, self._times[v]) for v in range(latest + 1)]
+                times[v] = previous = at
+            self._times, self._oldest = times, oldest
+        listed = [(v, at) for v, at in sorted(self._times.items()) if v <= latest]
+        return listed, self._oldest == 0
 
     def snapshot(self, version: int) -> pa.Table:
         """The table's rows at ``version`` (kept: versions never change)."""
@@ -149,7 +181,17 @@ class DeltaTableSource(Source):
         schema = to_arrow(self.schema())
         parts = []
         for v in versions:
-            table = self.snapshot(v).select(schema.names).cast(schema)
+            snapshot = self.snapshot(v)
+            try:
+                table = pa.table({f.name: snapshot.column(f.name).cast(f.type)
+                                  if f.name in snapshot.column_names
+                                  else pa.nulls(snapshot.num_rows, f.type) for f in schema},
+                                 schema=schema)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise SourceError(
+                    f"Delta table {self.name}: expected version {v} of {self.uri} to read as "
+                    f"the table's schema when the pipeline started ({self.schema().simpleString()}"
+                    f"), found {snapshot.schema}: {exc}") from exc
             if version_column is not None:
                 table = table.append_column(version_column, pa.array([v] * table.num_rows,
                                                                       pa.int64()))

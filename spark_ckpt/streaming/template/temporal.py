@@ -82,10 +82,11 @@ class TemporalJoin(Stream):
     def _joined(self, left: DataFrame, right: DataFrame, version: Column) -> DataFrame:
         from pyspark.sql import functions as F
 
+        columns = [c for c in left.columns if c != _VERSION]
         out: DataFrame = left.withColumn(_VERSION, version) \
             .join(F.broadcast(right), [*self.on, _VERSION], self.how) \
-            .select(*left.columns, *[c for c in right.columns
-                                     if c not in self.on and c != _VERSION])
+            .select(*columns, *[c for c in right.columns
+                                if c not in self.on and c != _VERSION])
         return out
 
     def compute(self, run: BatchRun) -> DataFrame | None:
@@ -101,18 +102,31 @@ class TemporalJoin(Stream):
                 f"table {self.source.name}; recorded sources: {sorted(run.allocation.pieces)}")
         t = F.unix_millis(F.col(self.time_column).cast("timestamp"))
         lo, hi = left.select(F.min(t), F.max(t)).first() or (None, None)
-        times = self.source.commit_times(int(piece["version"]))
+        times, complete = self.source.commit_times(int(piece["version"]))
+        if lo is not None and not complete and lo < times[0][1]:
+            from spark_ckpt.errors import SourceError
+
+            raise SourceError(
+                f"join_as_of {self.name}: batch {run.batch_id} has a row at {lo} ms, before "
+                f"version {times[0][0]} of table {self.source.name} ({times[0][1]} ms), the "
+                "oldest whose commit its log still holds: the version that row is as of is no "
+                "longer known (Delta cleaned up the log before it)")
         # the versions some row of the batch is as of: from the newest at or before the
         # earliest row to the newest at or before the latest one
         needed = [] if lo is None or hi is None else [
-            (v, at) for i, (v, at) in enumerate(times)
+            (i, v, at) for i, (v, at) in enumerate(times)
             if at <= hi and (i + 1 == len(times) or times[i + 1][1] > lo)]
-        version: Column = F.lit(None).cast("bigint")
-        for v, at in needed:  # the newest version at or before the row's time
-            version = F.when(t >= F.lit(at), F.lit(v)).otherwise(version)
-        right = self.source.frame(run.spark, [v for v, _at in needed], _VERSION)
+        # each version's time range, joined to the rows in range (broadcast, a few rows)
+        ranges = run.spark.createDataFrame(
+            [(v, at, times[i + 1][1] if i + 1 < len(times) else None) for i, v, at in needed],
+            "v BIGINT, from_ms BIGINT, to_ms BIGINT")
+        timed = left.withColumn("__ckpt_t", t)
+        versioned = timed.join(F.broadcast(ranges), (F.col("__ckpt_t") >= F.col("from_ms")) & (
+            F.col("to_ms").isNull() | (F.col("__ckpt_t") < F.col("to_ms"))), "left")
+        right = self.source.frame(run.spark, [v for _i, v, _at in needed], _VERSION)
         self._check(left, right)
-        return self._joined(left, right, version)
+        return self._joined(versioned.select(*left.columns, F.col("v").alias(_VERSION)),
+                            right, F.col(_VERSION))
 
     def schema_frame(self, schema_run: Any) -> DataFrame:
         """The output's schema (the template's dry run at start)."""

@@ -307,7 +307,10 @@ class _WindowedOperator(DerivedOperator):
             end = start + F.expr(f"INTERVAL {self.window_spec.gap_ms} MILLISECONDS")
         else:
             start, end = F.col(WINDOW_START), F.col(WINDOW_END)
-        columns = [c for c in windowed.columns if not c.startswith(("__ckpt", "_ch"))]
+        from spark_ckpt.state.task import CHANNEL_COLUMN
+
+        columns = [c for c in windowed.columns
+                   if not c.startswith("__ckpt") and c != CHANNEL_COLUMN]
         out: DataFrame = windowed.select(*columns, F.struct(
             start.alias("start"), end.alias("end")).alias(
             "window", metadata={"spark.timeWindow": True}))
@@ -502,6 +505,20 @@ class WindowTopNStream(_WindowedOperator):
         self.n = n
         self.order = parse_order(f"window top_n {name}", order_by)
         super().__init__(windowed, name)
+
+    def configure(self, restored: dict[str, Any] | None) -> Any:
+        state = super().configure(restored)
+        top = {"n": self.n, "order": [[c, desc] for c, desc in self.order]}
+        recorded = state.extra.get("top_n")
+        if recorded is not None and recorded != top:
+            from spark_ckpt.errors import StateSchemaError
+
+            raise StateSchemaError(
+                f"window top_n {self.operator}: the checkpoint keeps {recorded}, the pipeline "
+                f"asks for {top}; a window's kept rows cannot be ranked anew (keep the old "
+                "definition or start a new checkpoint directory)")
+        state.extra["top_n"] = top
+        return state
 
     def derive(self, schema: StructType) -> Derived:
         from pyspark.sql.types import ArrayType, IntegerType, StructField, StructType

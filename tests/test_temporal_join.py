@@ -170,3 +170,36 @@ def test_read_as_a_stream_the_table_is_each_batchs_recorded_version(spark, tmp_p
     assert [p["num_input_rows"] for p in ctx.process_available(timeout=300)] == [3]
     got = spark.read.parquet(str(tmp_path / "out")).toPandas().sort_values("order_id")
     assert got["rate"].tolist()[:2] == [2.0, 3.0] and pd.isna(got["rate"].tolist()[2])
+
+
+def test_a_column_added_later_is_null_in_older_versions_and_a_cleaned_log_stops_by_name(
+        spark, tmp_path):
+    """Version 1 adds a column: rows as of version 0 read it as null. Then the log before
+    version 1 is cleaned up (a checkpoint, the first commit file gone): a row older than
+    version 1 cannot know its version, and the pipeline stops naming it."""
+    table = tmp_path / "rates"
+    t0 = _commit(table, {"EUR": 1.0}, "overwrite")
+    write_deltalake(str(table), pa.table({"currency": ["EUR"], "rate": [2.0], "fee": [0.5]}),
+                    mode="overwrite", schema_mode="merge")
+    time.sleep(0.05)
+    t1 = int(DeltaTable(str(table)).history(1)[0]["timestamp"])
+    frame = pd.DataFrame({"order_id": [1, 2], "currency": ["EUR", "EUR"], "t_ms": [t0, t1]})
+    source = write_batch_files(spark, [frame], SCHEMA, tmp_path / "in")
+    from pyspark.sql import functions as F
+
+    def run(name: str) -> list:
+        ctx = _context(spark, tmp_path / name, name)
+        ctx.file_stream("orders", source, "parquet", SCHEMA) \
+            .with_column("order_time", F.timestamp_millis("t_ms")) \
+            .join_as_of(ctx.delta_table("rates", str(table)), "currency", "order_time") \
+            .write_parquet(str(tmp_path / name / "out"), name="out")
+        return ctx.process_available(timeout=300)
+
+    run("schema")
+    got = spark.read.parquet(str(tmp_path / "schema" / "out")).toPandas().sort_values("order_id")
+    assert got["rate"].tolist() == [1.0, 2.0]
+    assert pd.isna(got["fee"].tolist()[0]) and got["fee"].tolist()[1] == 0.5
+    DeltaTable(str(table)).create_checkpoint()
+    (table / "_delta_log" / "00000000000000000000.json").unlink()
+    with pytest.raises(PipelineFailedError, match="before version 1 of table rates"):
+        run("cleaned")

@@ -36,7 +36,43 @@ log = logging.getLogger(__name__)
 
 
 # -- a Delta table -----------------------------------------------------------------------------
-class DeltaStreamSource(Source):
+class DeltaTableAccess(Source):
+    """A source over a Delta table at a path: its table at a version, and its schema."""
+
+    what = "Delta source"
+
+    def __init__(self, name: str, path: str) -> None:
+        super().__init__(name)
+        self.path = path
+        self.store = Storage(path)
+        self.uri = self.store.spark_path(self.store.root)
+        self._schema: StructType | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self.path}
+
+    def _table(self, version: int | None = None) -> Any:
+        from deltalake import DeltaTable
+
+        try:
+            return DeltaTable(self.uri, version=version)
+        except Exception as exc:
+            raise SourceError(
+                f"{self.what} {self.name}: expected a Delta table at {self.uri}"
+                f"{'' if version is None else f' version {version}'}, cannot load it: {exc}"
+            ) from exc
+
+    def schema(self) -> StructType:
+        import pyarrow as pa
+
+        from spark_ckpt.arrowtypes import to_spark
+
+        if self._schema is None:
+            self._schema = to_spark(pa.schema(self._table().schema()))
+        return self._schema
+
+
+class DeltaStreamSource(DeltaTableAccess):
     """Rows of a Delta table: its rows as they are when the pipeline starts, then the new rows
     of each later version, followed through the table's commit log.
 
@@ -86,7 +122,7 @@ class DeltaStreamSource(Source):
     def __init__(self, name: str, path: str, *, starting_version: int | None = None,
                  max_versions_per_batch: int | None = None, ignore_deletes: bool = False,
                  ignore_changes: bool = False, skip_change_commits: bool = False) -> None:
-        super().__init__(name)
+        super().__init__(name, path)
         if starting_version is not None and (isinstance(starting_version, bool) or
                                              not isinstance(starting_version, int) or
                                              starting_version < 0):
@@ -95,9 +131,6 @@ class DeltaStreamSource(Source):
         if max_versions_per_batch is not None and max_versions_per_batch < 1:
             raise JobDefinitionError(f"Delta source {name}: expected max_versions_per_batch >= 1 "
                                      f"or None, found {max_versions_per_batch}")
-        self.path = path
-        self.store = Storage(path)
-        self.uri = self.store.spark_path(self.store.root)
         self.starting_version = starting_version
         self.max_versions = max_versions_per_batch
         self.ignore_deletes = ignore_deletes
@@ -107,30 +140,6 @@ class DeltaStreamSource(Source):
         self.version = -1 if starting_version is None else starting_version - 1
         self.table_id: str | None = None  # the metaData.id of the table the pieces read
         self._read_through: int | None = None  # the newest version a piece read (None: none)
-        self._schema: StructType | None = None
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": self.path}
-
-    def _table(self, version: int | None = None) -> Any:
-        from deltalake import DeltaTable
-
-        try:
-            return DeltaTable(self.uri, version=version)
-        except Exception as exc:
-            raise SourceError(
-                f"Delta source {self.name}: expected a Delta table at {self.uri}"
-                f"{'' if version is None else f' version {version}'}, cannot load it: {exc}"
-            ) from exc
-
-    def schema(self) -> StructType:
-        import pyarrow as pa
-
-        from spark_ckpt.arrowtypes import to_spark
-
-        if self._schema is None:
-            self._schema = to_spark(pa.schema(self._table().schema()))
-        return self._schema
 
     def restore(self, pieces: list[tuple[int, dict[str, Any]]]) -> None:
         for _batch, piece in pieces:

@@ -30,13 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.errors import SourceError
 from spark_ckpt.formats import Opt, integer
-from spark_ckpt.sources.source import Source, SourceRun
-from spark_ckpt.storage import Storage
+from spark_ckpt.sources.delta_stream import DeltaTableAccess
+from spark_ckpt.sources.source import SourceRun
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
-    from pyspark.sql.types import StructType
 
 __all__ = ["DeltaTableSource"]
 
@@ -45,46 +44,20 @@ log = logging.getLogger(__name__)
 _KEPT = 8  # versions kept in the driver between batches
 
 
-class DeltaTableSource(Source):
+class DeltaTableSource(DeltaTableAccess):
     """A Delta table at the version each batch records (see the module's docstring)."""
 
     kind = "delta_table"
+    what = "Delta table"
     PIECE = {"version": integer(0), "rows": Opt(integer(0))}
 
     def __init__(self, name: str, path: str) -> None:
-        super().__init__(name)
-        self.path = path
-        self.store = Storage(path)
-        self.uri = self.store.spark_path(self.store.root)
+        super().__init__(name, path)
         self.version = -1  # the version the last batch recorded
-        self._schema: StructType | None = None
         self._times: dict[int, int] = {}  # version -> monotonic commit time (ms)
         self._oldest = 0  # the oldest version whose commit the log held when last read
         self._kept: OrderedDict[int, pa.Table] = OrderedDict()
         self._latest: Any = None  # the table without its files, updated each plan
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": self.path}
-
-    def _table(self, version: int | None = None) -> Any:
-        from deltalake import DeltaTable
-
-        try:
-            return DeltaTable(self.uri, version=version)
-        except Exception as exc:
-            raise SourceError(
-                f"Delta table {self.name}: expected a Delta table at {self.uri}"
-                f"{'' if version is None else f' version {version}'}, cannot load it: {exc}"
-            ) from exc
-
-    def schema(self) -> StructType:
-        import pyarrow as pa
-
-        from spark_ckpt.arrowtypes import to_spark
-
-        if self._schema is None:
-            self._schema = to_spark(pa.schema(self._table().schema()))
-        return self._schema
 
     # -- allocation: the latest version, never rows -------------------------------------------
     def plan(self) -> dict[str, Any]:

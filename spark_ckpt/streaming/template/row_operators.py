@@ -34,7 +34,7 @@ from spark_ckpt.streaming.template.keyed import KeyedStream
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-__all__ = ["DeduplicatedStream", "TopNStream", "parse_order"]
+__all__ = ["DeduplicatedStream", "TopNStream", "check_order", "parse_order"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,15 @@ def parse_order(what: str, order_by: Any) -> list[tuple[str, bool]]:
     if not parsed:
         raise JobDefinitionError(f"{what}: expected at least one order_by column")
     return parsed
+
+
+def check_order(what: str, order: list[tuple[str, bool]], names: list[str]) -> None:
+    """Refuse an order_by column the operator's input does not have."""
+    for column, _desc in order:
+        if column not in names:
+            raise JobDefinitionError(
+                f"{what}: order_by column {column!r} is not in its input; columns: "
+                f"{sorted(names)}")
 
 
 class DeduplicatedStream(DerivedOperator):
@@ -96,11 +105,7 @@ class TopNStream(DerivedOperator):
         from pyspark.sql.types import ArrayType, IntegerType, StructField, StructType
 
         names = schema.fieldNames()
-        for column, _desc in self.order:
-            if column not in names:
-                raise JobDefinitionError(
-                    f"top_n {self.operator}: order_by column {column!r} is not in its input; "
-                    f"columns: {sorted(names)}")
+        check_order(f"top_n {self.operator}", self.order, names)
         if self.with_rank and RANK_COLUMN in names:
             raise JobDefinitionError(
                 f"top_n {self.operator}: its input has a column {RANK_COLUMN!r}, the name of "

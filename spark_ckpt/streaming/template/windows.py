@@ -253,19 +253,23 @@ class _WindowedOperator(DerivedOperator):
 
     def configure(self, restored: dict[str, Any] | None) -> Any:
         state = super().configure(restored)
-        spec = dataclasses.asdict(self.window_spec)
-        recorded = state.extra.get("window")
-        if recorded is not None:  # fields added since: their defaults
-            recorded = {"time": "event", **recorded}
-        if recorded is not None and recorded != spec:
+        self._keep_definition(state, "window", dataclasses.asdict(self.window_spec),
+                              {"time": "event"}, "windows cannot change under a checkpoint")
+        return state
+
+    def _keep_definition(self, state: Any, field: str, definition: dict[str, Any],
+                         defaults: dict[str, Any], why: str) -> None:
+        """Record ``definition`` with the state; refuse a restart whose differs from the one
+        recorded (``defaults``: the values of fields added since, for older records)."""
+        recorded = state.extra.get(field)
+        if recorded is not None and {**defaults, **recorded} != definition:
             from spark_ckpt.errors import StateSchemaError
 
             raise StateSchemaError(
-                f"{self.what} {self.operator}: the checkpoint's windows are "
-                f"{recorded}, the pipeline asks for {spec}; windows cannot change under a "
-                "checkpoint (keep the old definition or start a new checkpoint directory)")
-        state.extra["window"] = spec
-        return state
+                f"{self.what} {self.operator}: the checkpoint's {field} is {recorded}, the "
+                f"pipeline asks for {definition}; {why} (keep the old definition or start a "
+                "new checkpoint directory)")
+        state.extra[field] = definition
 
     def input_keys(self) -> tuple[str, ...]:
         return self.user_keys
@@ -508,30 +512,20 @@ class WindowTopNStream(_WindowedOperator):
 
     def configure(self, restored: dict[str, Any] | None) -> Any:
         state = super().configure(restored)
-        top = {"n": self.n, "order": [[c, desc] for c, desc in self.order]}
-        recorded = state.extra.get("top_n")
-        if recorded is not None and recorded != top:
-            from spark_ckpt.errors import StateSchemaError
-
-            raise StateSchemaError(
-                f"window top_n {self.operator}: the checkpoint keeps {recorded}, the pipeline "
-                f"asks for {top}; a window's kept rows cannot be ranked anew (keep the old "
-                "definition or start a new checkpoint directory)")
-        state.extra["top_n"] = top
+        self._keep_definition(state, "top_n",
+                              {"n": self.n, "order": [[c, desc] for c, desc in self.order]}, {},
+                              "a window's kept rows cannot be ranked anew")
         return state
 
     def derive(self, schema: StructType) -> Derived:
         from pyspark.sql.types import ArrayType, IntegerType, StructField, StructType
 
         from spark_ckpt.state.row_processors import RANK_COLUMN, WindowTopNProcessor
+        from spark_ckpt.streaming.template.row_operators import check_order
 
         schema, time_field = self._time_field(schema)
         names = schema.fieldNames()
-        for column, _desc in self.order:
-            if column not in names:
-                raise JobDefinitionError(
-                    f"window top_n {self.operator}: order_by column {column!r} is not in its "
-                    f"input; columns: {sorted(names)}")
+        check_order(f"window top_n {self.operator}", self.order, names)
         for reserved in (RANK_COLUMN, "window"):
             if reserved in names:
                 raise JobDefinitionError(

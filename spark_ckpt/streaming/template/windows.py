@@ -1,4 +1,7 @@
-"""Event-time windowed aggregations: ``key_by(...).window(tumbling("10 seconds")).agg(...)``.
+"""Event-time windowed aggregations: ``key_by(...).window(tumbling("10 seconds")).agg(...)``;
+also each window's first rows per key (``.top_n(n, order_by)``, Flink's Window Top-N), the
+rows dropped as late as a stream of their own (``late_rows()``), and windows on processing
+time.
 
 Why a window *on the keyed stream* and not a ``group_by`` that accepts ``F.window(...)``: a
 keyed stream is where spark_ckpt's state is partitioned and checkpointed (its key groups,

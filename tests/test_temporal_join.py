@@ -18,7 +18,7 @@ from deltalake import DeltaTable, write_deltalake
 from spark_ckpt import StreamingContext
 from spark_ckpt.errors import JobDefinitionError, PipelineFailedError
 from spark_ckpt.options import Settings
-from helpers import ROOT, child_env, write_batch_files
+from helpers import ROOT, child_env, wait_for, write_batch_files
 
 SCHEMA = "order_id BIGINT, currency STRING, t_ms BIGINT"
 _RATES = pa.schema([("currency", pa.string()), ("rate", pa.float64())])
@@ -28,8 +28,16 @@ def _commit(path, rates: dict[str, float], mode: str) -> int:
     """One version of the rates table; its commit time (ms) as Delta's history gives it."""
     write_deltalake(str(path), pa.table({"currency": list(rates), "rate": list(rates.values())},
                                         schema=_RATES), mode=mode)
-    time.sleep(0.05)  # commit times of later versions are apart
-    return int(DeltaTable(str(path)).history(1)[0]["timestamp"])
+    return _committed(path)
+
+
+def _committed(path) -> int:
+    """The latest commit's time, once the wall clock is past it: the next commit's time is
+    then later (delta-rs stamps commits with the wall clock, which a test cannot inject; the
+    wait is on that condition, not on a duration)."""
+    at = int(DeltaTable(str(path)).history(1)[0]["timestamp"])
+    assert wait_for(lambda: time.time() * 1000 > at + 1, 10, 0.002)
+    return at
 
 
 def _expected(orders: pd.DataFrame, versions: list[tuple[int, dict[str, float]]],
@@ -181,8 +189,7 @@ def test_a_column_added_later_is_null_in_older_versions_and_a_cleaned_log_stops_
     t0 = _commit(table, {"EUR": 1.0}, "overwrite")
     write_deltalake(str(table), pa.table({"currency": ["EUR"], "rate": [2.0], "fee": [0.5]}),
                     mode="overwrite", schema_mode="merge")
-    time.sleep(0.05)
-    t1 = int(DeltaTable(str(table)).history(1)[0]["timestamp"])
+    t1 = _committed(table)
     frame = pd.DataFrame({"order_id": [1, 2], "currency": ["EUR", "EUR"], "t_ms": [t0, t1]})
     source = write_batch_files(spark, [frame], SCHEMA, tmp_path / "in")
     from pyspark.sql import functions as F

@@ -57,18 +57,12 @@ class DeltaTableSource(DeltaTableAccess):
         self._times: dict[int, int] = {}  # version -> monotonic commit time (ms)
         self._oldest = 0  # the oldest version whose commit the log held when last read
         self._kept: OrderedDict[int, pa.Table] = OrderedDict()
-        self._latest: Any = None  # the table without its files, updated each plan
+        self._latest: Any = None  # the table at its latest version, updated each plan
 
     # -- allocation: the latest version, never rows -------------------------------------------
     def plan(self) -> dict[str, Any]:
         if self._latest is None:
-            from deltalake import DeltaTable
-
-            try:
-                self._latest = DeltaTable(self.uri)
-            except Exception as exc:
-                raise SourceError(f"Delta table {self.name}: expected a Delta table at "
-                                  f"{self.uri}, cannot load it: {exc}") from exc
+            self._latest = self._table()
         else:
             self._latest.update_incremental()
         return {"version": int(self._latest.version()), "rows": 0}
@@ -130,8 +124,6 @@ class DeltaTableSource(DeltaTableAccess):
         if version not in self._kept:
             try:
                 self._kept[version] = read_delta(self.uri, version=version)
-            except SourceError:
-                raise
             except Exception as exc:
                 raise SourceError(
                     f"Delta table {self.name}: expected to read version {version} of "
@@ -149,7 +141,7 @@ class DeltaTableSource(DeltaTableAccess):
         ``version_column`` when given)."""
         import pyarrow as pa
 
-        from spark_ckpt.arrowtypes import to_arrow
+        from spark_ckpt.arrowtypes import to_arrow, to_spark
 
         schema = to_arrow(self.schema())
         parts = []
@@ -172,7 +164,5 @@ class DeltaTableSource(DeltaTableAccess):
         if version_column is not None:
             schema = schema.append(pa.field(version_column, pa.int64()))
         whole = pa.concat_tables(parts) if parts else schema.empty_table()
-        from spark_ckpt.arrowtypes import to_spark
-
         frame: DataFrame = spark.createDataFrame(whole, schema=to_spark(schema))
         return frame

@@ -60,20 +60,21 @@ class TemporalJoin(Stream):
         self.time_column = time_column
         self.how = _HOWS[how]
 
-    def _check(self, left: DataFrame, right: DataFrame) -> None:
-        for side, frame in (("stream", left), ("table", right)):
-            missing = [c for c in self.on if c not in frame.columns]
+    def _check(self, left: DataFrame, table_columns: list[str]) -> None:
+        """Refuse what cannot be joined, before any job runs."""
+        for side, columns in (("stream", left.columns), ("table", table_columns)):
+            missing = [c for c in self.on if c not in columns]
             if missing:
                 raise JobDefinitionError(
                     f"join_as_of {self.name}: expected the join columns {missing} in the "
-                    f"{side}; its columns: {frame.columns}")
+                    f"{side}; its columns: {columns}")
         field = next((f for f in left.schema.fields if f.name == self.time_column), None)
         if field is None or field.dataType.typeName() not in ("timestamp", "timestamp_ntz"):
             raise JobDefinitionError(
                 f"join_as_of {self.name}: expected {self.time_column!r} to be a TIMESTAMP "
                 f"column of the stream, found "
                 f"{field.dataType.simpleString() if field else 'no such column'}")
-        both = (set(left.columns) & set(right.columns)) - set(self.on)
+        both = (set(left.columns) & set(table_columns)) - set(self.on)
         if both:
             raise JobDefinitionError(
                 f"join_as_of {self.name}: columns {sorted(both)} are on both sides; rename "
@@ -100,6 +101,7 @@ class TemporalJoin(Stream):
             raise JobDefinitionError(
                 f"join_as_of {self.name}: batch {run.batch_id}'s allocation has nothing for "
                 f"table {self.source.name}; recorded sources: {sorted(run.allocation.pieces)}")
+        self._check(left, self.source.schema().fieldNames())
         t = F.unix_millis(F.col(self.time_column).cast("timestamp"))
         lo, hi = left.select(F.min(t), F.max(t)).first() or (None, None)
         times, complete = self.source.commit_times(int(piece["version"]))
@@ -124,7 +126,6 @@ class TemporalJoin(Stream):
         versioned = timed.join(F.broadcast(ranges), (F.col("__ckpt_t") >= F.col("from_ms")) & (
             F.col("to_ms").isNull() | (F.col("__ckpt_t") < F.col("to_ms"))), "left")
         right = self.source.frame(run.spark, [v for _i, v, _at in needed], _VERSION)
-        self._check(left, right)
         return self._joined(versioned.select(*left.columns, F.col("v").alias(_VERSION)),
                             right, F.col(_VERSION))
 
@@ -133,7 +134,7 @@ class TemporalJoin(Stream):
         from pyspark.sql import functions as F
 
         left = schema_run.get_or_compute(self.left)
-        right = schema_run.get_or_compute(self.table).withColumn(
-            _VERSION, F.lit(None).cast("bigint"))
-        self._check(left, right)
+        table = schema_run.get_or_compute(self.table)
+        self._check(left, table.columns)
+        right = table.withColumn(_VERSION, F.lit(None).cast("bigint"))
         return self._joined(left, right, F.lit(None).cast("bigint"))

@@ -20,6 +20,9 @@ repetitions and between queries:
            other one its batch reference run on the stream), RocksDB state with changelog
            checkpointing, the file sink (exactly once), ``availableNow``. A query
            Structured Streaming refuses is reported with its error;
+``batch``  the floor under both Spark arms: the query's batch Spark SQL (the reference) over
+           every event in one job, written to Parquet (rows of windows the final watermark
+           does not close left out before the check, as for Flink);
 ``flink``  PyFlink SQL (``--pyflink PYTHON``): Flink's nexmark SQL over a Parquet copy of the
            events (one file of one row group: read in event order, see ``prepare``), RocksDB,
            incremental checkpoints every 10 s, parallelism 2 (scripts/bench_nexmark_flink.py).
@@ -288,11 +291,22 @@ def child_ss(args: argparse.Namespace, spark: Any) -> dict:
             "batches": sum(1 for p in progress if p["numInputRows"])}
 
 
+def child_batch(args: argparse.Namespace, spark: Any) -> dict:
+    """The floor under both Spark arms: the query's batch Spark SQL over every event at once
+    (one job, no state kept, no batches), its rows written to Parquet."""
+    t0 = time.perf_counter()
+    events = spark.read.schema(nexmark_gen.SPARK_SCHEMA).parquet(args.events)
+    reference = nexmark_queries.QUERIES[args.query][1]
+    reference(spark, events).write.parquet(str(Path(args.work) / "out"))
+    return {"seconds": time.perf_counter() - t0, "rows": None}
+
+
 def child(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     spark = session(f"nexmark-{args.child}-{args.query}")
     started = time.perf_counter() - t0
-    result = child_ss(args, spark) if args.child == "ss" else child_ckpt(args, spark)
+    result = child_ss(args, spark) if args.child == "ss" else child_batch(args, spark) \
+        if args.child == "batch" else child_ckpt(args, spark)
     result["session_start_s"] = started
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -394,7 +408,7 @@ def run(args: argparse.Namespace, system: str, query: str, work: Path, events: P
     if "seconds" in result:
         result["throughput"] = args.events / result["seconds"]
         if result.get("rows") not in ((args.events,) if system == "ckpt" else (
-                args.events, 2 * args.events)) and system != "flink":
+                args.events, 2 * args.events)) and system not in ("flink", "batch"):
             # (2 ×: Structured Streaming counts a source read by two branches twice)
             result["check_rows"] = f"read {result.get('rows')} of {args.events} events"
     return result
@@ -460,7 +474,7 @@ def check(spark: Any, system: str, query: str, work: Path, expected: Any, mode: 
         raise SystemExit("the reference has no rows: too few events for this query's windows")
     try:
         got = read_output(spark, system, query, work, expected)
-        if system == "flink":
+        if system in ("flink", "batch"):  # every window, closed by the end of the input
             got = nexmark_queries.closed(got, mode, final_watermark_ms, nexmark_gen.BASE_MS)
         got = got[[c for c in expected.columns]]
     except Exception as exc:  # noqa: BLE001 - an unreadable output is a failed check
@@ -519,7 +533,7 @@ def main() -> None:
                         help="seconds an arm may take before it is killed and reported")
     parser.add_argument("--work", type=Path, default=Path("/tmp/spark-ckpt-bench-nexmark"))
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--child", choices=["ckpt", "ss"])
+    parser.add_argument("--child", choices=["ckpt", "ss", "batch"])
     parser.add_argument("--query")
     args, _ = parser.parse_known_args()
     if args.child:
@@ -566,7 +580,7 @@ def main() -> None:
                     if "throughput" in r and r.get("check", {}).get("equal")]
             if done:
                 summary[f"{arm}_events_per_s"] = statistics.median(done)
-        for other in ("ss", "flink"):
+        for other in ("ss", "flink", "batch"):
             if "ckpt_events_per_s" in summary and f"{other}_events_per_s" in summary:
                 summary[f"ckpt_over_{other}"] = (summary["ckpt_events_per_s"]
                                                  / summary[f"{other}_events_per_s"])

@@ -768,3 +768,85 @@ def test_whether_sparks_connector_is_there_is_sparks_own_lookup(spark):
     finally:
         classic._SOURCE_NEEDS.clear()
         classic._SOURCE_NEEDS.update(needs)
+
+
+def test_watermarks_are_kept_per_partition_and_an_idle_partition_stops_holding_them(
+        spark, kafka, tmp_path):
+    """Flink's per-partition watermarks with idleness, on a real topic of two partitions and a
+    10-second tumbling count: partition 0 runs 20 s of event time ahead of partition 1, whose
+    rows are still on time for their window (the smallest partition's time counts; one
+    watermark over the whole input, as Structured Streaming keeps it, would have dropped
+    them as late); while partition 1 holds the watermark back nothing closes, and once it had
+    no rows for the idle timeout on the pipeline's clock the watermark moves on partition 0's
+    time alone, closing the window in a batch without data. A row of the idle partition that
+    comes back behind the watermark is late: dropped and counted."""
+    from helpers import wait_for
+    from pyspark.sql import functions as F
+
+    from spark_ckpt.state import count
+    from spark_ckpt.streaming.template.windows import tumbling
+    from spark_ckpt.clock import ManualClock
+
+    kafka.create_topic("wm", 2)
+    e0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, on a 10-second boundary
+
+    def send(rows: list[tuple[int, str, int]]) -> None:  # (partition, key, event time s)
+        produce(kafka, "wm", [{"partition": p, "value": json.dumps({
+            "k": k, "ts": pd.Timestamp(e0 + s * 1000, unit="ms", tz="UTC").isoformat()}).encode()}
+            for p, k, s in rows])
+
+    out = tmp_path / "out"
+    clock = ManualClock(start_ms=10_000_000)
+    ctx = StreamingContext(spark, 5.0, str(tmp_path / "ckpt"), "kafka-wm", clock=clock,
+                           settings=SETTINGS)
+    ctx.kafka_stream("ev", kafka.bootstrap, topics=["wm"], starting_offsets="earliest",
+                     reader="python", value_format="json", value_schema="k STRING, ts TIMESTAMP",
+                     metadata_columns=["partition"]) \
+        .with_watermark("ts", "2 seconds", idle_timeout="20 seconds") \
+        .key_by("k").window(tumbling("10 seconds")).agg(name="counts", n=count()) \
+        .select("k", "n", F.unix_millis("window.start").alias("start_ms")) \
+        .write_parquet(str(out), name="out")
+
+    def step(rows: list[tuple[int, str, int]]) -> dict:
+        if rows:
+            send(rows)
+        done = len(ctx.recent_progress)
+        clock.advance(5_000)
+        assert wait_for(lambda: len(ctx.recent_progress) > done, 120), ctx.recent_progress
+        return ctx.recent_progress[-1]["state"]["counts"]
+
+    def emitted() -> list[tuple]:
+        if not out.exists():
+            return []
+        frame = spark.read.schema("k STRING, n BIGINT, start_ms BIGINT").parquet(str(out))
+        return sorted((r.k, r.n, r.start_ms - e0) for r in frame.collect())
+
+    # key a in both partitions in one batch: the window's partials of each merge into one
+    send([(0, "a", 1), (0, "a", 2), (0, "a", 3), (1, "a", 2), (1, "b", 1)])
+    ctx.start()
+    try:
+        assert wait_for(lambda: len(ctx.recent_progress) >= 1, 120), ctx.recent_progress
+        step([(0, "a", 25), (1, "b", 4)])
+        # partition 0 is at 25 s, partition 1 at 4 s: the watermark is 2 s, not 23 s
+        state = step([(1, "b", 8)])
+        assert state["watermark_ms"] == e0 + 2_000, state
+        assert state.get("late_rows", 0) == 0, state
+        state = step([])  # partition 1 last had rows 5 s ago: not idle yet
+        assert state["watermark_ms"] == e0 + 6_000 and state["idle_partitions"] == 0, state
+
+        def fired() -> int:
+            return sum(p["state"]["counts"].get("timers_fired", 0) for p in ctx.recent_progress)
+
+        assert fired() == 0
+        for s in (26, 27, 28, 29):  # partition 1 has no rows for 20 s: idle, 28 s - 2 s
+            state = step([(0, "a", s)])
+        assert state["idle_partitions"] == 1 and state["watermark_ms"] == e0 + 26_000, state
+        assert fired() == 2  # the window [0 s, 10 s) of a and of b
+        state = step([])  # no rows at all: partition 0's time still counts
+        assert state["watermark_ms"] == e0 + 27_000, state
+        # partition 1 again, behind the watermark: late, dropped and counted
+        state = step([(1, "b", 5)])
+        assert state.get("late_rows") == 1 and state["idle_partitions"] == 0, state
+    finally:
+        ctx.stop()
+    assert emitted() == [("a", 4, 0), ("b", 3, 0)]

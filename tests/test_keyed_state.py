@@ -440,6 +440,63 @@ def test_a_timer_cleared_by_an_earlier_callback_does_not_fire(spark, tmp_path):
                                     [2, 2, "processing"]]
 
 
+class Reminder(KeyedProcessor):
+    """Each key's rows counted; 12 s of processing time after its first row, a reminder."""
+    state_schema = {"n": "BIGINT"}
+
+    def process(self, key, rows, ctx):
+        if ctx.value("n").get() is None:
+            ctx.timers.register_processing_time(ctx.processing_time_ms + 12_000)
+        ctx.value("n").update((ctx.value("n").get() or 0) + len(rows))
+
+    def on_timer(self, key, timer_ms, ctx):
+        yield (key[0], ctx.value("n").get(), timer_ms)
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_a_processing_timer_fires_on_the_clock_when_empty_batches_are_skipped(
+        spark, tmp_path, backend):
+    """With empty batches skipped, a batch without data runs at the first tick at or after a
+    processing-time timer (the tasks report their earliest one), and only then: ticks before
+    it and after it run nothing."""
+    from helpers import wait_for
+
+    from spark_ckpt.clock import ManualClock
+
+    source, staging = tmp_path / "in", tmp_path / "staging"
+    source.mkdir()
+    staging.mkdir()
+    spark.createDataFrame([(1,), (1,), (2,)], "key BIGINT").coalesce(1).write \
+        .parquet(str(staging / "f0"))
+    clock = ManualClock(start_ms=20_000_000)
+    ctx = StreamingContext(spark, 5.0, str(tmp_path / "ckpt"), "reminders", clock=clock,
+                           settings=settings(stream_skip_empty_batches=True,
+                                             state_backend=backend))
+    ctx.file_stream("rows", str(source), "parquet", "key BIGINT") \
+        .key_by("key").process(Reminder(), "key BIGINT, n BIGINT, due_ms BIGINT",
+                               name="reminders") \
+        .write_parquet(str(tmp_path / "out"), name="out")
+    for f in (staging / "f0").glob("*.parquet"):
+        f.rename(source / f.name)
+    ctx.start()
+    try:
+        assert wait_for(lambda: len(ctx.recent_progress) == 1, 120), ctx.recent_progress
+        clock.advance(5_000)  # +5 s, +10 s: nothing due, no data: no batch
+        clock.advance(5_000)
+        assert not wait_for(lambda: len(ctx.recent_progress) > 1, 3), ctx.recent_progress
+        clock.advance(5_000)  # +15 s: the first tick after the timers (+12 s)
+        assert wait_for(lambda: len(ctx.recent_progress) == 2, 120), ctx.recent_progress
+        last = ctx.recent_progress[-1]
+        assert last["num_input_rows"] == 0 and last["batch_time_ms"] == 20_015_000, last
+        assert last["state"]["reminders"]["timers_fired"] == 2, last
+        clock.advance(5_000)  # nothing left: no batch
+        assert not wait_for(lambda: len(ctx.recent_progress) > 2, 3), ctx.recent_progress
+    finally:
+        ctx.stop()
+    rows = spark.read.parquet(str(tmp_path / "out")).toPandas().sort_values("key")
+    assert rows.values.tolist() == [[1, 2, 20_012_000], [2, 1, 20_012_000]]
+
+
 def test_a_checkpoint_goes_at_the_last_finished_batch_without_waiting_for_the_running_one(
         spark, tmp_path):
     """Triggered while batch 1 is held in its task, checkpoint 1 completes at once with its

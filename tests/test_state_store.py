@@ -129,6 +129,37 @@ def test_a_row_with_nothing_deletes_its_key_and_the_last_row_of_a_key_wins(kind,
     store.close()
 
 
+@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+def test_the_earliest_processing_timer_is_known_without_a_scan(kind, tmp_path):
+    """Event timers do not count; a replaced or deleted key's timers go with it; a RocksDB
+    store reopened keeps its index (and one from before the index answers with any timer)."""
+    store = make(kind, tmp_path)
+    assert store.next_processing_ms() is None
+    store.put(table([row(1), row(2), row(3)], [("a", 1), ("b", 2), ("c", 3)], [
+        [{"ms": 5, "kind": "event"}, {"ms": 300, "kind": "processing"}],
+        [{"ms": 200, "kind": "processing"}], [{"ms": 1, "kind": "event"}]]))
+    assert store.next_processing_ms() == 200
+    store.put(table([{"s": "x"}], [("b", 2)], [[{"ms": 400, "kind": "processing"}]]))
+    assert store.next_processing_ms() == 300
+    store.put(table([{}, {}], [("a", 1), ("b", 2)], [[], []]))  # deleted, timers and all
+    assert store.next_processing_ms() is None
+    store.put(table([row(4)], [("d", 4)], [[{"ms": 700, "kind": "processing"}]]))
+    store.close()
+    if kind == "rocksdb":
+        file_schema = SCHEMA.file_schema(KEYS, ttl=True)
+        again = RocksStore(str(tmp_path / "db"), file_schema, ["k", "n"], SCHEMA.names,
+                           fresh=False)
+        assert again.next_processing_ms() == 700
+        from spark_ckpt.state.store import PROCESSING_INDEXED
+
+        again.db.delete(PROCESSING_INDEXED)  # as a store kept from an earlier version
+        again.close()
+        old = RocksStore(str(tmp_path / "db"), file_schema, ["k", "n"], SCHEMA.names,
+                         fresh=False)
+        assert old.next_processing_ms() == 1  # c's event timer: earlier, never later
+        old.close()
+
+
 def test_the_memory_store_compacts_replaced_rows():
     store = MemoryStore(SCHEMA.file_schema(KEYS, ttl=True), ["k", "n"], SCHEMA.names,
                         max_rows=1000)

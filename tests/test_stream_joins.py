@@ -136,6 +136,57 @@ def test_the_join_watermark_is_the_slower_inputs(spark, tmp_path):
     pd.testing.assert_frame_equal(got, expected, check_dtype=False)
 
 
+def test_an_idle_input_stops_holding_the_join_watermark_back(spark, tmp_path):
+    """As above, but both inputs declare ``idle_timeout="10 seconds"`` (Flink's
+    ``withIdleness``): once the auctions had no rows for 10 s on the pipeline's clock, the
+    join's watermark follows the bids alone, and the join still equals batch Spark's."""
+    from helpers import wait_for
+
+    from spark_ckpt.clock import ManualClock
+
+    auctions, bids = _data()
+    auctions = [auctions[0]] + [auctions[0].iloc[:0]] * 3
+    clock = ManualClock(start_ms=50_000_000)
+    ctx = StreamingContext(spark, 5.0, str(tmp_path / "ckpt"), "idle", clock=clock,
+                           settings=Settings(checkpoint_interval_ms=0, state_parallelism=2,
+                                             progress="never"))
+    a = ctx.file_stream("auctions", _write(spark, auctions, AUCTIONS, tmp_path / "a"),
+                        "parquet", AUCTIONS, max_files_per_batch=1) \
+        .with_column("a_time", F.timestamp_millis("a_ms")) \
+        .with_watermark("a_time", "5 seconds", idle_timeout="10 seconds")
+    b = ctx.file_stream("bids", _write(spark, bids, BIDS, tmp_path / "b"), "parquet", BIDS,
+                        max_files_per_batch=1) \
+        .with_column("b_time", F.timestamp_millis("b_ms")) \
+        .with_watermark("b_time", "5 seconds", idle_timeout="10 seconds")
+    b.join_stream(a, "auction", "inner", between=("-20 seconds", "0 seconds"), name="j") \
+        .write_parquet(str(tmp_path / "out"), name="out")
+    ctx.start()
+    try:
+        assert wait_for(lambda: len(ctx.recent_progress) == 1, 120)
+        for n in (2, 3, 4):
+            clock.advance(5_000)
+            assert wait_for(lambda n=n: len(ctx.recent_progress) == n, 120), \
+                ctx.recent_progress
+        states = [p["state"]["j"] for p in ctx.recent_progress]
+    finally:
+        ctx.stop()
+    slow = int(auctions[0].a_ms.max())
+
+    def bids_up_to(b: int) -> int:
+        return int(pd.concat(bids[:b + 1]).b_ms.max())
+
+    # batch 1 waits for the auctions; batch 2 runs 10 s after their last row: idle from there
+    assert [s["watermark_ms"] for s in states] == [
+        None, min(slow, bids_up_to(0)) - DELAY_MS, bids_up_to(1) - DELAY_MS,
+        bids_up_to(2) - DELAY_MS], states
+    assert states[3]["watermark_ms"] > slow
+    assert [s["idle_partitions"] for s in states] == [0, 0, 1, 1], states
+    got = _sorted(spark.read.parquet(str(tmp_path / "out")).toPandas())
+    expected = _expected(spark, auctions[0], pd.concat(bids), "inner", 0)
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+    assert not any(s.get("late_rows") for s in states)
+
+
 def test_join_definitions_are_checked(spark, tmp_path):
     ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "refused", settings=Settings(
         checkpoint_interval_ms=0, progress="never"))

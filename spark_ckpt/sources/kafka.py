@@ -189,6 +189,21 @@ class KafkaSource(Source):
             out["pattern"] = self.pattern
         return out
 
+    def split_columns(self) -> tuple[str, ...]:
+        """Kafka's topic and partition, as this source's rows name them: (``topic``,
+        ``partition``) in Spark's Kafka schema; with ``value_format``, the metadata columns
+        kept for them (the partition alone will do when one topic is read); () when the rows
+        do not carry the partition."""
+        if self.value_format is None:
+            return ("topic", "partition")
+        named = {kafka: out for out, kafka in self.value_format.metadata.items()}
+        if "partition" not in named:
+            return ()
+        if "topic" in named:
+            return (named["topic"], named["partition"])
+        return (named["partition"],) if self.topics is not None and len(self.topics) == 1 \
+            else ()
+
     def schema(self) -> StructType:
         from typing import cast
 

@@ -139,6 +139,12 @@ class Source:
     def is_empty(self, piece: dict[str, Any]) -> bool:
         return self.rows(piece) == 0
 
+    def split_columns(self) -> tuple[str, ...]:
+        """The columns of this source's rows that name the partition a row was read from,
+        whose event times are ordered apart from the others' (a watermark declared on the
+        source's rows is kept per partition); () where the source has none."""
+        return ()
+
     def read(self, run: SourceRun, piece: dict[str, Any]) -> DataFrame:
         raise NotImplementedError
 

@@ -46,6 +46,7 @@ from spark_ckpt.state.store import (
 from spark_ckpt.state.task import (
     CHANNEL_COLUMN,
     MARKER_COLUMN,
+    SPLIT_COLUMN,
     _consume,
     _read,
     _Run,
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = ["processor_task", "schema_id"]
 
-_INTERNAL = {KG_COLUMN, MARKER_COLUMN, CHANNEL_COLUMN, PID_COLUMN}
+_INTERNAL = {KG_COLUMN, MARKER_COLUMN, CHANNEL_COLUMN, PID_COLUMN, SPLIT_COLUMN}
 
 
 def schema_id(file_schema: pa.Schema, sources: dict[str, str] | None = None) -> str:
@@ -184,7 +185,7 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
         run = _Batch(params, task, store, processor, schema, file_schema, out_schema,
                      key_names, vectorized)
         t0 = time.perf_counter()
-        rows_in, max_event, by_channel = 0, None, {}
+        rows_in, max_event, by_channel, by_split = 0, None, {}, {}
         if table is not None:
             data = table.filter(pc.invert(table.column(MARKER_COLUMN))) \
                 if MARKER_COLUMN in table.column_names else table
@@ -194,6 +195,10 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
                     max_event = _max_event_ms(data.column(event_time))
                     if CHANNEL_COLUMN in data.column_names:  # each input's own watermark
                         by_channel = _max_event_by_channel(data, event_time)
+                    if params.get("track_splits"):  # and each input partition's
+                        by_split = _max_event_by_split(data, event_time)
+                if SPLIT_COLUMN in data.column_names:
+                    data = data.drop_columns([SPLIT_COLUMN])
                 run.process(data)
         fired = run.fire_timers()
         apply_ms = int((time.perf_counter() - t0) * 1000)
@@ -216,7 +221,8 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
             "input_rows": rows_in, "changed": run.changed_keys, "apply_ms": apply_ms,
             "sync_ms": sync_ms, "alignment_ms": align, "channels": channels,
             "timers_fired": fired, "max_event_ms": max_event, "output": out_file,
-            "max_event_by_channel": by_channel,
+            "max_event_by_channel": by_channel, "max_event_by_split": by_split,
+            "next_processing_ms": store.next_processing_ms(),
             "user_ms": int(run.user_s * 1000), "counters": run.counters},
             fmt=STATE_FORMAT_TYPED)
 
@@ -255,17 +261,44 @@ def _max_event_by_channel(data: pa.Table, event_time: str) -> dict[str, int]:
     return out
 
 
+def _max_event_by_split(data: pa.Table, event_time: str) -> dict[str, int]:
+    """The largest event time of each (input channel, source partition) of the rows (ms),
+    keyed ``"<channel>|<partition>"`` (channel 0 for a single input; partition "" where the
+    rows do not name one)."""
+    n = data.num_rows
+    channel = data.column(CHANNEL_COLUMN).cast(pa.string()) \
+        if CHANNEL_COLUMN in data.column_names else pa.array(["0"] * n, pa.string())
+    split = data.column(SPLIT_COLUMN).cast(pa.string()) \
+        if SPLIT_COLUMN in data.column_names else pa.array([""] * n, pa.string())
+    column = data.column(event_time)
+    from spark_ckpt.state.aggregates import to_internal
+
+    keyed = pa.table({"c": channel, "s": pc.fill_null(split, ""),
+                      "t": to_internal(column.combine_chunks()
+                                       if isinstance(column, pa.ChunkedArray) else column)})
+    grouped = keyed.group_by(["c", "s"]).aggregate([("t", "max")])
+    out: dict[str, int] = {}
+    for c, s, top in zip(grouped.column("c").to_pylist(), grouped.column("s").to_pylist(),
+                         grouped.column("t_max").to_pylist(), strict=True):
+        if c is None or top is None:
+            continue
+        out[f"{c}|{s}"] = _as_ms(int(top), column.type)
+    return out
+
+
+def _as_ms(top: int, arrow_type: pa.DataType) -> int:
+    if pa.types.is_timestamp(arrow_type):  # as ms: timestamps are micros, dates days
+        return top // 1000
+    if pa.types.is_date32(arrow_type):
+        return top * 86_400_000
+    return top
+
+
 def _max_event_ms(column: pa.ChunkedArray) -> int | None:
     from spark_ckpt.state.aggregates import to_internal
 
     top = pc.max(to_internal(column)).as_py()
-    if top is None:
-        return None
-    if pa.types.is_timestamp(column.type):  # as ms: timestamps are micros, dates days
-        return int(top) // 1000
-    if pa.types.is_date32(column.type):
-        return int(top) * 86_400_000
-    return int(top)
+    return None if top is None else _as_ms(int(top), column.type)
 
 
 class _Batch:

@@ -42,12 +42,20 @@ _NAN = ("spark_ckpt", "NaN")  # NaN keys are one key, as in Spark's grouping
 TOKEN_KEY = b"\xfe__token__"
 ROWS_KEY = b"\xfe__rows__"  # the exact number of keys (RocksDB's estimate counts timers too)
 TIMER_PREFIX = b"\xff"
+# processing-time timers indexed again by time: the earliest is one seek away (local to a
+# store: rebuilt with it from the state files, never in a checkpoint)
+PROCESSING_PREFIX = b"\xfe\x00"
+PROCESSING_INDEXED = b"\xfe__processing_index__"  # a store whose every put indexed them
 
 
 def _timer_key(ms: int, raw_key: bytes) -> bytes:
     """A timer's index entry: the time with its sign bit flipped, so that the bytes sort as
     the times do (times before 1970 first)."""
     return TIMER_PREFIX + struct.pack(">Q", (int(ms) + (1 << 63)) & 0xFFFFFFFFFFFFFFFF) + raw_key
+
+
+def _processing_key(ms: int, raw_key: bytes) -> bytes:
+    return PROCESSING_PREFIX + _timer_key(ms, raw_key)[1:]
 
 
 def _timer_ms(raw: bytes) -> int:
@@ -90,8 +98,9 @@ def empty_rows(table: pa.Table, state_names: Sequence[str]) -> np.ndarray:
     return empty
 
 
-def next_timer(timers: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """The earliest timer of each row (``NO_TIMER`` when it has none)."""
+def next_timer(timers: pa.ChunkedArray | pa.Array, kind: str | None = None) -> np.ndarray:
+    """The earliest timer of each row (of ``kind`` only, when given; ``NO_TIMER`` when it has
+    none)."""
     if isinstance(timers, pa.ChunkedArray):
         timers = timers.combine_chunks()
     out = np.full(len(timers), NO_TIMER, dtype=np.int64)
@@ -101,8 +110,12 @@ def next_timer(timers: pa.ChunkedArray | pa.Array) -> np.ndarray:
     has = lengths > 0
     if not has.any():
         return out
-    ms = np.asarray(pc.struct_field(pc.list_flatten(timers), "ms").to_numpy(
-        zero_copy_only=False), dtype=np.int64)
+    flat = pc.list_flatten(timers)
+    ms = np.asarray(pc.struct_field(flat, "ms").to_numpy(zero_copy_only=False), dtype=np.int64)
+    if kind is not None:
+        other = np.asarray(pc.fill_null(pc.not_equal(pc.struct_field(flat, "kind"), kind),
+                                        True).to_numpy(zero_copy_only=False), dtype=bool)
+        ms = np.where(other, NO_TIMER, ms)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     out[has] = np.minimum.reduceat(ms, starts[has]) if len(ms) else NO_TIMER
     return out
@@ -160,6 +173,7 @@ class MemoryStore:
         self.table = schema.empty_table()
         self.live = np.zeros(0, dtype=bool)
         self.next_ms = np.zeros(0, dtype=np.int64)
+        self.next_processing = np.zeros(0, dtype=np.int64)  # each row's first processing timer
         # integer keys: the key of every row (nulls as 0, flagged), and the live rows' index
         self.int_keys = np.zeros(0, dtype=np.int64)
         self.null_keys = np.zeros(0, dtype=bool)
@@ -261,6 +275,8 @@ class MemoryStore:
                     fresh[pos - start] = True
             self.live = np.concatenate([live, fresh])
         self.next_ms = np.concatenate([self.next_ms, next_timer(rows.column(TIMERS_COLUMN))])
+        self.next_processing = np.concatenate([
+            self.next_processing, next_timer(rows.column(TIMERS_COLUMN), "processing")])
         self.table = pa.concat_tables([self.table, rows])
         if self.rows > self.max_rows:
             raise StateTooLargeError(
@@ -277,6 +293,7 @@ class MemoryStore:
         keep = np.flatnonzero(self.live)
         self.table = self._combined().take(pa.array(keep, pa.int64()))
         self.next_ms = self.next_ms[keep]
+        self.next_processing = self.next_processing[keep]
         if self.integer:
             self.int_keys = self.int_keys[keep]
             self.null_keys = self.null_keys[keep]
@@ -291,6 +308,12 @@ class MemoryStore:
     def due(self, limit_ms: int) -> pa.Table:
         positions = np.flatnonzero(self.live & (self.next_ms <= limit_ms))
         return self._combined().take(pa.array(positions, pa.int64()))
+
+    def next_processing_ms(self) -> int | None:
+        """The earliest processing-time timer of any key (None: there is none)."""
+        live = self.next_processing[self.live]
+        first = int(live.min()) if len(live) else NO_TIMER
+        return None if first == NO_TIMER else first
 
     def snapshot(self) -> pa.Table:
         self.compact()
@@ -329,6 +352,10 @@ class RocksStore:
         self.token: str | None = raw.decode() if raw else None
         count = self.db.get(ROWS_KEY)
         self._rows = int(count.decode()) if count else 0
+        # a store kept from a version without the processing index: any timer may be one
+        self._processing_indexed = self._rows == 0 or self.db.get(PROCESSING_INDEXED) is not None
+        if self._processing_indexed:
+            self.db.put(PROCESSING_INDEXED, b"1")
 
     @property
     def rows(self) -> int:
@@ -378,6 +405,8 @@ class RocksStore:
                     (json.loads(olds[i]) if olds[i] is not None else None)
                 for t in (old[timer_at] or []) if old is not None else []:
                     wb.delete(_timer_key(t["ms"], raw_key))
+                    if t.get("kind") == "processing":
+                        wb.delete(_processing_key(t["ms"], raw_key))
                 if empty[i]:
                     wb.delete(raw_key)
                     written[raw_key] = None
@@ -388,6 +417,8 @@ class RocksStore:
                 wb.put(raw_key, json.dumps(value, separators=(",", ":")).encode())
                 for t in value[timer_at] or []:
                     wb.put(_timer_key(t["ms"], raw_key), b"")
+                    if t.get("kind") == "processing":
+                        wb.put(_processing_key(t["ms"], raw_key), b"")
                 written[raw_key] = value
             wb.put(ROWS_KEY, str(count).encode())
         if token is not None:
@@ -421,6 +452,16 @@ class RocksStore:
             keys[raw[9:]] = None
             it.next()
         return self._rows_of(list(keys))
+
+    def next_processing_ms(self) -> int | None:
+        """The earliest processing-time timer of any key (None: there is none); in a store
+        kept from before the processing index, the earliest timer of any kind."""
+        prefix = PROCESSING_PREFIX if self._processing_indexed else TIMER_PREFIX
+        it = self.db.iter()
+        it.seek(prefix)
+        if not it.valid() or not it.key().startswith(prefix):
+            return None
+        return _timer_ms(it.key()[len(prefix) - 1:])
 
     def snapshot(self, chunk: int = 200_000) -> pa.Table:
         parts = []

@@ -38,9 +38,11 @@ from spark_ckpt.state.aggregates import from_internal, to_internal
 from spark_ckpt.state.chain import StateFile, StateHandle
 from spark_ckpt.state.keygroups import KG_COLUMN, PID_COLUMN, KeyGroupRange
 
-__all__ = ["CHANNEL_COLUMN", "MARKER_COLUMN", "agg_task", "meta_schema"]
+__all__ = ["CHANNEL_COLUMN", "MARKER_COLUMN", "SPLIT_COLUMN", "agg_task", "meta_schema"]
 
 CHANNEL_COLUMN = "_ch"
+# the source partition an input row was read from, where watermarks are kept per partition
+SPLIT_COLUMN = "__ckpt_split"
 MARKER_COLUMN = "_marker"
 def meta_schema() -> Any:
     """The schema of a stateful task's result rows, ``pid INT, meta STRING``, as a StructType

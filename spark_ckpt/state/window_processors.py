@@ -73,13 +73,11 @@ class WindowAggProcessor(VectorizedProcessor):
         keys = batch.arrow_keys
         assert rows is not None and state is not None and keys is not None
         n = len(batch)
-        if rows.num_rows != n:  # Spark grouped the batch by (key, window, late): one each
-            from spark_ckpt.errors import InternalError
-
-            raise InternalError(f"windowed aggregation: expected one partial per window, "
-                                f"found {rows.num_rows} for {n} windows")
         late, dropped = _late(rows)
-        merged = merge_columns(self.merges, state, rows.select(self.names))
+        partials = rows.select(self.names)
+        if rows.num_rows != n:  # one per window and source partition: merged into one
+            partials, late = self._one_per_window(partials, late, np.asarray(batch.offsets))
+        merged = merge_columns(self.merges, state, partials)
         new = pa.table(merged)
         timers = pd.array(np.where(late, 0, timer_ms(micros(keys.column(WINDOW_END)))),
                           dtype="Int64")
@@ -89,6 +87,31 @@ class WindowAggProcessor(VectorizedProcessor):
             emit = _with_keys(keys, new).filter(pa.array(~late))
         return Result(state=new, changed=~late, event_timers=timers, emit=emit,
                       counters={"late_rows": dropped} if dropped else None)
+
+    def _one_per_window(self, partials: pa.Table, late: np.ndarray, offsets: np.ndarray
+                        ) -> tuple[pa.Table, np.ndarray]:
+        """A window's partials (Spark grouped the batch by window and source partition, whose
+        watermarks are kept apart) merged into one, in window order; a window is late or not
+        whatever the partition."""
+        counts = np.diff(offsets)
+        if counts.min(initial=1) < 1:
+            from spark_ckpt.errors import InternalError
+
+            raise InternalError("windowed aggregation: expected at least one partial per "
+                                "window, found a window without any")
+        firsts = offsets[:-1].astype(np.int64)
+        acc = partials.take(pa.array(firsts))
+        for r in range(1, int(counts.max())):
+            sel = np.nonzero(counts > r)[0]
+            merged = merge_columns(self.merges, acc.take(pa.array(sel)),
+                                   partials.take(pa.array(firsts[sel] + r)))
+            index = np.arange(len(firsts))
+            index[sel] = len(firsts) + np.arange(len(sel))
+            acc = pa.table({name: pa.concat_arrays([
+                acc.column(name).combine_chunks(),
+                merged[name].cast(acc.column(name).type)]).take(pa.array(index))
+                for name in self.names})
+        return acc, late[firsts]
 
     def on_timers(self, batch: KeyedBatch) -> Result | None:
         state = batch.arrow_state

@@ -252,12 +252,11 @@ class PipelineStart:
 
 
 def _time_moved(graph: Any) -> Callable[[int | None], bool] | None:
-    """Whether any event-time operator's watermark moved past the one its tasks last ran
-    with (a no-data batch fires its timers), asked with the time a batch allocated now would
-    have (None in an available-now run: processing time does not move there without input);
-    None when the graph has none."""
-    timed = [s for s in graph.reachable() if getattr(s, "event_time", None) is not None
-             and hasattr(s, "time_moved")]
+    """Whether any operator's watermark moved past the one its tasks last ran with, or a
+    processing-time timer of one is due (a no-data batch fires its timers), asked with the
+    time a batch allocated now would have (None in an available-now run: processing time
+    does not move there without input); None when the graph has no operator with timers."""
+    timed = [s for s in graph.reachable() if hasattr(s, "time_moved")]
     if not timed:
         return None
     return lambda batch_time_ms: any(s.time_moved(batch_time_ms) for s in timed)

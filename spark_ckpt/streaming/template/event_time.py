@@ -13,7 +13,8 @@ from typing import Any
 
 from spark_ckpt.errors import JobDefinitionError
 
-__all__ = ["Watermark", "declared_watermark", "duration_ms", "upstream_clock"]
+__all__ = ["Watermark", "declared_watermark", "duration_ms", "stream_watermark",
+           "upstream_clock"]
 
 # Spark's interval units (singular or plural), in milliseconds
 _UNITS = {"millisecond": 1, "ms": 1, "second": 1_000, "s": 1_000, "minute": 60_000,
@@ -57,21 +58,32 @@ def duration_ms(value: Any, what: str) -> int:
 
 
 class Watermark:
-    """An event-time column and the delay the watermark trails its largest value by."""
+    """An event-time column and the delay the watermark trails its largest value by; the
+    columns that name a row's source partition (``split``: Kafka's topic and partition, as the
+    stream names them), whose watermarks are kept apart (the smallest counts, as Flink's
+    per-partition watermarks); and how long a partition (or an input) may go without rows
+    before it stops holding the watermark back (``idle_ms``, Flink's ``withIdleness``)."""
 
-    def __init__(self, column: str, delay_ms: int) -> None:
+    def __init__(self, column: str, delay_ms: int, idle_ms: int | None = None,
+                 split: tuple[str, ...] = ()) -> None:
         self.column = column
         self.delay_ms = delay_ms
+        self.idle_ms = idle_ms
+        self.split = tuple(split)
+
+    def _identity(self) -> tuple[Any, ...]:
+        return self.column, self.delay_ms, self.idle_ms, self.split
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Watermark) and (self.column, self.delay_ms) == \
-            (other.column, other.delay_ms)
+        return isinstance(other, Watermark) and self._identity() == other._identity()
 
     def __hash__(self) -> int:
-        return hash((self.column, self.delay_ms))
+        return hash(self._identity())
 
     def __repr__(self) -> str:
-        return f"with_watermark({self.column!r}, {self.delay_ms} ms)"
+        extra = "" if self.idle_ms is None else f", idle after {self.idle_ms} ms"
+        per = "" if not self.split else f", per {'/'.join(self.split)}"
+        return f"with_watermark({self.column!r}, {self.delay_ms} ms{extra}{per})"
 
 
 def declared_watermark(streams: Iterable[Any], where: str) -> Watermark | None:
@@ -96,6 +108,12 @@ def declared_watermark(streams: Iterable[Any], where: str) -> Watermark | None:
             "watermark; declare it on every input (an input without one would hold the "
             "watermark back forever)")
     return next(iter(found), None)
+
+
+def stream_watermark(stream: Any) -> Watermark | None:
+    """The watermark declared on ``stream`` or upstream of it through stateless
+    transformations (None past a stateful operator, or where none is)."""
+    return _upstream(stream)
 
 
 def _upstream(stream: Any) -> Watermark | None:

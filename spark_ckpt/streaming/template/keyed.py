@@ -351,6 +351,7 @@ class StatefulStream(Stream):
         present = [f for f in frames if f is not None]
         if len(present) < len(frames):
             return None
+        present = [self._with_split(i, f) for i, f in enumerate(present)]
         if len(present) > 1:
             present = [f.withColumn(CHANNEL_COLUMN, F.lit(i)) for i, f in enumerate(present)]
         df = union_by_name(present, allow_missing=self.inputs_differ)
@@ -361,6 +362,11 @@ class StatefulStream(Stream):
                 f"columns: {df.columns}"
             )
         return df
+
+    def _with_split(self, channel: int, frame: DataFrame) -> DataFrame:
+        """Input ``channel``'s frame, with the partition its rows were read from where the
+        operator keeps watermarks per partition (default: as it is)."""
+        return frame
 
     def input_keys(self) -> tuple[str, ...]:
         """The key columns the operator's input holds (its state's key may add more)."""
@@ -824,6 +830,7 @@ class ProcessedStream(StatefulStream):
         self.delay_ms = int(watermark_delay_ms)
         # inputs with watermarks of their own (a stream join): each input's delay, by channel
         self.channel_delays: tuple[int, ...] = ()
+        self._split_warned: set[int] = set()
         if ttl_ms is not None and ttl_ms <= 0:
             raise JobDefinitionError(f"process(): expected ttl_ms > 0 or None, found {ttl_ms}")
         self.ttl_ms = ttl_ms
@@ -832,6 +839,92 @@ class ProcessedStream(StatefulStream):
                   live: dict[int, StateHandle]) -> ProcessState:
         return ProcessState(parallelism, max_parallelism, live,
                             output_schema=self.output_schema)
+
+    def _input_marks(self) -> list[Any]:
+        """The watermark each input declares (None for an input that declares none)."""
+        from spark_ckpt.streaming.template.event_time import stream_watermark
+
+        return [stream_watermark(p) for p in self.parents]
+
+    @property
+    def tracks_splits(self) -> bool:
+        """Whether the watermark is kept per input partition and input (a partition-naming
+        source or an idle timeout declared upstream), not from the largest time alone."""
+        if self.event_time is None or self.clock is not None:
+            return False
+        return any(m is not None and (m.split or m.idle_ms is not None)
+                   for m in self._input_marks())
+
+    def _with_split(self, channel: int, frame: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        from spark_ckpt.state.task import SPLIT_COLUMN
+
+        if not self.tracks_splits:
+            return frame
+        mark = self._input_marks()[channel]
+        split = () if mark is None else mark.split
+        if not split:
+            return frame
+        missing = [c for c in split if c not in frame.columns]
+        if missing:
+            if channel not in self._split_warned:
+                self._split_warned.add(channel)
+                log.warning(
+                    "operator %s: the watermark of its input %d is kept over the whole input: "
+                    "its rows no longer carry %s, the partition they were read from (keep "
+                    "those columns up to the operator for per-partition watermarks)",
+                    self.operator, channel, missing)
+            return frame
+        return frame.withColumn(SPLIT_COLUMN, F.concat_ws(
+            ":", *[F.col(c).cast("string") for c in split]))
+
+    def _split_watermark(self, extra: Any, now_ms: int | None) -> int | None:
+        """The smallest watermark over the inputs, each input's the smallest over its
+        partitions that had rows within its idle timeout of ``now_ms`` (all of them when it
+        declares none, or at None); an input whose every partition is idle holds nothing
+        back; None until every input has had rows, and while every input is idle."""
+        splits = extra.get("event_splits") or {}
+        delays = self.channel_delays or (self.delay_ms,)
+        marks = self._input_marks()
+        idles = [None if m is None else m.idle_ms for m in marks] if len(marks) == len(delays) \
+            else [None] * len(delays)
+        found: list[int] = []
+        for channel, delay in enumerate(delays):
+            entries = [(int(top), int(seen)) for key, (top, seen) in splits.items()
+                       if key.split("|", 1)[0] == str(channel)]
+            if not entries:
+                return None
+            idle = idles[channel]
+            active = [top for top, seen in entries
+                      if idle is None or now_ms is None or now_ms - seen < idle]
+            if active:
+                found.append(min(active) - delay)
+        return min(found) if found else None
+
+    def _track_splits(self, state: OperatorState, run: BatchRun,
+                      metas: list[dict[str, Any]]) -> None:
+        """Each input partition's largest event time, and when it last had rows."""
+        now = int(run.allocation.batch_time_ms)
+        splits = dict(state.extra.get("event_splits") or {})
+        for meta in metas:
+            for key, top in (meta.get("max_event_by_split") or {}).items():
+                old = splits.get(key)
+                splits[key] = [int(top) if old is None else max(int(top), int(old[0])), now]
+        state.extra["event_splits"] = splits
+        idle = self._idle_splits(splits, now)
+        run.stats.state[self.operator]["idle_partitions"] = idle
+
+    def _idle_splits(self, splits: dict[str, Any], now_ms: int) -> int:
+        marks = self._input_marks()
+        count = 0
+        for key, (_top, seen) in splits.items():
+            channel = int(key.split("|", 1)[0])
+            mark = marks[channel] if channel < len(marks) else None
+            if mark is not None and mark.idle_ms is not None and now_ms - int(seen) >= \
+                    mark.idle_ms:
+                count += 1
+        return count
 
     @property
     def watermark_ms(self) -> int | None:
@@ -844,10 +937,13 @@ class ProcessedStream(StatefulStream):
             return None if applied is None else int(applied)
         return self._watermark(snapshot.extra)
 
-    def _watermark(self, extra: Any) -> int | None:
+    def _watermark(self, extra: Any, now_ms: int | None = None) -> int | None:
         """The largest event time seen minus the delay; with inputs of their own watermarks
         (``channel_delays``), the smallest of theirs, as Structured Streaming's and Flink's
-        operators take (none until every input has seen event time)."""
+        operators take (none until every input has seen event time); kept per partition and
+        input (:meth:`_split_watermark`) where :attr:`tracks_splits`, at ``now_ms``."""
+        if self.tracks_splits:
+            return self._split_watermark(extra, now_ms)
         by_channel = extra.get("max_event_by_channel")
         if self.channel_delays:
             if not by_channel or len(by_channel) < len(self.channel_delays):
@@ -867,22 +963,26 @@ class ProcessedStream(StatefulStream):
                 given = upstream.get("applied_watermark_ms")
                 mark = None if given is None else int(given)
         else:
-            mark = self._watermark(state.extra)
+            mark = self._watermark(state.extra, None if run is None
+                                   else int(run.allocation.batch_time_ms))
         if mark is None:
             return None
         applied = state.extra.get("applied_watermark_ms")
         return mark if applied is None else max(mark, int(applied))
 
     def time_moved(self, batch_time_ms: int | None = None) -> bool:
-        """The watermark moved past the one the tasks last ran with: a batch, with data or
-        not, fires the timers it reached (any thread: the published snapshot). Event time
-        does not depend on ``batch_time_ms`` (a processing-time operator's does)."""
+        """The watermark moved past the one the tasks last ran with, or a batch at
+        ``batch_time_ms`` would reach the earliest processing-time timer: a batch, with data
+        or not, fires the timers it reached (any thread: the published snapshot)."""
         snapshot = self.snapshot()
+        due = None if snapshot is None else snapshot.extra.get("next_processing_ms")
+        if batch_time_ms is not None and due is not None and int(due) <= batch_time_ms:
+            return True  # a processing-time timer is due (none in an available-now run)
         if snapshot is not None and self.clock is not None:  # the upstream's moved on
             upstream = self.clock.snapshot()
             mark = None if upstream is None else upstream.extra.get("applied_watermark_ms")
         else:
-            mark = None if snapshot is None else self._watermark(snapshot.extra)
+            mark = None if snapshot is None else self._watermark(snapshot.extra, batch_time_ms)
         if mark is None:
             return False
         applied = snapshot.extra.get("applied_watermark_ms")  # type: ignore[union-attr]
@@ -928,7 +1028,7 @@ class ProcessedStream(StatefulStream):
             "processing_time_ms": run.allocation.batch_time_ms,
             "watermark_ms": self.watermark_of(state, run), "ttl_ms": self.ttl_ms,
             "late_watermark_ms": state.extra.get("applied_watermark_ms"),
-            "event_time": self.event_time,
+            "event_time": self.event_time, "track_splits": self.tracks_splits,
             "state_schema": state.state_schema.serialize(),
             "key_schema": key_schema.serialize().to_pybytes().hex(),
         }
@@ -945,6 +1045,13 @@ class ProcessedStream(StatefulStream):
         tops = [m["max_event_ms"] for m in metas if m.get("max_event_ms") is not None]
         if tops:
             state.extra["max_event_ms"] = max([*tops, state.extra.get("max_event_ms", tops[0])])
+        if self.tracks_splits:
+            self._track_splits(state, run, metas)
+        # the earliest processing-time timer left: a batch without data runs at that time
+        # when empty batches are skipped (time_moved)
+        nexts = [int(m["next_processing_ms"]) for m in metas
+                 if m.get("next_processing_ms") is not None]
+        state.extra["next_processing_ms"] = min(nexts) if nexts else None
         run.stats.state[self.operator]["timers_fired"] = sum(m.get("timers_fired", 0)
                                                               for m in metas)
         run.stats.state[self.operator]["watermark_ms"] = params["watermark_ms"]

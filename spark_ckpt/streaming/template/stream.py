@@ -116,21 +116,38 @@ class Stream:
         return Transformed(self.pipeline, (self,), lambda df: df.withColumn(name, column),
                            f"{self.name}.with_column({name})", whole=True)
 
-    def with_watermark(self, column: str, delay: Any) -> Stream:
+    def with_watermark(self, column: str, delay: Any, *, idle_timeout: Any = None) -> Stream:
         """Declare ``column`` (a TIMESTAMP) the rows' event time, and the watermark to trail
         its largest value by ``delay`` ("10 seconds", a timedelta, or milliseconds), as
-        Structured Streaming's ``withWatermark``: processors downstream
-        (``key_by().process(...)``) take their event time from it (docs/checkpointing.md);
-        ``key_by().agg()`` does not evict by it (a warning says so)."""
+        Structured Streaming's ``withWatermark``: the event-time operators downstream
+        (windows, stream joins, deduplication, ``key_by().process(...)`` with timers) take
+        their event time from it (docs/operators.md); ``key_by().agg()`` does not evict by it
+        (a warning says so).
+
+        Where the rows carry the partition they were read from (a Kafka source's ``topic``
+        and ``partition``, kept up to the operator), the largest event time is kept per
+        partition and the smallest of those counts, as Flink's per-partition watermarks: a
+        partition behind the others holds the watermark back instead of having its rows
+        dropped as late. ``idle_timeout`` (a duration, Flink's ``withIdleness``): a partition,
+        or an input of a join, that had no rows for that long on the pipeline's clock stops
+        holding the watermark back until its rows come again; None (the default): it holds
+        it back for as long as it is idle."""
         from spark_ckpt.streaming.template.event_time import Watermark, duration_ms
 
         if not isinstance(column, str) or not column:
             raise JobDefinitionError(
                 f"with_watermark on {self.name}: expected an event-time column name, found "
                 f"{column!r}")
+        idle_ms = None if idle_timeout is None else duration_ms(
+            idle_timeout, f"with_watermark({column!r}, idle_timeout=...)")
+        if idle_ms is not None and idle_ms <= 0:
+            raise JobDefinitionError(
+                f"with_watermark on {self.name}: expected idle_timeout > 0 or None, found "
+                f"{idle_timeout!r}")
         marked = Transformed(self.pipeline, (self,), lambda df: df,
                              f"{self.name}.with_watermark({column})", whole=True)
-        marked.watermark = Watermark(column, duration_ms(delay, f"with_watermark({column!r})"))
+        marked.watermark = Watermark(column, duration_ms(delay, f"with_watermark({column!r})"),
+                                     idle_ms, _split_columns(self))
         return marked
 
     def union(self, *others: Stream) -> Stream:
@@ -263,6 +280,21 @@ class Stream:
 
 def _fn_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
+
+
+def _split_columns(stream: Stream) -> tuple[str, ...]:
+    """The partition columns of the one source upstream of ``stream`` (through stateless
+    transformations), which its rows may still carry; () for several sources or none."""
+    sources: list[Any] = []
+    pending: list[Any] = [stream]
+    while pending:
+        s = pending.pop()
+        if getattr(s, "operator", None) is not None:  # a stateful operator's output
+            return ()
+        if getattr(s, "source", None) is not None and not s.parents:
+            sources.append(s.source)
+        pending.extend(s.parents)
+    return sources[0].split_columns() if len(sources) == 1 else ()
 
 
 class InputStream(Stream):

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.state.aggregates import Agg
+from spark_ckpt.state.task import SPLIT_COLUMN
 from spark_ckpt.state.window_processors import (
     LATE_COLUMN,
     ROWS_COLUMN,
@@ -348,9 +349,9 @@ class _WindowedOperator(DerivedOperator):
         at = int(run.allocation.batch_time_ms)
         return at if applied is None else max(at, int(applied))
 
-    def _watermark(self, extra: Any) -> int | None:
+    def _watermark(self, extra: Any, now_ms: int | None = None) -> int | None:
         if not self.processing_time:
-            return super()._watermark(extra)
+            return super()._watermark(extra, now_ms)
         applied = extra.get("applied_watermark_ms")
         return None if applied is None else int(applied)
 
@@ -458,19 +459,23 @@ class WindowAggStream(_WindowedOperator):
         late = F.lit(False) if watermark is None else end_us <= F.lit(int(watermark) * 1000)
         self._keep_late(run, windowed, late)
         extra = [F.max(on).alias(on), F.count(F.lit(1)).alias(ROWS_COLUMN)]
+        # rows of each source partition apart, for their own watermarks (the tasks merge a
+        # window's partials of several partitions)
+        split = [SPLIT_COLUMN] if SPLIT_COLUMN in windowed.columns else []
         if self.window_spec.kind == "session":
             gap = f"{self.window_spec.gap_ms} milliseconds"
             grouped = windowed.withColumn(LATE_COLUMN, late).groupBy(
-                *self.user_keys, LATE_COLUMN, F.session_window(on, gap).alias("__ckpt_s"))
+                *self.user_keys, LATE_COLUMN, *split,
+                F.session_window(on, gap).alias("__ckpt_s"))
             out: DataFrame = grouped.agg(*spec.partial_columns(), *extra).select(
                 *self.user_keys,
                 F.unix_micros(F.col("__ckpt_s.start")).alias(WINDOW_START),
                 F.unix_micros(F.col("__ckpt_s.end")).alias(WINDOW_END),
                 *[F.col(n) for n in spec.state_names()], F.col(on), F.col(ROWS_COLUMN),
-                F.col(LATE_COLUMN))
+                F.col(LATE_COLUMN), *split)
             return out
         out = windowed.withColumn(LATE_COLUMN, late).groupBy(
-            *self.user_keys, WINDOW_START, WINDOW_END, LATE_COLUMN).agg(
+            *self.user_keys, WINDOW_START, WINDOW_END, LATE_COLUMN, *split).agg(
             *spec.partial_columns(), *extra)
         return out
 

@@ -288,7 +288,8 @@ def child_ss(args: argparse.Namespace, spark: Any) -> dict:
         file_times = ss_batch_files(work / "ckpt")
         proctime = {"file_times": file_times, "close_ms": max(file_times.values())}
     return {**proctime, "seconds": seconds, "rows": sum(p["numInputRows"] for p in progress),
-            "batches": sum(1 for p in progress if p["numInputRows"])}
+            "batches": sum(1 for p in progress if p["numInputRows"]),
+            "batch_ms": [p["durationMs"].get("triggerExecution") for p in progress]}
 
 
 def child_batch(args: argparse.Namespace, spark: Any) -> dict:

@@ -90,24 +90,25 @@ def declared_watermark(streams: Iterable[Any], where: str) -> Watermark | None:
     """The watermark declared upstream of ``streams`` (through stateless transformations; a
     stateful operator's output starts afresh); None when none is. Inputs that declare
     different ones are refused (one event-time column per operator, for now)."""
-    found: set[Watermark] = set()
-    undeclared = False
+    found: dict[tuple[str, int], Watermark] = {}  # (each input's partitions and idleness
+    undeclared = False                            # are its own: see ProcessedStream)
     for stream in streams:
         mark = _upstream(stream)
         if mark is None:
             undeclared = True
         else:
-            found.add(mark)
+            found.setdefault((mark.column, mark.delay_ms), mark)
     if len(found) > 1:
         raise JobDefinitionError(
             f"{where}: expected one event-time declaration over its inputs, found "
-            f"{sorted(map(repr, found))}; declare the same column and delay on every input")
+            f"{sorted(map(repr, found.values()))}; declare the same column and delay on every "
+            "input")
     if found and undeclared:
         raise JobDefinitionError(
-            f"{where}: some inputs declare {next(iter(found))!r} and some declare no "
+            f"{where}: some inputs declare {next(iter(found.values()))!r} and some declare no "
             "watermark; declare it on every input (an input without one would hold the "
             "watermark back forever)")
-    return next(iter(found), None)
+    return next(iter(found.values()), None)
 
 
 def stream_watermark(stream: Any) -> Watermark | None:

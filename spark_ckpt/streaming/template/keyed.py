@@ -885,8 +885,8 @@ class ProcessedStream(StatefulStream):
         declares none, or at None); an input whose every partition is idle holds nothing
         back; None until every input has had rows, and while every input is idle."""
         splits = extra.get("event_splits") or {}
-        delays = self.channel_delays or (self.delay_ms,)
-        marks = self._input_marks()
+        marks = self._input_marks()  # one per input channel
+        delays = self.channel_delays or (self.delay_ms,) * max(1, len(marks))
         idles = [None if m is None else m.idle_ms for m in marks] if len(marks) == len(delays) \
             else [None] * len(delays)
         found: list[int] = []

@@ -193,7 +193,10 @@ def read_state(spark: SparkSession, checkpoint_dir: str, operator: str,
     """The state of ``operator`` in a completed checkpoint (the latest by default), one row per
     key: aggregations as their key and output columns, processors as their key columns and one
     column per declared state variable, with its declared type (``json`` variables as JSON
-    strings).
+    strings). The event-time operators (windowed aggregations, Top-N, deduplication, the last
+    row, stream-stream joins) as their user sees them, from the definition their checkpoint
+    records: one row per open window, kept row or remembered key (docs/operations.md); a
+    checkpoint written before that record reads as their raw state.
 
     ``checkpoint_dir`` is the pipeline's checkpoint directory (or, when the pipeline sets
     ``spark.ckpt.checkpoint.dir``, pass that directory's parent with ``checkpoints`` in it).
@@ -246,4 +249,28 @@ def read_state(spark: SparkSession, checkpoint_dir: str, operator: str,
             f"checkpoint {cid}: operator {operator!r} holds its state as JSON documents (written "
             "before typed state) or has run no batch; expected a state_schema in its metadata"
         )
-    return read_processor_state(spark, handles, op, keys)
+    state = read_processor_state(spark, handles, op, keys)
+    return _derived_view(state, op.get("derived"), operator, cid)
+
+
+def _derived_view(state: DataFrame, derived: Any, operator: str, cid: int) -> DataFrame:
+    """An event-time operator's state as its user sees it, from the definition its checkpoint
+    entry records (``derived``, see template/derived.py); the raw layout without one (a plain
+    processor, a checkpoint written before the record) or with a version this does not know."""
+    from spark_ckpt.streaming.template.derived import DEFINITION_VERSION
+    from spark_ckpt.streaming.template.joins import join_state
+    from spark_ckpt.streaming.template.row_operators import dedup_state, top_n_state
+    from spark_ckpt.streaming.template.windows import window_agg_state, window_top_n_state
+
+    if not isinstance(derived, dict):
+        return state
+    views: dict[str, Callable[[DataFrame, dict[str, Any]], DataFrame]] = {
+        "window_agg": window_agg_state, "window_top_n": window_top_n_state,
+        "drop_duplicates": dedup_state, "top_n": top_n_state, "stream_join": join_state}
+    view = views.get(str(derived.get("operator")))
+    if view is None or int(derived.get("version", 0)) > DEFINITION_VERSION:
+        log.warning("checkpoint %d: operator %s records a definition read_state does not know "
+                    "(%s version %s); returning its raw state", cid, operator,
+                    derived.get("operator"), derived.get("version"))
+        return state
+    return view(state, derived)

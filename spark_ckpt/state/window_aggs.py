@@ -116,6 +116,11 @@ class WindowAggSpec:
                                      "found none")
         fields = {f.name: f.dataType for f in schema.fields}
         self.order_by = order_by  # the event time: orders lists, so a replay is the same
+        self.reserved = list(reserved)
+        used = {c for a in aggs.values() if isinstance(a, Agg)
+                for c in (a.column, a.time_column) if c is not None}
+        # the input columns the aggregations read (their types decide the state's): recorded
+        self.inputs = [f for f in schema.fields if f.name in used or f.name == order_by]
         self.outputs: list[Output] = []
         for name, agg in aggs.items():
             if not isinstance(agg, Agg) or agg.func not in _FUNCS:
@@ -180,6 +185,25 @@ class WindowAggSpec:
                               "percentile": DoubleType()}.get(
                     func, ArrayType(element, False))
             self.outputs.append(Output(name, agg, value_type, state))
+
+    # -- recorded with the state (a reader rebuilds the spec from the checkpoint alone) -------
+    def describe(self) -> dict[str, Any]:
+        """The spec as JSON values: :meth:`from_description` rebuilds it."""
+        from pyspark.sql.types import StructType
+
+        return {"aggs": [[o.name, o.agg.func, o.agg.column, o.agg.time_column, o.agg.param]
+                         for o in self.outputs],  # a list: records are written key-sorted
+                "inputs": StructType(self.inputs).jsonValue(), "order_by": self.order_by,
+                "reserved": self.reserved}
+
+    @classmethod
+    def from_description(cls, described: dict[str, Any]) -> WindowAggSpec:
+        from pyspark.sql.types import StructType
+
+        aggs = {name: Agg(func, column, time_column, param)
+                for name, func, column, time_column, param in described["aggs"]}
+        return cls(aggs, StructType.fromJson(described["inputs"]),
+                   order_by=described["order_by"], reserved=described["reserved"])
 
     # -- Spark side -----------------------------------------------------------------------
     def partial_columns(self) -> list[Column]:

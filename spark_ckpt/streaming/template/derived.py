@@ -15,7 +15,12 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-__all__ = ["Derived", "DerivedOperator"]
+__all__ = ["DEFINITION_VERSION", "Derived", "DerivedOperator"]
+
+#: the version of the definition a derived operator records with its state (``derived`` in its
+#: checkpoint entry: JSON values only). A reader that finds no record, or a newer version than
+#: it knows, reads the raw layout.
+DEFINITION_VERSION = 1
 
 
 class Derived:
@@ -76,6 +81,19 @@ class DerivedOperator(ProcessedStream):
         self.declared_schema = derived.raw_schema
         self.output_schema = derived.raw_schema
         return super().configure(restored)
+
+    def definition(self) -> dict[str, Any] | None:
+        """What a reader of the checkpoint needs to show the state as the user sees the
+        operator (``read_state``), as JSON values; ``operator`` names the reader (None: the
+        raw layout)."""
+        return None
+
+    def describe_state(self, state: Any) -> dict[str, Any]:
+        described = super().describe_state(state)
+        definition = self.definition()
+        if definition is None:
+            return described
+        return {**described, "derived": {"version": DEFINITION_VERSION, **definition}}
 
     def new_state(self, parallelism: int, max_parallelism: int, live: dict[int, Any]) -> Any:
         state = super().new_state(parallelism, max_parallelism, live)

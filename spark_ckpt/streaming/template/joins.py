@@ -36,11 +36,12 @@ from spark_ckpt.streaming.template.event_time import declared_watermark, duratio
 from spark_ckpt.streaming.template.keyed import KeyedStream, _SchemaRun
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
     from spark_ckpt.streaming.template.stream import Stream
 
-__all__ = ["HOWS", "StreamJoin"]
+__all__ = ["HOWS", "StreamJoin", "join_state"]
 
 log = logging.getLogger(__name__)
 
@@ -150,3 +151,48 @@ class StreamJoin(DerivedOperator):
                                   {s: [f.name for f in fields[s]] for s in ("l", "r")},
                                   ", ".join(ddl))
         return Derived(processor, StructType(out))
+
+    def definition(self) -> dict[str, Any]:
+        return {"operator": "stream_join", "keys": list(self.key_columns), "how": self.how,
+                "lower_ms": self.lower, "upper_ms": self.upper,
+                "columns": {s: list(c) for s, c in self.derived().processor.columns.items()}}
+
+
+def join_state(state: DataFrame, definition: dict[str, Any]) -> DataFrame:
+    """A stream-stream join's state as ``read_state`` shows it: one row per kept row of either
+    side, the ``on`` columns, ``side`` ('left' or 'right'), the left's columns, the right's
+    (null for the other side's rows), and ``matched`` (whether it has met a row of the other
+    side). A name taken by a column before it (a semi or anti join's two sides may share a
+    name; a column called side or matched) is prefixed with underscores."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    keys = list(definition["keys"])
+    taken = set(keys)
+
+    def free(name: str) -> str:
+        while name in taken:
+            name = f"_{name}"
+        taken.add(name)
+        return name
+
+    named = {side: [(f"{side}_{i}", free(c)) for i, c in enumerate(definition["columns"][side])]
+             for side in ("l", "r")}
+    side_name, matched_name = free("side"), free("matched")
+    parts = []
+    for side, label in (("l", "left"), ("r", "right")):
+        at = F.col("__ckpt_i") + 1
+        rows = state.select(
+            *[F.col(f"`{k}`") for k in keys], *[F.col(n) for n, _c in named[side]],
+            F.col(f"{side}_matched"),
+            F.posexplode(F.col(f"{side}_time")).alias("__ckpt_i", "__ckpt_t"))
+        parts.append(rows.select(
+            *[F.col(f"`{k}`") for k in keys], F.lit(label).alias(side_name),
+            *[F.element_at(F.col(n), at).alias(c) for n, c in named[side]],
+            F.element_at(F.col(f"{side}_matched"), at).alias(matched_name)))
+    both = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
+    out: DataFrame = both.select(
+        *[F.col(f"`{c}`") for c in [*keys, side_name, *[c for _n, c in named["l"]],
+                                    *[c for _n, c in named["r"]], matched_name]])
+    return out

@@ -32,9 +32,11 @@ from spark_ckpt.streaming.template.event_time import duration_ms
 from spark_ckpt.streaming.template.keyed import KeyedStream
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-__all__ = ["DeduplicatedStream", "TopNStream", "check_order", "parse_order"]
+__all__ = ["DeduplicatedStream", "TopNStream", "check_order", "dedup_state", "kept_rows",
+           "parse_order", "top_n_state"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,10 @@ class DeduplicatedStream(DerivedOperator):
     def derive(self, schema: StructType) -> Derived:
         return Derived(DedupProcessor(self.event_time, self.within_ms), schema)
 
+    def definition(self) -> dict[str, Any]:
+        return {"operator": "drop_duplicates", "keys": list(self.keys),
+                "event_time": self.event_time, "within_ms": self.within_ms}
+
 
 class TopNStream(DerivedOperator):
     """Each key's first ``n`` rows in an order (see the module's docstring)."""
@@ -115,3 +121,48 @@ class TopNStream(DerivedOperator):
         raw = StructType([*schema.fields, *([StructField(RANK_COLUMN, IntegerType())]
                                             if self.with_rank else [])])
         return Derived(TopNProcessor(self.n, self.order, names, ddl, self.with_rank), raw)
+
+    def definition(self) -> dict[str, Any]:
+        return {"operator": "top_n", "columns": list(self.derived().processor.columns),
+                "n": self.n, "order": [[c, desc] for c, desc in self.order],
+                "with_rank": self.with_rank}
+
+
+def kept_rows(state: DataFrame, columns: Sequence[str], *, carry: Sequence[str],
+              with_rank: bool) -> DataFrame:
+    """A Top-N's state (per key, the kept rows as one list per input column, ``row_<i>``, in
+    rank order) as rows: the input's columns, the key columns ``carry``, and the ``rank``."""
+    from pyspark.sql import functions as F
+
+    at = F.col("__ckpt_i") + 1
+    lists = [f"row_{i}" for i in range(len(columns))]
+    exploded = state.select(*[F.col(f"`{c}`") for c in [*carry, *lists[1:]]],
+                            F.posexplode(F.col(lists[0])).alias("__ckpt_i", "__ckpt_v0"))
+    values = [F.col("__ckpt_v0").alias(columns[0]),
+              *[F.element_at(F.col(n), at).alias(c)
+                for n, c in zip(lists[1:], columns[1:], strict=True)]]
+    rank = [at.cast("int").alias(RANK_COLUMN)] if with_rank else []
+    out: DataFrame = exploded.select(*values, *[F.col(f"`{c}`") for c in carry], *rank)
+    return out
+
+
+def dedup_state(state: DataFrame, definition: dict[str, Any]) -> DataFrame:
+    """A deduplication's state as ``read_state`` shows it: the keys it remembers and, when it
+    has an event time, the first row's event time under the event-time column's name."""
+    from pyspark.sql import functions as F
+
+    from spark_ckpt.state.row_processors import FIRST_SEEN
+
+    keys = list(definition["keys"])
+    time = definition.get("event_time")
+    seen = [F.timestamp_millis(F.col(FIRST_SEEN)).alias(time)] \
+        if time is not None and time not in keys else []
+    out: DataFrame = state.select(*[F.col(f"`{k}`") for k in keys], *seen)
+    return out
+
+
+def top_n_state(state: DataFrame, definition: dict[str, Any]) -> DataFrame:
+    """A Top-N's (or last row's) state as ``read_state`` shows it: each key's kept rows, the
+    input's columns and their ``rank`` (none for the last row), as the operator emits them."""
+    return kept_rows(state, definition["columns"], carry=[],
+                     with_rank=bool(definition["with_rank"]))

@@ -68,6 +68,8 @@ from spark_ckpt.streaming.template.keyed import KeyedStream
 from spark_ckpt.streaming.template.stream import Stream
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
@@ -78,7 +80,8 @@ PROCTIME_COLUMN = "__ckpt_proctime"  # a processing-time window's rows: their ba
 
 __all__ = ["PROCTIME_COLUMN", "LateRows", "WindowAggStream", "WindowSpec", "WindowTopNStream",
            "WindowedKeyedStream",
-           "cumulate", "session", "sliding", "tumbling"]
+           "cumulate", "session", "sliding", "tumbling", "window_agg_state",
+           "window_top_n_state"]
 
 log = logging.getLogger(__name__)
 
@@ -481,19 +484,56 @@ class WindowAggStream(_WindowedOperator):
 
     def finish(self, raw: DataFrame) -> DataFrame:
         """The emitted rows as the user sees them: the keys, ``window``, the outputs."""
-        from pyspark.sql import functions as F
+        return _finish_windows(raw, self.derived().extra, self.user_keys,
+                               session=self.window_spec.kind == "session")
 
+    def definition(self) -> dict[str, Any]:
         spec: WindowAggSpec = self.derived().extra
-        start, end = F.col(WINDOW_START), F.col(WINDOW_END)
-        if self.window_spec.kind == "session":
-            start, end = F.timestamp_micros(start), F.timestamp_micros(end)
-        out = raw.select(*self.user_keys,
-                         F.struct(start.alias("start"), end.alias("end")).alias(
-                             # marked as Spark marks window()'s column: window_time() takes it
-                             "window", metadata={"spark.timeWindow": True}),
-                         *spec.final_columns())
-        finished: DataFrame = spec.spark_finals(out, [*self.user_keys, "window"])
-        return finished
+        return {"operator": "window_agg", "keys": list(self.user_keys),
+                "window": dataclasses.asdict(self.window_spec), "aggs": spec.describe()}
+
+
+def _finish_windows(raw: DataFrame, spec: WindowAggSpec, user_keys: Sequence[str], *,
+                    session: bool) -> DataFrame:
+    """Windows' raw rows (the keys, the window's bounds, the state columns) as the user sees
+    them: the keys, ``window``, each output's final value."""
+    from pyspark.sql import functions as F
+
+    start, end = F.col(WINDOW_START), F.col(WINDOW_END)
+    if session:
+        start, end = F.timestamp_micros(start), F.timestamp_micros(end)
+    out = raw.select(*user_keys,
+                     F.struct(start.alias("start"), end.alias("end")).alias(
+                         # marked as Spark marks window()'s column: window_time() takes it
+                         "window", metadata={"spark.timeWindow": True}),
+                     *spec.final_columns())
+    finished: DataFrame = spec.spark_finals(out, [*user_keys, "window"])
+    return finished
+
+
+def window_agg_state(state: DataFrame, definition: dict[str, Any]) -> DataFrame:
+    """A windowed aggregation's state (its keys and state variables, as a checkpoint stores
+    them) as ``read_state`` shows it: one row per open window (session), the keys, ``window``
+    and each output's value over the rows merged so far, finalized as the operator finalizes
+    the windows it emits. ``definition``: what :meth:`WindowAggStream.definition` recorded."""
+    from pyspark.sql import functions as F
+
+    from spark_ckpt.state.window_aggs import WindowAggSpec
+    from spark_ckpt.state.window_processors import SESSION_ENDS, SESSION_STARTS
+
+    spec = WindowAggSpec.from_description(definition["aggs"])
+    keys = list(definition["keys"])
+    session = definition["window"]["kind"] == "session"
+    if session:  # a key's open sessions, parallel lists: one row each, as the task emits them
+        at = F.col("__ckpt_i") + 1
+        state = state.select(
+            *[F.col(f"`{k}`") for k in keys],
+            F.posexplode(F.col(f"`{SESSION_STARTS}`")).alias("__ckpt_i", WINDOW_START),
+            F.col(f"`{SESSION_ENDS}`"), *[F.col(f"`{n}`") for n in spec.state_names()]
+        ).select(*[F.col(f"`{k}`") for k in keys], F.col(WINDOW_START),
+                 F.element_at(F.col(f"`{SESSION_ENDS}`"), at).alias(WINDOW_END),
+                 *[F.element_at(F.col(f"`{n}`"), at).alias(n) for n in spec.state_names()])
+    return _finish_windows(state, spec, keys, session=session)
 
 
 class WindowTopNStream(_WindowedOperator):
@@ -560,16 +600,39 @@ class WindowTopNStream(_WindowedOperator):
 
     def finish(self, raw: DataFrame) -> DataFrame:
         """The input's columns, ``window`` and ``rank``."""
-        from pyspark.sql import functions as F
+        return _finish_top_n(raw)
 
-        from spark_ckpt.state.row_processors import RANK_COLUMN
+    def definition(self) -> dict[str, Any]:
+        return {"operator": "window_top_n", "keys": list(self.user_keys),
+                "window": dataclasses.asdict(self.window_spec),
+                "columns": list(self.derived().processor.columns), "n": self.n,
+                "order": [[c, desc] for c, desc in self.order]}
 
-        columns = [c for c in raw.columns if c not in (WINDOW_START, WINDOW_END, RANK_COLUMN,
-                                                       PROCTIME_COLUMN)]
-        window = F.struct(F.col(WINDOW_START).alias("start"), F.col(WINDOW_END).alias("end"))
-        out: DataFrame = raw.select(*columns, window.alias(
-            "window", metadata={"spark.timeWindow": True}), F.col(RANK_COLUMN))
-        return out
+
+def _finish_top_n(raw: DataFrame) -> DataFrame:
+    """A window's ranked rows (the input's columns, the window's bounds, ``rank``) as the
+    user sees them: the input's columns, ``window`` and ``rank``."""
+    from pyspark.sql import functions as F
+
+    from spark_ckpt.state.row_processors import RANK_COLUMN
+
+    columns = [c for c in raw.columns if c not in (WINDOW_START, WINDOW_END, RANK_COLUMN,
+                                                   PROCTIME_COLUMN)]
+    window = F.struct(F.col(WINDOW_START).alias("start"), F.col(WINDOW_END).alias("end"))
+    out: DataFrame = raw.select(*[F.col(f"`{c}`") for c in columns], window.alias(
+        "window", metadata={"spark.timeWindow": True}), F.col(RANK_COLUMN))
+    return out
+
+
+def window_top_n_state(state: DataFrame, definition: dict[str, Any]) -> DataFrame:
+    """A Window Top-N's state as ``read_state`` shows it: each open window's kept rows in rank
+    order, as it emits them when the window closes (the input's columns, ``window``,
+    ``rank``). ``definition``: what :meth:`WindowTopNStream.definition` recorded."""
+    from spark_ckpt.streaming.template.row_operators import kept_rows
+
+    return _finish_top_n(kept_rows(state, definition["columns"], carry=[WINDOW_START,
+                                                                          WINDOW_END],
+                                   with_rank=True))
 
 
 class LateRows(Stream):

@@ -187,6 +187,37 @@ def test_an_idle_input_stops_holding_the_join_watermark_back(spark, tmp_path):
     assert not any(s.get("late_rows") for s in states)
 
 
+def test_an_idle_timeout_shorter_than_a_batch_idles_only_inputs_without_rows(spark, tmp_path):
+    """An idle timeout of 1 ms, far below the time between batches: an input with rows in the
+    last batch is never idle (the bids here, every batch), an input without is (the auctions
+    after their one batch), and a bounded run still ends, equal to batch Spark's join."""
+    auctions, bids = _data()
+    auctions = [auctions[0]] + [auctions[0].iloc[:0]] * 3
+    ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "short-idle", settings=Settings(
+        checkpoint_interval_ms=0, state_parallelism=2, progress="never"))
+    a = ctx.file_stream("auctions", _write(spark, auctions, AUCTIONS, tmp_path / "a"),
+                        "parquet", AUCTIONS, max_files_per_batch=1) \
+        .with_column("a_time", F.timestamp_millis("a_ms")) \
+        .with_watermark("a_time", "5 seconds", idle_timeout=1)
+    b = ctx.file_stream("bids", _write(spark, bids, BIDS, tmp_path / "b"), "parquet", BIDS,
+                        max_files_per_batch=1) \
+        .with_column("b_time", F.timestamp_millis("b_ms")) \
+        .with_watermark("b_time", "5 seconds", idle_timeout=1)
+    b.join_stream(a, "auction", "inner", between=("-20 seconds", "0 seconds"), name="j") \
+        .write_parquet(str(tmp_path / "out"), name="out")
+    progress = ctx.process_available(timeout=600)
+    marks = [p["state"]["j"]["watermark_ms"] for p in progress]
+
+    def bids_up_to(i: int) -> int:
+        return int(pd.concat(bids[:i + 1]).b_ms.max())
+
+    assert marks[:4] == [None, min(int(auctions[0].a_ms.max()), bids_up_to(0)) - DELAY_MS,
+                         bids_up_to(1) - DELAY_MS, bids_up_to(2) - DELAY_MS], marks
+    got = _sorted(spark.read.parquet(str(tmp_path / "out")).toPandas())
+    expected = _expected(spark, auctions[0], pd.concat(bids), "inner", 0)
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+
+
 def test_join_definitions_are_checked(spark, tmp_path):
     ctx = StreamingContext(spark, 0.05, str(tmp_path / "ckpt"), "refused", settings=Settings(
         checkpoint_interval_ms=0, progress="never"))

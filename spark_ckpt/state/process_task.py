@@ -198,6 +198,13 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
                     if params.get("track_splits"):  # and each input partition's
                         by_split = _max_event_by_split(data, event_time)
                 if SPLIT_COLUMN in data.column_names:
+                    # one partition's rows after another's, the same on a replay (rows of
+                    # several partitions arrive in the shuffle's order): a key's rows, and a
+                    # window's partials, merge in that order
+                    order = [(c, "ascending") for c in (CHANNEL_COLUMN, SPLIT_COLUMN)
+                             if c in data.column_names]
+                    data = data.take(pc.sort_indices(data, sort_keys=order,
+                                                     null_placement="at_start"))
                     data = data.drop_columns([SPLIT_COLUMN])
                 run.process(data)
         fired = run.fire_timers()

@@ -352,10 +352,8 @@ class RocksStore:
         self.token: str | None = raw.decode() if raw else None
         count = self.db.get(ROWS_KEY)
         self._rows = int(count.decode()) if count else 0
-        # a store kept from a version without the processing index: any timer may be one
-        self._processing_indexed = self._rows == 0 or self.db.get(PROCESSING_INDEXED) is not None
-        if self._processing_indexed:
-            self.db.put(PROCESSING_INDEXED, b"1")
+        if self.db.get(PROCESSING_INDEXED) is None:  # a new store, or one kept from a
+            self._index_processing()                  # version without the index: built once
 
     @property
     def rows(self) -> int:
@@ -453,15 +451,41 @@ class RocksStore:
             it.next()
         return self._rows_of(list(keys))
 
-    def next_processing_ms(self) -> int | None:
-        """The earliest processing-time timer of any key (None: there is none); in a store
-        kept from before the processing index, the earliest timer of any kind."""
-        prefix = PROCESSING_PREFIX if self._processing_indexed else TIMER_PREFIX
+    def _index_processing(self, chunk: int = 10_000) -> None:
+        """Index the processing-time timers of the rows the store holds (their times are in
+        the timer index; their kinds in the rows), then mark the store indexed."""
+        from rocksdict import WriteBatch
+
+        timer_at = self.value_names.index(TIMERS_COLUMN)
         it = self.db.iter()
-        it.seek(prefix)
-        if not it.valid() or not it.key().startswith(prefix):
+        it.seek(TIMER_PREFIX)
+        raw_keys: list[bytes] = []
+        while True:
+            done = not it.valid() or not it.key().startswith(TIMER_PREFIX)
+            if not done:
+                raw_keys.append(it.key()[9:])
+                it.next()
+            if raw_keys and (done or len(raw_keys) >= chunk):
+                wb = WriteBatch(raw_mode=True)
+                unique = list(dict.fromkeys(raw_keys))
+                for raw_key, raw in zip(unique, self.db.get(unique), strict=True):
+                    value = json.loads(raw) if raw is not None else None
+                    for t in (value[timer_at] or []) if value is not None else []:
+                        if t.get("kind") == "processing":
+                            wb.put(_processing_key(t["ms"], raw_key), b"")
+                self.db.write(wb)
+                raw_keys = []
+            if done:
+                break
+        self.db.put(PROCESSING_INDEXED, b"1")
+
+    def next_processing_ms(self) -> int | None:
+        """The earliest processing-time timer of any key (None: there is none)."""
+        it = self.db.iter()
+        it.seek(PROCESSING_PREFIX)
+        if not it.valid() or not it.key().startswith(PROCESSING_PREFIX):
             return None
-        return _timer_ms(it.key()[len(prefix) - 1:])
+        return _timer_ms(it.key()[1:])
 
     def snapshot(self, chunk: int = 200_000) -> pa.Table:
         parts = []

@@ -831,6 +831,7 @@ class ProcessedStream(StatefulStream):
         # inputs with watermarks of their own (a stream join): each input's delay, by channel
         self.channel_delays: tuple[int, ...] = ()
         self._split_warned: set[int] = set()
+        self._effective_splits: dict[int, list[str]] = {}  # by input: the columns used
         if ttl_ms is not None and ttl_ms <= 0:
             raise JobDefinitionError(f"process(): expected ttl_ms > 0 or None, found {ttl_ms}")
         self.ttl_ms = ttl_ms
@@ -850,7 +851,8 @@ class ProcessedStream(StatefulStream):
     def tracks_splits(self) -> bool:
         """Whether the watermark is kept per input partition and input (a partition-naming
         source or an idle timeout declared upstream), not from the largest time alone."""
-        if self.event_time is None or self.clock is not None:
+        if self.event_time is None or self.clock is not None or \
+                getattr(self, "processing_time", False):
             return False
         return any(m is not None and (m.split or m.idle_ms is not None)
                    for m in self._input_marks())
@@ -864,67 +866,82 @@ class ProcessedStream(StatefulStream):
             return frame
         mark = self._input_marks()[channel]
         split = () if mark is None else mark.split
-        if not split:
-            return frame
         missing = [c for c in split if c not in frame.columns]
-        if missing:
-            if channel not in self._split_warned:
-                self._split_warned.add(channel)
-                log.warning(
-                    "operator %s: the watermark of its input %d is kept over the whole input: "
-                    "its rows no longer carry %s, the partition they were read from (keep "
-                    "those columns up to the operator for per-partition watermarks)",
-                    self.operator, channel, missing)
-            return frame
+        if missing and channel not in self._split_warned:
+            self._split_warned.add(channel)
+            log.warning(
+                "operator %s: the watermark of its input %d is kept over the whole input: "
+                "its rows no longer carry %s, the partition they were read from (keep "
+                "those columns up to the operator for per-partition watermarks)",
+                self.operator, channel, missing)
+        if not split or missing:  # one partition: the input (a column for every input)
+            self._effective_splits[channel] = []
+            return frame.withColumn(SPLIT_COLUMN, F.lit(None).cast("string"))
+        self._effective_splits[channel] = list(split)
         return frame.withColumn(SPLIT_COLUMN, F.concat_ws(
             ":", *[F.col(c).cast("string") for c in split]))
 
-    def _split_watermark(self, extra: Any, now_ms: int | None) -> int | None:
-        """The smallest watermark over the inputs, each input's the smallest over its
-        partitions that had rows within its idle timeout of ``now_ms`` (all of them when it
-        declares none, or at None); an input whose every partition is idle holds nothing
-        back; None until every input has had rows, and while every input is idle."""
+    def _split_tops(self, extra: Any, now_ms: int | None) -> list[list[tuple[int, bool]]]:
+        """Each input's partitions: their largest event time, and whether they are active
+        (not idle): one that had rows in the last batch that ran is, whatever the time since
+        (a trigger interval or a long batch is no idleness); any other is while it had rows
+        within its input's idle timeout of ``now_ms`` (always without one, or at None)."""
         splits = extra.get("event_splits") or {}
+        last = extra.get("event_splits_at")
         marks = self._input_marks()  # one per input channel
-        delays = self.channel_delays or (self.delay_ms,) * max(1, len(marks))
-        idles = [None if m is None else m.idle_ms for m in marks] if len(marks) == len(delays) \
-            else [None] * len(delays)
-        found: list[int] = []
-        for channel, delay in enumerate(delays):
-            entries = [(int(top), int(seen)) for key, (top, seen) in splits.items()
-                       if key.split("|", 1)[0] == str(channel)]
-            if not entries:
-                return None
-            idle = idles[channel]
-            active = [top for top, seen in entries
-                      if idle is None or now_ms is None or now_ms - seen < idle]
-            if active:
-                found.append(min(active) - delay)
-        return min(found) if found else None
+        out: list[list[tuple[int, bool]]] = [[] for _ in range(max(1, len(marks)))]
+        for key, (top, seen) in splits.items():
+            channel = int(key.split("|", 1)[0])
+            if channel >= len(out):  # an input the pipeline no longer has
+                continue
+            mark = marks[channel] if channel < len(marks) else None
+            idle = None if mark is None else mark.idle_ms
+            active = idle is None or now_ms is None or int(seen) == last or \
+                now_ms - int(seen) < idle
+            out[channel].append((int(top), active))
+        return out
+
+    def _split_watermark(self, extra: Any, now_ms: int | None) -> int | None:
+        """The smallest watermark over the inputs, each input's the smallest over its active
+        partitions (:meth:`_split_tops`); an input whose every partition is idle holds
+        nothing back. None until every input has had rows. While every input is idle, the
+        watermark without idleness (over every partition: never more than any would allow)."""
+        tops = self._split_tops(extra, now_ms)
+        delays = self.channel_delays or (self.delay_ms,) * len(tops)
+        if any(not entries for entries in tops) or len(delays) != len(tops):
+            return None
+        found = [min(t for t, active in entries if active) - delay
+                 for entries, delay in zip(tops, delays, strict=True)
+                 if any(active for _t, active in entries)]
+        if found:
+            return min(found)
+        return min(min(t for t, _a in entries) - delay
+                   for entries, delay in zip(tops, delays, strict=True))
 
     def _track_splits(self, state: OperatorState, run: BatchRun,
                       metas: list[dict[str, Any]]) -> None:
-        """Each input partition's largest event time, and when it last had rows."""
+        """Each input partition's largest event time, and when it last had rows. The
+        partitions start afresh when the columns naming them changed since the last batch
+        (a restart that reads other topics, keeps other columns or drops them): old entries
+        would hold the watermark back for ever."""
         now = int(run.allocation.batch_time_ms)
+        columns = [self._effective_splits.get(c, []) for c in range(len(self.parents))]
+        recorded = state.extra.get("split_columns")
         splits = dict(state.extra.get("event_splits") or {})
+        if recorded is not None and recorded != columns:
+            log.info("operator %s: its inputs' partitions are now named by %s (were %s): "
+                     "their watermarks start afresh", self.operator, columns, recorded)
+            splits = {}
         for meta in metas:
             for key, top in (meta.get("max_event_by_split") or {}).items():
                 old = splits.get(key)
                 splits[key] = [int(top) if old is None else max(int(top), int(old[0])), now]
         state.extra["event_splits"] = splits
-        idle = self._idle_splits(splits, now)
-        run.stats.state[self.operator]["idle_partitions"] = idle
-
-    def _idle_splits(self, splits: dict[str, Any], now_ms: int) -> int:
-        marks = self._input_marks()
-        count = 0
-        for key, (_top, seen) in splits.items():
-            channel = int(key.split("|", 1)[0])
-            mark = marks[channel] if channel < len(marks) else None
-            if mark is not None and mark.idle_ms is not None and now_ms - int(seen) >= \
-                    mark.idle_ms:
-                count += 1
-        return count
+        state.extra["event_splits_at"] = now
+        state.extra["split_columns"] = columns
+        run.stats.state[self.operator]["idle_partitions"] = sum(
+            not active for entries in self._split_tops(state.extra, now)
+            for _t, active in entries)
 
     @property
     def watermark_ms(self) -> int | None:
@@ -932,10 +949,12 @@ class ProcessedStream(StatefulStream):
         snapshot = self.snapshot()
         if snapshot is None:
             return None
+        applied = snapshot.extra.get("applied_watermark_ms")
         if self.clock is not None:
-            applied = snapshot.extra.get("applied_watermark_ms")
             return None if applied is None else int(applied)
-        return self._watermark(snapshot.extra)
+        mark = self._watermark(snapshot.extra)
+        return mark if applied is None else int(applied) if mark is None else \
+            max(mark, int(applied))
 
     def _watermark(self, extra: Any, now_ms: int | None = None) -> int | None:
         """The largest event time seen minus the delay; with inputs of their own watermarks
@@ -965,9 +984,9 @@ class ProcessedStream(StatefulStream):
         else:
             mark = self._watermark(state.extra, None if run is None
                                    else int(run.allocation.batch_time_ms))
-        if mark is None:
-            return None
         applied = state.extra.get("applied_watermark_ms")
+        if mark is None:
+            return None if applied is None else int(applied)
         return mark if applied is None else max(mark, int(applied))
 
     def time_moved(self, batch_time_ms: int | None = None) -> bool:

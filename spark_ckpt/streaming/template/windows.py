@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.errors import JobDefinitionError
 from spark_ckpt.state.aggregates import Agg
-from spark_ckpt.state.task import SPLIT_COLUMN
+from spark_ckpt.state.task import CHANNEL_COLUMN, SPLIT_COLUMN
 from spark_ckpt.state.window_processors import (
     LATE_COLUMN,
     ROWS_COLUMN,
@@ -318,7 +318,6 @@ class _WindowedOperator(DerivedOperator):
             end = start + F.expr(f"INTERVAL {self.window_spec.gap_ms} MILLISECONDS")
         else:
             start, end = F.col(WINDOW_START), F.col(WINDOW_END)
-        from spark_ckpt.state.task import CHANNEL_COLUMN
 
         columns = [c for c in windowed.columns
                    if not c.startswith("__ckpt") and c != CHANNEL_COLUMN]
@@ -464,7 +463,8 @@ class WindowAggStream(_WindowedOperator):
         extra = [F.max(on).alias(on), F.count(F.lit(1)).alias(ROWS_COLUMN)]
         # rows of each source partition apart, for their own watermarks (the tasks merge a
         # window's partials of several partitions)
-        split = [SPLIT_COLUMN] if SPLIT_COLUMN in windowed.columns else []
+        split = [c for c in (CHANNEL_COLUMN, SPLIT_COLUMN) if c in windowed.columns] \
+            if SPLIT_COLUMN in windowed.columns else []
         if self.window_spec.kind == "session":
             gap = f"{self.window_spec.gap_ms} milliseconds"
             grouped = windowed.withColumn(LATE_COLUMN, late).groupBy(

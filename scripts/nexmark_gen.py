@@ -333,7 +333,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--rate", type=int, default=10_000, help="events a second")
     parser.add_argument("--out", type=Path, help="Parquet files under this directory")
-    parser.add_argument("--kafka", metavar="BOOTSTRAP", help="to a Kafka topic too")
+    parser.add_argument("--kafka", metavar="BOOTSTRAP", help="a Kafka topic")
     parser.add_argument("--topic", default="nexmark")
     parser.add_argument("--partitions", type=int, default=8)
     args = parser.parse_args()

@@ -27,6 +27,12 @@ repetitions and between queries:
            events (one file of one row group: read in event order, see ``prepare``), RocksDB,
            incremental checkpoints every 10 s, parallelism 2 (scripts/bench_nexmark_flink.py).
 
+With ``--source kafka --kafka BOOTSTRAP`` the ``ckpt`` arm (the only one then) reads the
+events from a Kafka topic instead (``--topic``, ``nexmark-<events>`` by default, with
+``--partitions``; written by ``nexmark_gen.produce`` when it does not hold them yet, kept
+between runs), ``nexmark_queries.kafka_input``, at most ``--files-per-batch`` files' worth of
+offsets a batch; the reference and the check are the same (q12's reference needs files).
+
 Throughput is the events over the query's time: for the Spark arms from the query's start to
 its end (the driver's start is reported beside it); for Flink its job's net runtime (its
 local executor starts a mini-cluster for the job; the time from submission is reported
@@ -234,9 +240,11 @@ def child_ckpt(args: argparse.Namespace, spark: Any) -> dict:
     ctx = StreamingContext(spark, 0.1, str(work / "ckpt"), f"nexmark-{args.query}",
                            settings=Settings(progress="never", checkpoint_interval_ms=10_000,
                                              state_parallelism=2))
-    events = ctx.file_stream("events", args.events, "parquet", nexmark_gen.SPARK_SCHEMA,
-                             max_files_per_batch=args.files_per_batch) \
-        .with_watermark("dateTime", nexmark_queries.WATERMARK_DELAY)
+    if args.kafka:
+        events = nexmark_queries.kafka_input(ctx, args.kafka, args.topic,
+                                             max_offsets_per_batch=args.offsets_per_batch)
+    else:
+        events = nexmark_queries.file_input(ctx, args.events, args.files_per_batch)
     query = nexmark_queries.QUERIES[args.query][0](events)
     if upsert_keys(args.query):
         query.foreach_batch(_batch_writer(str(work / "out")), name=args.query)
@@ -385,6 +393,9 @@ def run(args: argparse.Namespace, system: str, query: str, work: Path, events: P
         cmd = [sys.executable, __file__, "--child", system, "--query", query, "--work",
                str(work), "--events", str(events), "--files-per-batch",
                str(args.files_per_batch)]
+        if args.source == "kafka":
+            cmd += ["--kafka", args.kafka, "--topic", args.topic, "--offsets-per-batch",
+                    str(args.events // args.files * args.files_per_batch)]
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable,
                    PYSPARK_DRIVER_PYTHON=sys.executable,
                    PYSPARK_SUBMIT_ARGS=f"--driver-memory {args.driver_memory} pyspark-shell",
@@ -534,14 +545,31 @@ def main() -> None:
                         help="seconds an arm may take before it is killed and reported")
     parser.add_argument("--work", type=Path, default=Path("/tmp/spark-ckpt-bench-nexmark"))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--source", choices=["files", "kafka"], default="files",
+                        help="what the ckpt arm reads (kafka: the ckpt arm alone)")
+    parser.add_argument("--kafka", metavar="BOOTSTRAP", help="with --source kafka")
+    parser.add_argument("--topic", help="with --source kafka (default nexmark-<events>)")
+    parser.add_argument("--partitions", type=int, default=8, help="a new topic's")
     parser.add_argument("--child", choices=["ckpt", "ss", "batch"])
     parser.add_argument("--query")
+    parser.add_argument("--offsets-per-batch", type=int)
     args, _ = parser.parse_known_args()
     if args.child:
         args.work = str(args.work)
         child(args)
         return
     args.events = int(args.events)
+    if args.source == "kafka":
+        if args.kafka is None or args.arms != "ckpt" or "q12" in args.queries.split(","):
+            parser.error("--source kafka: expected --kafka BOOTSTRAP and --arms ckpt, and "
+                         "not q12 (its reference needs the files each batch read)")
+        args.topic = args.topic or f"nexmark-{args.events}"
+        if nexmark_gen.held(args.kafka, args.topic) != (args.partitions, args.events):
+            t0 = time.perf_counter()
+            nexmark_gen.produce(args.kafka, args.topic, args.events, args.partitions,
+                                events_per_second=RATE, progress=print)
+            print(f"produced {args.events} events in {time.perf_counter() - t0:.1f} s",
+                  flush=True)
 
     events, flink_events = prepare(args.work, args.events, args.files)
 
@@ -553,7 +581,7 @@ def main() -> None:
         "command": " ".join(sys.argv), "machine": f"{platform.node()} {os.cpu_count()} cores",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "events": args.events,
         "files": args.files, "files_per_batch": args.files_per_batch, "reps": args.reps,
-        "queries": {}}
+        "source": args.source, "queries": {}}
     for number, query in enumerate(args.queries.split(",")):
         _stream, reference, mode = nexmark_queries.QUERIES[query]
         spark.catalog.clearCache()

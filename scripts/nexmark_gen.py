@@ -1,5 +1,5 @@
 """A deterministic Nexmark event generator, after the benchmark's generator (as Flink's
-nexmark suite and Beam's ``NexmarkUtils`` run it), writing Parquet files.
+nexmark suite and Beam's ``NexmarkUtils`` run it), writing Parquet files or a Kafka topic.
 
 The stream is numbered events; event ``n`` is, by ``n % 50``: a person (0), an auction (1–3)
 or a bid (4–49): persons, auctions and bids in proportion 1 : 3 : 46. Event ``n`` happens at
@@ -13,13 +13,31 @@ Rows are Flink's nexmark table: ``event_type`` (0 person, 1 auction, 2 bid), one
 kind (the others null), and ``dateTime``:
 
     python scripts/nexmark_gen.py --events 10000000 --files 100 --out /data/nexmark
+
+To Kafka (``produce``), the same events as JSON values of those columns, one record each:
+
+    python scripts/nexmark_gen.py --events 10000000 --kafka HOST:9092 --topic nexmark \
+        --partitions 8
+
+Event ``n`` goes to partition ``n % partitions`` with key ``n`` (its number, which names it)
+and Kafka timestamp its ``dateTime``: every partition holds the same stretch of event time,
+so a batch that reads the same share of each reads the same times (a source's watermark is
+over all its partitions' rows, docs/operators.md). Values are read back with
+``value_format="json"`` and ``SPARK_SCHEMA`` (``nexmark_queries.kafka_input``); times are
+ISO-8601 UTC strings with milliseconds (``2026-01-01T00:00:00.123Z``), which Spark's
+``from_json`` parses exactly into a TIMESTAMP (a JSON number would be read as seconds).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -180,17 +198,157 @@ def write(out: Path, events: int, files: int, *, seed: int = 42,
     return written
 
 
+def json_values(table: pa.Table) -> list[bytes]:
+    """Each event of ``table`` (``SCHEMA``) as a JSON object of its columns, the other kinds'
+    ROWs left out (``from_json`` reads a missing field as null), times as ISO-8601 UTC with
+    milliseconds."""
+    def strings(array: pa.Array) -> pa.Array:
+        if pa.types.is_timestamp(array.type):  # (numpy's: Arrow's strftime is 10x slower)
+            ms = array.cast(pa.int64()).fill_null(0).to_numpy().astype("datetime64[ms]")
+            return pa.array(np.char.add(np.datetime_as_string(ms, unit="ms"), "Z"),
+                            pa.string(), mask=array.is_null().to_numpy(zero_copy_only=False))
+        if pa.types.is_struct(array.type):
+            return pa.StructArray.from_arrays(
+                [strings(array.field(i)) for i in range(array.type.num_fields)],
+                fields=[pa.field(f.name, pa.string() if pa.types.is_timestamp(f.type)
+                                 else f.type) for f in array.type],
+                mask=array.is_null())
+        return array
+
+    table = table.combine_chunks()
+    columns = {name: strings(table.column(name).chunk(0)) for name in table.column_names}
+    rows = pa.Table.from_pydict(columns).to_pylist()
+    return [json.dumps({k: v for k, v in row.items() if v is not None},
+                       separators=(",", ":")).encode() for row in rows]
+
+
+def held(bootstrap: str, topic: str, options: dict[str, str] | None = None
+         ) -> tuple[int, int] | None:
+    """How many partitions topic ``topic`` has and how many records it holds (None when
+    there is no such topic)."""
+    from spark_ckpt.kafka_client import client_config, load
+
+    kafka = load()
+    consumer = kafka.Consumer(client_config(bootstrap, options or {})
+                              | {"group.id": "nexmark-gen"})
+    try:
+        meta = consumer.list_topics(topic=topic, timeout=30).topics[topic]
+        if meta.error is not None and \
+                meta.error.code() == kafka.KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        if meta.error is not None:
+            raise kafka.KafkaException(meta.error)
+        return len(meta.partitions), sum(high - low for low, high in (
+            consumer.get_watermark_offsets(kafka.TopicPartition(topic, p), timeout=30)
+            for p in meta.partitions))
+    finally:
+        consumer.close()
+
+
+def _topic(config: dict[str, Any], topic: str, partitions: int,
+           existing: tuple[int, int] | None) -> None:
+    """Create ``topic`` with ``partitions`` partitions and no time retention (the events'
+    timestamps are from ``BASE_MS`` on: a broker's retention would delete them), or check
+    that the ``existing`` one has that many partitions, no records and keeps them."""
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+
+    admin = AdminClient(config)
+    if existing is None:
+        admin.create_topics([NewTopic(topic, num_partitions=partitions,
+                                      config={"retention.ms": "-1"})])[topic].result(timeout=60)
+        return
+    if existing[0] != partitions:
+        raise ValueError(f"topic {topic} has {existing[0]} partitions, not {partitions}")
+    if existing[1]:
+        raise ValueError(f"topic {topic} already holds {existing[1]} records: the events "
+                         "would be there twice (delete it or name another)")
+    entries = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)])
+    retention = int(next(iter(entries.values())).result(timeout=30)["retention.ms"].value)
+    if 0 <= retention < time.time() * 1000 - BASE_MS:
+        raise ValueError(f"topic {topic} keeps records {retention} ms, and the events' "
+                         f"timestamps start at {BASE_MS} (2026-01-01): the broker would "
+                         "delete them; set its retention.ms to -1")
+
+
+def produce(bootstrap: str, topic: str, events: int, partitions: int, *, seed: int = 42,
+            events_per_second: int = 10_000, options: dict[str, str] | None = None,
+            progress: Callable[[str], None] | None = None) -> int:
+    """``events`` events to Kafka topic ``topic`` (created with ``partitions`` partitions, or
+    an empty one of that many): event ``n`` as ``json_values`` gives it, key ``n``,
+    partition ``n % partitions``, timestamp its ``dateTime``, through an idempotent producer
+    (``options``: ``kafka.*`` client options, as the source takes them). Returns the number
+    delivered once every record is acknowledged; raises on any delivery error.
+    ``progress`` is told of each chunk of ``CHUNK`` events sent."""
+    from spark_ckpt.kafka_client import client_config, load
+
+    kafka = load()
+    config = client_config(bootstrap, options or {})
+    _topic(config, topic, partitions, held(bootstrap, topic, options))
+    producer = kafka.Producer(config | {"enable.idempotence": True, "acks": "all",
+                                        "linger.ms": 50, "compression.type": "lz4"})
+    errors: list[str] = []
+    delivered = 0
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        nonlocal delivered
+        if err is not None:
+            errors.append(str(err))
+        else:
+            delivered += 1
+
+    started = time.monotonic()
+    for c in range(math.ceil(events / CHUNK)):
+        table = chunk(c, seed=seed, events_per_second=events_per_second)
+        table = table.slice(0, min(CHUNK, events - c * CHUNK))
+        stamps = table.column("dateTime").cast(pa.int64()).to_pylist()
+        for i, value in enumerate(json_values(table)):
+            n = c * CHUNK + i
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=str(n).encode(),
+                                     partition=n % partitions, timestamp=stamps[i],
+                                     on_delivery=on_delivery)
+                    break
+                except BufferError:  # the local queue is full: wait for deliveries
+                    producer.poll(0.1)
+            producer.poll(0)
+        if errors:
+            break
+        if progress is not None:
+            sent = c * CHUNK + table.num_rows
+            progress(f"{sent:,}/{events:,} events to {topic} "
+                     f"({sent / max(time.monotonic() - started, 1e-3):,.0f} events/s)")
+    left = producer.flush(300)
+    if errors or left or delivered != events:
+        raise RuntimeError(f"topic {topic}: {delivered} of {events} events delivered, "
+                           f"{left} not acknowledged, {len(errors)} failed "
+                           f"(first: {errors[:3]})")
+    return delivered
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--files", type=int, default=10)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--rate", type=int, default=10_000, help="events a second")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="Parquet files under this directory")
+    parser.add_argument("--kafka", metavar="BOOTSTRAP", help="a Kafka topic")
+    parser.add_argument("--topic", default="nexmark")
+    parser.add_argument("--partitions", type=int, default=8)
     args = parser.parse_args()
-    paths = write(args.out, args.events, args.files, seed=args.seed,
-                  events_per_second=args.rate)
-    print(f"{args.events} events in {len(paths)} files under {args.out}")
+    if args.out is None and args.kafka is None:
+        parser.error("expected --out, --kafka or both")
+    if args.out is not None:
+        paths = write(args.out, args.events, args.files, seed=args.seed,
+                      events_per_second=args.rate)
+        print(f"{args.events} events in {len(paths)} files under {args.out}")
+    if args.kafka is not None:
+        n = produce(args.kafka, args.topic, args.events, args.partitions, seed=args.seed,
+                    events_per_second=args.rate,
+                    progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(f"{n} events in topic {args.topic} ({args.partitions} partitions) at "
+              f"{args.kafka}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@ each with its reference: the same query as batch Spark SQL over all events.
 
 ``QUERIES[name] = (streaming, reference, mode)``:
 
-- ``streaming(events)`` builds the query on the event stream (``ctx.file_stream`` of the
-  generator's files with ``with_watermark("dateTime", "4 seconds")``, as Flink's DDL);
+- ``streaming(events)`` builds the query on the event stream (``file_input``: the
+  generator's files, or ``kafka_input``: its Kafka topic; either with
+  ``with_watermark("dateTime", "4 seconds")``, as Flink's DDL, and the same columns);
 - ``reference(spark, events)`` is batch Spark over every event (a DataFrame of the same rows);
 - ``mode``: ``"append"`` (every row once: compare all rows), ``"upsert:<keys>"`` (an update
   stream: the last row per key is the answer), or ``"closed:<column>[+ms]"`` (windows the
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import nexmark_gen
 import nexmark_sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -30,6 +32,26 @@ from spark_ckpt.state import count, count_distinct, max_, mean, min_, sum_
 from spark_ckpt.streaming import session, sliding, tumbling
 
 WATERMARK_DELAY = "4 seconds"
+
+
+def file_input(ctx: Any, path: str, max_files_per_batch: int | None = None,
+               name: str = "events") -> Any:
+    """The generator's Parquet files under ``path`` (``nexmark_gen.write``), watermarked."""
+    return ctx.file_stream(name, path, "parquet", nexmark_gen.SPARK_SCHEMA,
+                           max_files_per_batch=max_files_per_batch) \
+        .with_watermark("dateTime", WATERMARK_DELAY)
+
+
+def kafka_input(ctx: Any, bootstrap: str, topic: str, max_offsets_per_batch: int | None = None,
+                name: str = "events", **kafka: Any) -> Any:
+    """The generator's Kafka topic (``nexmark_gen.produce``) from its earliest offsets, each
+    JSON value parsed into ``nexmark_gen.SPARK_SCHEMA``: the columns and types of
+    ``file_input``, so every query runs on either (``kafka``: more ``kafka_stream``
+    arguments, such as ``options`` or ``reader``)."""
+    return ctx.kafka_stream(name, bootstrap, topics=[topic], starting_offsets="earliest",
+                            max_offsets_per_batch=max_offsets_per_batch, value_format="json",
+                            value_schema=nexmark_gen.SPARK_SCHEMA, **kafka) \
+        .with_watermark("dateTime", WATERMARK_DELAY)
 
 
 def persons(events: Any) -> Any:
@@ -538,6 +560,18 @@ def closed(frame: Any, mode: str, final_watermark_ms: int, base_ms: int) -> Any:
         ends = _micros(frame[end]) // 1000 + int(plus or 0)
         return frame[ends <= final_watermark_ms]
     return frame
+
+
+def comparable(got: Any, expected: Any, mode: str, final_watermark_ms: int,
+               base_ms: int) -> tuple[Any, Any]:
+    """A run's rows (pandas, each with its batch's id in ``__batch``) and its reference's
+    (pandas), ``normal`` and comparable: an update stream's last row per key, the
+    reference's rows of the windows ``final_watermark_ms`` closes."""
+    if mode.startswith("upsert:"):
+        keys = mode.split(":")[1].split(",")
+        got = got.sort_values("__batch", kind="stable").groupby(keys, as_index=False).tail(1)
+    expected = closed(expected, mode, final_watermark_ms, base_ms)
+    return normal(got.drop(columns="__batch")), normal(expected)
 
 
 def _micros(column: Any) -> Any:

@@ -46,9 +46,7 @@ def test_every_query_equals_batch_spark_sql(spark, tmp_path):
     ctx = StreamingContext(spark, 10.0, str(tmp_path / "ckpt"), "nexmark", settings=Settings(
         checkpoint_interval_ms=0, state_parallelism=2, progress="never"),
         clock=ManualClock(start_ms=nexmark_gen.BASE_MS))
-    events = ctx.file_stream("events", str(tmp_path / "events"), "parquet",
-                             nexmark_gen.SPARK_SCHEMA, max_files_per_batch=1) \
-        .with_watermark("dateTime", nexmark_queries.WATERMARK_DELAY)
+    events = nexmark_queries.file_input(ctx, str(tmp_path / "events"), max_files_per_batch=1)
     for name, (query, _reference, _mode) in nexmark_queries.QUERIES.items():
         query(events).foreach_batch(
             lambda df, b, name=name: df.withColumn("__batch", F.lit(b)).write.mode("append")
@@ -64,13 +62,7 @@ def test_every_query_equals_batch_spark_sql(spark, tmp_path):
         expected = (nexmark_queries.q12_reference(
             spark, everything, nexmark_queries.batch_files(ctx, progress), max(batch_times))
             if mode == "proctime" else reference(spark, everything)).toPandas()
-        if mode.startswith("upsert:"):
-            keys = mode.split(":")[1].split(",")
-            got = got.sort_values("__batch", kind="stable").groupby(keys, as_index=False) \
-                .tail(1)
-        expected = nexmark_queries.closed(expected, mode, final_watermark, nexmark_gen.BASE_MS)
-        got = got.drop(columns="__batch")
+        got, expected = nexmark_queries.comparable(got, expected, mode, final_watermark,
+                                                   nexmark_gen.BASE_MS)
         assert len(expected) > 0, name
-        pd.testing.assert_frame_equal(nexmark_queries.normal(got),
-                                      nexmark_queries.normal(expected), check_dtype=False,
-                                      obj=name)
+        pd.testing.assert_frame_equal(got, expected, check_dtype=False, obj=name)

@@ -493,6 +493,9 @@ def test_a_processing_timer_fires_on_the_clock_when_empty_batches_are_skipped(
         assert not wait_for(lambda: len(ctx.recent_progress) > 2, 3), ctx.recent_progress
     finally:
         ctx.stop()
+    # every batch the run ran (a stop finishes the batches allocated): the first and the
+    # timers' (one at a tick with nothing due would be here even if the waits above missed it)
+    assert [p["batch_time_ms"] for p in ctx.recent_progress] == [20_000_000, 20_015_000]
     rows = spark.read.parquet(str(tmp_path / "out")).toPandas().sort_values("key")
     assert rows.values.tolist() == [[1, 2, 20_012_000], [2, 1, 20_012_000]]
 

@@ -432,6 +432,28 @@ def test_windows_rescale_and_restore_by_id_as_if_uninterrupted(spark, tmp_path):
         pd.testing.assert_frame_equal(got, expected, check_dtype=False, obj=kind)
 
 
+def test_a_restart_that_changes_an_outputs_function_is_refused(spark, tmp_path):
+    """``n=count()`` restarted as ``n=sum_("t_ms")`` (a BIGINT state either way, so the
+    state's types cannot tell): the state holds counts, which a sum would merge into (and
+    read_state would show as sums); refused by name before anything runs. An output added
+    beside the kept ones is state evolution: allowed."""
+    from spark_ckpt.errors import StateSchemaError
+
+    frames = _events(batches=2)
+    source = _write(spark, frames, tmp_path / "in")
+
+    def run(**aggs) -> None:
+        ctx = _context(spark, tmp_path, "changed")
+        _input(ctx, source).key_by("key").window(tumbling("10 seconds")) \
+            .agg(name="w", **aggs).write_parquet(str(tmp_path / "out"), name="out")
+        ctx.process_available(timeout=600)
+
+    run(n=count())
+    with pytest.raises(StateSchemaError, match=r"outputs \['n'\].*cannot change"):
+        run(n=sum_("t_ms"))
+    run(n=count(), high=max_("value"))
+
+
 def test_windows_chain_and_the_watermark_flows_through(spark, tmp_path):
     """A windowed aggregation into another (Structured Streaming's chained aggregation over
     window_time()): counts per key and 10-second window, then the largest count of each

@@ -90,9 +90,12 @@ class DerivedOperator(ProcessedStream):
 
     def describe_state(self, state: Any) -> dict[str, Any]:
         described = super().describe_state(state)
+        if getattr(state, "state_schema", None) is None or \
+                getattr(state, "key_schema", None) is None or state.rewrite:
+            return described  # the files hold what the checkpoint said: its definition too
         definition = self.definition()
         if definition is None:
-            return described
+            return {k: v for k, v in described.items() if k != "derived"}
         return {**described, "derived": {"version": DEFINITION_VERSION, **definition}}
 
     def new_state(self, parallelism: int, max_parallelism: int, live: dict[int, Any]) -> Any:

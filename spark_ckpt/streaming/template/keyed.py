@@ -247,7 +247,7 @@ class StatefulStream(Stream):
                    sorted(restored["handles"].items(), key=lambda kv: int(kv[0]))]
         state.extra = dict(restored.get("extra", {}))
         state.restored_describe = {k: restored[k] for k in (
-            "file_schema", "aggs", "state_schema", "key_schema", "state_format")
+            "file_schema", "aggs", "state_schema", "key_schema", "state_format", "derived")
             if k in restored}
         if [h.range for h in handles] == [state.live[i].range for i in sorted(state.live)]:
             state.live = dict(enumerate(handles))

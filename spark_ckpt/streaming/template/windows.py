@@ -482,6 +482,26 @@ class WindowAggStream(_WindowedOperator):
             *spec.partial_columns(), *extra)
         return out
 
+    def configure(self, restored: dict[str, Any] | None) -> Any:
+        """As any windowed operator's, and an output kept under a checkpoint keeps its
+        function and columns (an output added or removed is state evolution; ``count``
+        turned ``sum`` under the same name would merge old values as new ones)."""
+        state = super().configure(restored)
+        defined = {name: [a.func, a.column, a.time_column] for name, a in self.aggs.items()}
+        recorded = state.extra.get("window_aggs") or {}
+        changed = sorted(n for n in set(recorded) & set(defined) if recorded[n] != defined[n])
+        if changed:
+            from spark_ckpt.errors import StateSchemaError
+
+            raise StateSchemaError(
+                f"{self.what} {self.operator}: outputs {changed} are "
+                f"{[recorded[n] for n in changed]} in the checkpoint, the pipeline asks for "
+                f"{[defined[n] for n in changed]}; an output's function and columns cannot "
+                "change under a checkpoint (name the new one otherwise, or start a new "
+                "checkpoint directory)")
+        state.extra["window_aggs"] = defined
+        return state
+
     def finish(self, raw: DataFrame) -> DataFrame:
         """The emitted rows as the user sees them: the keys, ``window``, the outputs."""
         return _finish_windows(raw, self.derived().extra, self.user_keys,

@@ -28,7 +28,7 @@ repetitions and between queries:
            incremental checkpoints every 10 s, parallelism 2 (scripts/bench_nexmark_flink.py).
 
 With ``--source kafka --kafka BOOTSTRAP`` the ``ckpt`` arm (the only one then) reads the
-events from a Kafka topic instead (``--topic``, ``nexmark-<events>`` by default, with
+events from a Kafka topic instead (``--topic``, ``nexmark-<events>-s42-r10000`` by default, with
 ``--partitions``; written by ``nexmark_gen.produce`` when it does not hold them yet, kept
 between runs), ``nexmark_queries.kafka_input``, at most ``--files-per-batch`` files' worth of
 offsets a batch; the reference and the check are the same (q12's reference needs files).
@@ -548,7 +548,8 @@ def main() -> None:
     parser.add_argument("--source", choices=["files", "kafka"], default="files",
                         help="what the ckpt arm reads (kafka: the ckpt arm alone)")
     parser.add_argument("--kafka", metavar="BOOTSTRAP", help="with --source kafka")
-    parser.add_argument("--topic", help="with --source kafka (default nexmark-<events>)")
+    parser.add_argument("--topic",
+                        help="with --source kafka (default nexmark-<events>-s42-r<rate>)")
     parser.add_argument("--partitions", type=int, default=8, help="a new topic's")
     parser.add_argument("--child", choices=["ckpt", "ss", "batch"])
     parser.add_argument("--query")
@@ -563,7 +564,8 @@ def main() -> None:
         if args.kafka is None or args.arms != "ckpt" or "q12" in args.queries.split(","):
             parser.error("--source kafka: expected --kafka BOOTSTRAP and --arms ckpt, and "
                          "not q12 (its reference needs the files each batch read)")
-        args.topic = args.topic or f"nexmark-{args.events}"
+        # the generator's seed and rate in the name: a topic of other events is never reused
+        args.topic = args.topic or f"nexmark-{args.events}-s42-r{RATE}"
         if nexmark_gen.held(args.kafka, args.topic) != (args.partitions, args.events):
             t0 = time.perf_counter()
             nexmark_gen.produce(args.kafka, args.topic, args.events, args.partitions,

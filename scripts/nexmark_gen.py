@@ -263,11 +263,16 @@ def _topic(config: dict[str, Any], topic: str, partitions: int,
         raise ValueError(f"topic {topic} already holds {existing[1]} records: the events "
                          "would be there twice (delete it or name another)")
     entries = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)])
-    retention = int(next(iter(entries.values())).result(timeout=30)["retention.ms"].value)
-    if 0 <= retention < time.time() * 1000 - BASE_MS:
-        raise ValueError(f"topic {topic} keeps records {retention} ms, and the events' "
-                         f"timestamps start at {BASE_MS} (2026-01-01): the broker would "
-                         "delete them; set its retention.ms to -1")
+    found = next(iter(entries.values())).result(timeout=30)
+    kept = {name: found[name].value for name in ("retention.ms", "retention.bytes",
+                                                  "message.timestamp.type")}
+    wanted = {"retention.ms": "-1", "retention.bytes": "-1",
+              "message.timestamp.type": "CreateTime"}
+    if kept != wanted:
+        raise ValueError(f"topic {topic} has {kept}; the events' timestamps start at "
+                         f"{BASE_MS} (2026-01-01) and must stay their events' times: expected "
+                         f"{wanted} (a finite retention deletes them sooner or later, "
+                         "LogAppendTime replaces their times)")
 
 
 def produce(bootstrap: str, topic: str, events: int, partitions: int, *, seed: int = 42,

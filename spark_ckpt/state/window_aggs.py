@@ -189,11 +189,14 @@ class WindowAggSpec:
     # -- recorded with the state (a reader rebuilds the spec from the checkpoint alone) -------
     def describe(self) -> dict[str, Any]:
         """The spec as JSON values: :meth:`from_description` rebuilds it."""
-        from pyspark.sql.types import StructType
+        from pyspark.sql.types import StructField, StructType
 
+        # the input fields' names and types only: their metadata (column comments, Delta's
+        # generation expressions) is no part of the spec and would change the record
+        inputs = StructType([StructField(f.name, f.dataType, f.nullable) for f in self.inputs])
         return {"aggs": [[o.name, o.agg.func, o.agg.column, o.agg.time_column, o.agg.param]
                          for o in self.outputs],  # a list: records are written key-sorted
-                "inputs": StructType(self.inputs).jsonValue(), "order_by": self.order_by,
+                "inputs": inputs.jsonValue(), "order_by": self.order_by,
                 "reserved": self.reserved}
 
     @classmethod

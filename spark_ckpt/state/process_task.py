@@ -185,18 +185,26 @@ def processor_task(params: dict[str, Any], plans: dict[int, dict[str, Any]],
         run = _Batch(params, task, store, processor, schema, file_schema, out_schema,
                      key_names, vectorized)
         t0 = time.perf_counter()
-        rows_in, max_event, by_channel, by_split = 0, None, {}, {}
+        rows_in, max_event = 0, None
+        by_channel: dict[str, int] = {}
+        by_split: dict[str, int] = {}
         if table is not None:
             data = table.filter(pc.invert(table.column(MARKER_COLUMN))) \
                 if MARKER_COLUMN in table.column_names else table
             rows_in = data.num_rows
             if rows_in:
-                if event_time:
+                if event_time and params.get("track_splits"):  # each input partition's
+                    by_split = _max_event_by_split(data, event_time)  # (and from them, the
+                    for key, top in by_split.items():               # inputs' and the max)
+                        channel = key.split("|", 1)[0]
+                        by_channel[channel] = max(top, by_channel.get(channel, top))
+                    max_event = max(by_split.values(), default=None)
+                    if CHANNEL_COLUMN not in data.column_names:
+                        by_channel = {}
+                elif event_time:
                     max_event = _max_event_ms(data.column(event_time))
                     if CHANNEL_COLUMN in data.column_names:  # each input's own watermark
                         by_channel = _max_event_by_channel(data, event_time)
-                    if params.get("track_splits"):  # and each input partition's
-                        by_split = _max_event_by_split(data, event_time)
                 if SPLIT_COLUMN in data.column_names:
                     # one partition's rows after another's, the same on a replay (rows of
                     # several partitions arrive in the shuffle's order): a key's rows, and a

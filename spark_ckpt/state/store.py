@@ -35,7 +35,7 @@ from spark_ckpt.errors import StateTooLargeError
 from spark_ckpt.state.schema import TIMERS_COLUMN, json_safe, json_unsafe
 
 __all__ = ["MemoryStore", "RocksStore", "empty_rows", "int_values", "integer_key", "key_tuples",
-           "next_timer", "open_rocks", "user_key"]
+           "next_timers", "open_rocks", "user_key"]
 
 NO_TIMER = np.iinfo(np.int64).max
 _NAN = ("spark_ckpt", "NaN")  # NaN keys are one key, as in Spark's grouping
@@ -98,27 +98,28 @@ def empty_rows(table: pa.Table, state_names: Sequence[str]) -> np.ndarray:
     return empty
 
 
-def next_timer(timers: pa.ChunkedArray | pa.Array, kind: str | None = None) -> np.ndarray:
-    """The earliest timer of each row (of ``kind`` only, when given; ``NO_TIMER`` when it has
-    none)."""
+def next_timers(timers: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The earliest timer of each row, and its earliest processing-time timer (``NO_TIMER``
+    where it has none), from one pass over the timers."""
     if isinstance(timers, pa.ChunkedArray):
         timers = timers.combine_chunks()
     out = np.full(len(timers), NO_TIMER, dtype=np.int64)
+    processing = out.copy()
     if len(timers) == 0 or timers.null_count == len(timers):
-        return out
+        return out, processing
     lengths = np.asarray(pc.fill_null(pc.list_value_length(timers), 0).to_numpy(), np.int64)
     has = lengths > 0
     if not has.any():
-        return out
+        return out, processing
     flat = pc.list_flatten(timers)
     ms = np.asarray(pc.struct_field(flat, "ms").to_numpy(zero_copy_only=False), dtype=np.int64)
-    if kind is not None:
-        other = np.asarray(pc.fill_null(pc.not_equal(pc.struct_field(flat, "kind"), kind),
-                                        True).to_numpy(zero_copy_only=False), dtype=bool)
-        ms = np.where(other, NO_TIMER, ms)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    out[has] = np.minimum.reduceat(ms, starts[has]) if len(ms) else NO_TIMER
-    return out
+    other = np.asarray(pc.fill_null(pc.not_equal(pc.struct_field(flat, "kind"), "processing"),
+                                    True).to_numpy(zero_copy_only=False), dtype=bool)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])[has]
+    if len(ms):
+        out[has] = np.minimum.reduceat(ms, starts)
+        processing[has] = np.minimum.reduceat(np.where(other, NO_TIMER, ms), starts)
+    return out, processing
 
 
 def integer_key(schema: pa.Schema, key_names: Sequence[str]) -> bool:
@@ -274,9 +275,9 @@ class MemoryStore:
                 if pos is not None and pos >= start:
                     fresh[pos - start] = True
             self.live = np.concatenate([live, fresh])
-        self.next_ms = np.concatenate([self.next_ms, next_timer(rows.column(TIMERS_COLUMN))])
-        self.next_processing = np.concatenate([
-            self.next_processing, next_timer(rows.column(TIMERS_COLUMN), "processing")])
+        first, processing = next_timers(rows.column(TIMERS_COLUMN))
+        self.next_ms = np.concatenate([self.next_ms, first])
+        self.next_processing = np.concatenate([self.next_processing, processing])
         self.table = pa.concat_tables([self.table, rows])
         if self.rows > self.max_rows:
             raise StateTooLargeError(

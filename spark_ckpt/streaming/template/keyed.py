@@ -832,6 +832,7 @@ class ProcessedStream(StatefulStream):
         self.channel_delays: tuple[int, ...] = ()
         self._split_warned: set[int] = set()
         self._effective_splits: dict[int, list[str]] = {}  # by input: the columns used
+        self._marks: list[Any] | None = None  # each input's declared watermark (_input_marks)
         if ttl_ms is not None and ttl_ms <= 0:
             raise JobDefinitionError(f"process(): expected ttl_ms > 0 or None, found {ttl_ms}")
         self.ttl_ms = ttl_ms
@@ -842,10 +843,14 @@ class ProcessedStream(StatefulStream):
                             output_schema=self.output_schema)
 
     def _input_marks(self) -> list[Any]:
-        """The watermark each input declares (None for an input that declares none)."""
-        from spark_ckpt.streaming.template.event_time import stream_watermark
+        """The watermark each input declares (None for an input that declares none): fixed
+        once the operator exists (its inputs and theirs are), so found once, not on every
+        batch and tick."""
+        if self._marks is None:
+            from spark_ckpt.streaming.template.event_time import stream_watermark
 
-        return [stream_watermark(p) for p in self.parents]
+            self._marks = [stream_watermark(p) for p in self.parents]
+        return self._marks
 
     @property
     def tracks_splits(self) -> bool:

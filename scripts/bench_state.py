@@ -874,6 +874,12 @@ class Bench:
         systems = ["ckpt_vec", "ckpt", "ss_apiws"]
         if self.args.pyflink:
             systems.append("flink")
+        skip = {s for s in (self.args.process_skip or "").split(",") if s}
+        unknown = skip - {*systems, "ss_tws"}
+        if unknown:
+            raise SystemExit(f"--process-skip: unknown arm(s) {sorted(unknown)}; expected "
+                             f"some of {[*systems, 'ss_tws']}")
+        systems = [s for s in systems if s not in skip]
         failures: dict[str, str] = {}
         if not self.args.tws:
             failures["ss_tws"] = "skipped (pass --tws)"
@@ -1260,6 +1266,10 @@ def main() -> None:
                         "virtualenv with apache-flink (see scripts/bench_pyflink.py)")
     parser.add_argument("--tws", action="store_true",
                         help="add transformWithStateInPandas to the process scenario")
+    parser.add_argument("--process-skip", default=None, metavar="ARMS",
+                        help="comma-separated arms of the process scenario to leave out "
+                        "(ckpt_vec, ckpt, ss_apiws, flink): the two long anchors take 70 and "
+                        "90 minutes, so each can run with the spark_ckpt arms on its own")
     for key, (full, small) in SIZES.items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=None,
                             help=f"default {full} ({small} with --small)")

@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from spark_ckpt import read_state
 from spark_ckpt.checkpoint.checkpoint_storage import CheckpointStorage
+from spark_ckpt.state import max_
 from spark_ckpt.streaming import tumbling
 from spark_ckpt.streaming.runtime.pipeline_dir import checkpoints_uri
 from test_stream_joins import AUCTIONS, BIDS, _data, _streams
@@ -230,3 +231,45 @@ def test_a_checkpoint_without_the_definition_reads_as_the_raw_state(spark, tmp_p
     record["operators"]["windows"]["derived"] = {"version": 99, "operator": "window_agg"}
     path.write_text(json.dumps(record))
     assert read_state(spark, ckpt, "windows").columns == raw.columns
+
+
+def test_an_open_window_whose_values_are_all_null_is_read(spark, tmp_path):
+    """A window whose aggregates are all null so far (only null values seen) is still open: the
+    operator emits it, with nulls, when it closes, so read_state shows it, as batch Spark
+    computes it. Its state row has only the window's timer and no non-null variable."""
+    rows = [{"key": k, "t_ms": BASE_MS + t, "value": None if k == 0 else float(t),
+             "label": None} for k in (0, 1) for t in (1_000, 2_000, 12_000, 13_000)]
+    frames = [pd.DataFrame(rows[:2] + rows[4:6]), pd.DataFrame(rows[2:4] + rows[6:8])]
+    source = _write(spark, frames, tmp_path / "in")
+    ctx = _context(spark, tmp_path, "null_windows")
+    ctx.file_stream("events", source, "parquet", SCHEMA, max_files_per_batch=1) \
+        .with_column("event_time", F.timestamp_millis("t_ms")) \
+        .with_watermark("event_time", f"{DELAY_MS // 1000} seconds").key_by("key") \
+        .window(tumbling("10 seconds")).agg(name="windows", high=max_("value")) \
+        .write_parquet(str(tmp_path / "out"), name="out")
+    ctx.process_available(timeout=600)
+    state = read_state(spark, str(tmp_path / "ckpt"), "windows")
+    df = spark.createDataFrame(pd.concat(frames), SCHEMA) \
+        .withColumn("event_time", F.timestamp_millis("t_ms"))
+    expected = _normal(df.groupBy("key", F.window("event_time", "10 seconds").alias("window"))
+                       .agg(F.max("value").alias("high")).toPandas())
+    assert len(expected) == 4 and expected.high.isna().sum() == 2  # key 0's windows
+    got = _normal(state.toPandas())
+    pd.testing.assert_frame_equal(got.astype(object).where(got.notna(), None),
+                                  expected.astype(object).where(expected.notna(), None),
+                                  check_dtype=False)
+    # and with no delay, the second batch's watermark closes the first windows: the operator
+    # emits key 0's with a null maximum, as batch Spark has it
+    closing = _context(spark, tmp_path / "closing", "null_windows_closing")
+    closing.file_stream("events", source, "parquet", SCHEMA, max_files_per_batch=1) \
+        .with_column("event_time", F.timestamp_millis("t_ms")) \
+        .with_watermark("event_time", "0 seconds").key_by("key") \
+        .window(tumbling("10 seconds")).agg(name="windows", high=max_("value")) \
+        .write_parquet(str(tmp_path / "closed"), name="out")
+    closing.process_available(timeout=600)
+    emitted = _normal(spark.read.parquet(str(tmp_path / "closed")).toPandas())
+    first = expected[expected.end <= BASE_MS + 13_000].reset_index(drop=True)
+    assert len(first) == 2
+    pd.testing.assert_frame_equal(emitted.astype(object).where(emitted.notna(), None),
+                                  first.astype(object).where(first.notna(), None),
+                                  check_dtype=False)

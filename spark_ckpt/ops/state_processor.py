@@ -249,8 +249,11 @@ def read_state(spark: SparkSession, checkpoint_dir: str, operator: str,
             f"checkpoint {cid}: operator {operator!r} holds its state as JSON documents (written "
             "before typed state) or has run no batch; expected a state_schema in its metadata"
         )
-    state = read_processor_state(spark, handles, op, keys)
-    return _derived_view(state, op.get("derived"), operator, cid)
+    derived = op.get("derived")
+    # a window's key lives while its timer does, even with every aggregate still null
+    windows = isinstance(derived, dict) and derived.get("operator") == "window_agg"
+    state = read_processor_state(spark, handles, op, keys, timer_only=windows)
+    return _derived_view(state, derived, operator, cid)
 
 
 def _derived_view(state: DataFrame, derived: Any, operator: str, cid: int) -> DataFrame:

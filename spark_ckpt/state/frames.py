@@ -46,9 +46,11 @@ def read_handles(spark: SparkSession, handles: Sequence[StateHandle], schema: St
 
 
 def read_processor_state(spark: SparkSession, handles: Sequence[StateHandle],
-                         describe: dict[str, Any], keys: list[str]) -> DataFrame:
+                         describe: dict[str, Any], keys: list[str], *,
+                         timer_only: bool = False) -> DataFrame:
     """A processor's state: the key columns and one column per declared variable; keys
-    with timers but no variable are left out."""
+    with timers but no variable are left out, unless ``timer_only`` (an operator whose key
+    with no value set is still live, as a window that has seen only null values)."""
     import json
 
     from pyspark.sql import functions as F
@@ -69,6 +71,8 @@ def read_processor_state(spark: SparkSession, handles: Sequence[StateHandle],
             else col.isNotNull()
         present = test if present is None else present | test
     assert present is not None  # there is a state field
+    if timer_only:  # a row of the files is a key with a value or a timer: every one is live
+        present = F.lit(True)
     return df.where(present).select(*[F.col(f"`{k}`") for k in keys],
                                     *[F.col(f"`{f.name}`") for f in state.fields])
 

@@ -267,3 +267,23 @@ def test_rocksdb_count_of_a_copy_written_before_the_count_was_kept(tmp_path):
     third = RocksAggState(path, ["k"], [pa.int64()], COLUMNS, fresh=False)
     assert third.db.get(ROWS_KEY) == b"40" and third.rows == 40 and third.token == "v2"
     third.close()
+
+
+@pytest.mark.parametrize("old,new", [(1, 1), (4, 4), (3, 7), (7, 3), (1000, 2000), (2000, 999),
+                                     (5, 128)])
+def test_rescale_plans_of_a_whole_layout_equal_each_range_planned_alone(old, new):
+    """restore_plans (bisection over the old layout) gives every new range the files that
+    restore_plan gives it alone, in the same order; also for handles not in layout order."""
+    from spark_ckpt.state.chain import StateFile, StateHandle, restore_plan, restore_plans
+    from spark_ckpt.state.keygroups import ranges
+
+    max_parallelism = 2048
+    handles = [StateHandle(r.label, None, tuple(
+        StateFile(f"/s/{r.label}/{k}", "changelog", k, 1, 1, r.label) for k in range(2)), 1)
+        for r in ranges(old, max_parallelism)]
+    targets = ranges(new, max_parallelism)
+    expected = [restore_plan(t, handles) for t in targets]
+    assert restore_plans(targets, handles) == expected
+    assert sum(len(p) for p in expected) >= 2 * old  # every old range's files are planned
+    shuffled = handles[::-1]
+    assert restore_plans(targets, shuffled) == [restore_plan(t, shuffled) for t in targets]

@@ -18,12 +18,11 @@ always see absolute paths.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from typing import Any
 
-from spark_ckpt.checkpoint.locations import moved_roots, relativize_files, resolve_files
+from spark_ckpt.checkpoint.locations import moved_roots, relativized, resolve_files
 from spark_ckpt.errors import CheckpointError, FormatVersionError
 from spark_ckpt.faults import fault_point
 from spark_ckpt.formats import dump_record, load_record
@@ -55,10 +54,8 @@ class CheckpointStorage:
     def write_metadata(self, checkpoint_id: int, body: dict[str, Any]) -> int:
         """Write a completed checkpoint's metadata atomically; return its size in bytes."""
         fault_point("checkpoint.metadata")
-        record = {**body, "root": self.base}  # in memory, paths stay absolute: a copy
-        if "operators" in body:
-            record["operators"] = copy.deepcopy(body["operators"])
-            relativize_files(record, self.base)
+        # in memory, paths stay absolute: a copy
+        record = relativized({**body, "root": self.base}, self.base)
         data = dump_record("checkpoint-metadata", METADATA_VERSION, record)
         path = self.metadata_path(checkpoint_id)
         if not self.store.create_exclusive(path, data):  # atomic on local disks (link)

@@ -6,7 +6,7 @@ that directory, so a copy of the directory at another path, in another bucket or
 URI scheme restores as it is (Flink's relocatable savepoints); a file elsewhere keeps its
 absolute path or URI. In memory (tasks, the coordinator, the shared-file registry, clean-up)
 every path is absolute: relative paths exist only in the stored record, made by
-:func:`relativize_files` when it is written and undone by :func:`resolve_files` when it is read.
+:func:`relativized` when it is written and undone by :func:`resolve_files` when it is read.
 
 The checkpoint directory of a checkpoint storage is the directory that holds it: the
 pipeline's checkpoint directory with the default storage (``<checkpoint directory>/
@@ -27,7 +27,7 @@ from typing import Any
 
 from spark_ckpt.storage import join, stat_any
 
-__all__ = ["inside", "is_relative", "moved_roots", "rebase", "relative_to", "relativize_files",
+__all__ = ["inside", "is_relative", "moved_roots", "rebase", "relative_to", "relativized",
            "resolve", "resolve_files", "state_file_entries"]
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # s3:, s3a:, abfss:, file:, gs:, C:
@@ -80,10 +80,23 @@ def state_file_entries(record: dict[str, Any]) -> Iterator[tuple[str, dict[str, 
                 yield operator, f
 
 
-def relativize_files(record: dict[str, Any], base: str) -> None:
-    """Record the state files under ``base`` relative to it (in place)."""
-    for _op, f in state_file_entries(record):
-        f["path"] = relative_to(f["path"], base)
+def relativized(record: dict[str, Any], base: str) -> dict[str, Any]:
+    """A copy of ``record`` with its state files under ``base`` relative to it; only the
+    operators' handles and file entries are copied (the rest is shared: the caller
+    serializes the copy at once), not the whole record, which at 1,000 tasks holds 2,000
+    handles beside every operator's entry."""
+    operators = record.get("operators")
+    if not operators:
+        return dict(record)
+    copied = {}
+    for name, entry in operators.items():
+        handles = entry.get("handles") or {}
+        copied[name] = {**entry, "handles": {
+            pid: {**handle, "files": [{**f, "path": relative_to(f["path"], base)}
+                                      for f in handle.get("files") or ()]}
+            if handle.get("files") else dict(handle)
+            for pid, handle in handles.items()}}
+    return {**record, "operators": copied}
 
 
 def resolve_files(record: dict[str, Any], base: str, moved: dict[str, str] | None = None) -> None:

@@ -12,12 +12,13 @@ overlaps, each read with a filter on the key group (files hold a ``_kg`` column)
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Any
 
 from spark_ckpt.state.keygroups import KeyGroupRange
 
-__all__ = ["StateFile", "StateHandle"]
+__all__ = ["StateFile", "StateHandle", "restore_plan", "restore_plans"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,3 +78,27 @@ def restore_plan(target: KeyGroupRange, handles: list[StateHandle]) -> list[Stat
         if handle.key_group_range.overlaps(target):
             files.extend(handle.files)
     return files
+
+
+def restore_plans(targets: list[KeyGroupRange],
+                  handles: list[StateHandle]) -> list[list[StateFile]]:
+    """:func:`restore_plan` of every range of a new layout at once: each target finds the old
+    ranges it overlaps by bisection, as a layout's ranges are disjoint and in order, so
+    1,000 old and 2,000 new ranges take milliseconds, not the 2,000,000 overlap tests (12 s)
+    of one plan after another (scripts/sim_scale.py). Handles not in that order (not a
+    layout ``ranges`` makes) are planned one target at a time, with the same result."""
+    parsed = [h.key_group_range for h in handles]
+    ordered = all(a.end <= b.start for a, b in zip(parsed, parsed[1:], strict=False))
+    if not ordered:
+        return [restore_plan(t, handles) for t in targets]
+    ends = [r.end for r in parsed]
+    plans = []
+    for target in targets:
+        files: list[StateFile] = []
+        i = bisect.bisect_right(ends, target.start)  # the first old range ending after it
+        while i < len(parsed) and parsed[i].start < target.end:
+            if parsed[i].overlaps(target):
+                files.extend(handles[i].files)
+            i += 1
+        plans.append(files)
+    return plans

@@ -90,11 +90,13 @@ class OperatorStates:
         acks = []
         for name, op in self._operators.items():
             state = self.state(name)
+            entry = op.ack_entry(state)  # once per operator: its tasks' acks share it
             for pid in sorted(state.live):
                 metrics = state.metrics.get(pid, {})
                 if metrics.get("batch") != batch_id:  # no input this batch: state unchanged
                     metrics = {"sync_ms": 0, "async_ms": 0, "alignment_ms": 0, "ran": False}
-                acks.append(TaskAck(f"op:{name}:{pid}", op.ack_state(state, pid), metrics))
+                acks.append(TaskAck(f"op:{name}:{pid}", op.ack_state(state, pid, entry),
+                                    metrics))
         return acks
 
     # -- any thread --------------------------------------------------------------------------

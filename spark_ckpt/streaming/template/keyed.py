@@ -37,7 +37,7 @@ from spark_ckpt.errors import CheckpointError, InternalError, JobDefinitionError
 from spark_ckpt.sinks.per_batch import _FileSink
 from spark_ckpt.sparkapi import frame_api, spark_api, union_by_name
 from spark_ckpt.state.aggregates import Agg, AggSpec
-from spark_ckpt.state.chain import StateHandle, restore_plan
+from spark_ckpt.state.chain import StateHandle, restore_plans
 from spark_ckpt.state.keygroups import (
     KG_COLUMN,
     PID_COLUMN,
@@ -255,9 +255,9 @@ class StatefulStream(Stream):
             log.info("Operator %s: rescaling state from %d to %d tasks (%d key groups)",
                      self.operator, len(handles), state.parallelism, state.max_parallelism)
             state.restore_from = handles
-            for i, r in enumerate(layout):
-                files = tuple(restore_plan(r, handles))
-                state.live[i] = StateHandle(r.label, None, files, 0)
+            for i, (r, files) in enumerate(zip(layout, restore_plans(layout, handles),
+                                               strict=True)):
+                state.live[i] = StateHandle(r.label, None, tuple(files), 0)
         self._check_evolution(state)
         return state
 
@@ -304,12 +304,21 @@ class StatefulStream(Stream):
         snapshot = self.snapshot()
         return snapshot.max_parallelism if snapshot is not None else 0
 
-    def ack_state(self, state: OperatorState, pid: int) -> dict[str, Any]:
+    def ack_entry(self, state: OperatorState) -> dict[str, Any]:
+        """The operator's own part of its tasks' acknowledgements of one cut (what its
+        checkpoint entry records beside the handles): built once per cut and shared by its
+        tasks' acknowledgements, a copy of ``state.extra`` that later batches do not change.
+        (A copy per task cost 1,000 tasks x 1,000 partitions' watermark entries every batch:
+        scripts/sim_scale.py.)"""
+        return {"kind": self.kind, "parallelism": state.parallelism,
+                "max_parallelism": state.max_parallelism, "keys": list(self.keys),
+                "extra": copy.deepcopy(state.extra), **self.describe_state(state)}
+
+    def ack_state(self, state: OperatorState, pid: int,
+                  entry: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Task ``pid``'s acknowledgement: its handle and ``entry`` (:meth:`ack_entry`)."""
         return {"handle": state.live[pid].to_json(),
-                "operator": {"kind": self.kind, "parallelism": state.parallelism,
-                             "max_parallelism": state.max_parallelism, "keys": list(self.keys),
-                             "extra": copy.deepcopy(state.extra),
-                             **self.describe_state(state)}}
+                "operator": self.ack_entry(state) if entry is None else entry}
 
     def describe_state(self, state: OperatorState) -> dict[str, Any]:
         """What a reader needs to decode the state files (see state/frames.py)."""
@@ -412,20 +421,7 @@ class StatefulStream(Stream):
             if user is None:
                 raise
             raise user from None  # the JVM's stack and task retries say nothing more
-        metas = []
-        for row in rows:
-            meta = json.loads(row.meta)
-            meta["pid"] = int(row.pid)
-            handle = StateHandle.from_json(meta["handle"])
-            state.live[meta["pid"]] = handle
-            state.metrics[meta["pid"]] = {k: meta.get(k) for k in (
-                "sync_ms", "async_ms", "alignment_ms", "channels", "apply_ms", "restore_ms",
-                "restored",
-                "input_rows", "changed", "written_bytes", "total_ms", "executor", "worker",
-                "cache")}
-            state.metrics[meta["pid"]]["batch"] = run.batch_id
-            metas.append(meta)
-        state.batch_id = run.batch_id
+        metas = take_task_results(state, rows, run.batch_id)
         if state.rewrite:
             missing = sorted(set(state.live) - {m["pid"] for m in metas})
             if missing:  # not expected: every range's task runs (markers, or empty partitions)
@@ -495,6 +491,26 @@ class _SchemaRun:
             return empty_frame(self.spark, schema)  # type: ignore[arg-type]  # DDL: a struct
         raise InternalError(f"stream {stream.name}: expected a stream kind the schema dry run "
                             f"knows, found a {type(stream).__name__}")
+
+
+_TASK_METRICS = ("sync_ms", "async_ms", "alignment_ms", "channels", "apply_ms", "restore_ms",
+                 "restored", "input_rows", "changed", "written_bytes", "total_ms", "executor",
+                 "worker", "cache")
+
+
+def take_task_results(state: OperatorState, rows: Any, batch_id: int) -> list[dict[str, Any]]:
+    """Every task's result row of batch ``batch_id`` (``meta``: its JSON, ``pid``) into
+    ``state``: the range's new handle and the task's metrics; the decoded rows."""
+    metas = []
+    for row in rows:
+        meta = json.loads(row.meta)
+        pid = meta["pid"] = int(row.pid)
+        state.live[pid] = StateHandle.from_json(meta["handle"])
+        metrics = state.metrics[pid] = {k: meta.get(k) for k in _TASK_METRICS}
+        metrics["batch"] = batch_id
+        metas.append(meta)
+    state.batch_id = batch_id
+    return metas
 
 
 def params_sources(evolution: Any) -> dict[str, str]:

@@ -46,6 +46,7 @@ POINTS = (
     "stream.purge",  # a batch committed; the records of older batches are about to be purged
     "stream.block.stored",  # a receiver's block is durable, not yet counted as received
     "eventlog.write",  # an append to the event log is about to be written (counted per try)
+    "eventlog.compact",  # an append is durable; the event log's files are about to be compacted
     "checkpoint.barrier",  # a barrier placed at a boundary, sinks not yet pre-committed
     "checkpoint.metadata",  # a completed checkpoint's metadata is about to be written
     "checkpoint.completed",  # a checkpoint's metadata is durable, sinks not yet committed

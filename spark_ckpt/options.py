@@ -111,6 +111,15 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         minimum=1,
     ),
     _opt(
+        "spark.ckpt.eventLog.compactEveryCommits",
+        "int",
+        100,
+        "The driver compacts the event log's files into one (a Delta OPTIMIZE, no data "
+        "change) after this many of its appends, so appends and recovery's read do not "
+        "slow down as a long job's log grows; 0: never.",
+        minimum=0,
+    ),
+    _opt(
         "spark.ckpt.eventLog.writeRetries",
         "int",
         5,
@@ -550,6 +559,7 @@ class Settings:
     work_dir: str = FROM_OPTIONS
     event_log_flush_interval_ms: int = FROM_OPTIONS
     event_log_flush_max_events: int = FROM_OPTIONS
+    event_log_compact_every_commits: int = FROM_OPTIONS
     event_log_write_retries: int = FROM_OPTIONS
     event_log_retry_backoff_ms: int = FROM_OPTIONS
     batch_partitions_per_wave: int = FROM_OPTIONS

@@ -273,3 +273,55 @@ def _eventually(predicate, timeout=10.0):
             return True
         time.sleep(0.05)
     return False
+
+
+def _live_files(storage) -> int:
+    from deltalake import DeltaTable
+
+    return len(DeltaTable(storage.path("events")).file_uris())
+
+
+def test_the_writer_compacts_the_log_every_n_appends_and_keeps_every_event(tmp_path):
+    """Every ``compact_every_commits`` appends the table's files become one (an OPTIMIZE
+    commit); readers see every event once, in order, before and after."""
+    storage, w = writer(tmp_path, compact_every_commits=4)
+    for p in range(10):
+        w.append(finished(p))
+        w.flush()
+        events = read_events(storage, storage.path("events")).events
+        assert [e.partition for e in events] == list(range(p + 1))
+    assert w.commits == 10 and w.compactions == 2
+    assert _live_files(storage) == 3  # compacted at 4 and 8, then appends 9 and 10
+    w.close()
+    history = replay(read_events(storage, storage.path("events")).events)
+    assert sorted(k[1] for k in history.finished) == list(range(10))
+
+
+def test_a_failed_compaction_loses_nothing_and_is_tried_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARK_CKPT_FAULT", "eventlog.compact:1:fail")
+    storage, w = writer(tmp_path, compact_every_commits=2)
+    for p in range(4):
+        w.append(finished(p))
+        w.flush()  # the compaction after append 2 fails: a warning, the events stay
+    assert w.commits == 4 and w.compactions == 1  # the one after append 4
+    assert _live_files(storage) == 1
+    assert [e.partition for e in read_events(storage, storage.path("events")).events] == \
+        list(range(4))
+    w.close()
+
+
+def test_a_fenced_writer_does_not_compact(tmp_path):
+    """A newer attempt claimed the job between an append and the compaction due after it:
+    the fenced writer leaves the table's files as they are."""
+    checks: list[int] = []
+
+    def is_fenced():  # checked before append 1, before append 2, then before compacting
+        checks.append(1)
+        return len(checks) > 2
+
+    storage, w = writer(tmp_path, compact_every_commits=2, is_fenced=is_fenced)
+    for p in range(2):
+        w.append(finished(p))
+        w.flush()
+    assert len(checks) == 3 and w.commits == 2 and w.compactions == 0
+    assert _live_files(storage) == 2

@@ -49,7 +49,9 @@ def written(spark, orders_input, tmp_path_factory):
     base = tmp_path_factory.mktemp("recipes")
     report.build_job("recipe-job", orders_input, str(base / "out"), parallelism=4,
                      agg_parallelism=2, work_dir=str(base / "work"), spark=spark,
-                     settings=Settings(progress="never", batch_exchange_min_bytes=0)).run()
+                     settings=Settings(progress="never", batch_exchange_min_bytes=0,
+                                       event_log_flush_max_events=3,
+                                       event_log_compact_every_commits=4)).run()
     ckpt = base / "ckpt"
     ctx = StreamingContext(spark, 0.05, str(ckpt), "recipes",
                            settings=Settings(progress="never", checkpoint_interval_ms=1,
@@ -80,6 +82,9 @@ def test_spark_sql_reads_the_event_log_history_and_progress(spark, written):
     storage = Storage(str(written / "work"))
     read = read_events(storage, job_paths(storage, "recipe-job")["events"])
     assert got == Counter((e.job_attempt, e.type.value) for e in read.events)
+    removed = [line for f in (written / "work" / "recipe-job" / "events" / "_delta_log")
+               .glob("*.json") for line in f.read_text().splitlines() if '"remove"' in line]
+    assert removed  # the writer compacted the log: the recipe left its removed files out
     history = [line.split("\t") for line in parts[1]]
     stats = json.loads((written / "ckpt" / "checkpoints" / "history" /
                         sorted(os.listdir(written / "ckpt" / "checkpoints" / "history"))[-1])

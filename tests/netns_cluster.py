@@ -174,6 +174,12 @@ def unavailable() -> str | None:
     for tool in ("ip", "unshare"):
         if shutil.which(tool) is None:
             return f"no `{tool}` command"
+    try:  # each host's hosts file, which `ip netns exec` mounts over /etc/hosts
+        NETNS_ETC.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot make {NETNS_ETC}: {exc}"
+    if not os.access(NETNS_ETC, os.W_OK):
+        return f"cannot write to {NETNS_ETC}"
     probe = f"{PREFIX}{os.getpid()}-probe"
     made = _run(["ip", "netns", "add", probe], check=False)
     if made.returncode != 0:

@@ -336,6 +336,8 @@ def remove_stale() -> list[str]:
     stale = sorted(o for o in owners if not _alive(int(o[len(PREFIX):])))
     for owner in stale:
         _remove(owner)
+    with contextlib.suppress(OSError):  # empty: no cluster left
+        NETNS_ETC.rmdir()
     return stale
 
 

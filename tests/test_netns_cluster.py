@@ -93,7 +93,7 @@ def cached_ranges(batches):
     for _ in batches:
         pass
     yield pa.RecordBatch.from_pydict({{"info": [json.dumps({{
-        "host": os.uname().nodename, "worker": os.getpid(),
+        "host": os.uname().nodename, "worker": os.getpid(), "library": task.__file__,
         "ranges": sorted(f"{{k[1]}}/{{k[2]}}" for k in task._CACHE)}})]}})
 
 
@@ -252,6 +252,8 @@ def test_keyed_aggregation_into_delta_on_three_hosts_equals_plain_spark(
     assert scenario["batches"] == BATCHES
     state = _state_tasks(cluster, scenario["base"] / "ckpt", "totals")
     ran = _report("keyed aggregation", scenario, cluster, "totals", state)
+    # the executors' Python workers ran this checkout's library, with this interpreter
+    assert {Path(w["library"]).is_relative_to(ROOT) for w in scenario["worker_caches"]} == {True}
     every = {h.name for h in cluster.hosts}
     assert set(ran) == every, ran  # Spark ran the scenario's tasks on all three hosts
     assert set(state["hosts"]) == every, state  # ... and the state tasks too

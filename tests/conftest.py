@@ -118,7 +118,8 @@ def _children_pipes_closed(monkeypatch):
 # workers best, and the long files overlap the rest instead of ending the run alone.
 LONGEST_FIRST = ["test_connect_clients.py", "test_connect.py", "test_recovery_faults.py",
                  "test_batch_cuts.py", "test_stream_drivers.py", "test_storage_faults.py",
-                 "test_checkpoint_recovery.py", "test_kafka.py", "test_cluster_faults.py",
+                 "test_checkpoint_recovery.py", "test_kafka.py", "test_netns_cluster.py",
+                 "test_cluster_faults.py",
                  "test_demo.py",
                  "test_stream_recovery.py", "test_keyed_state.py", "test_typed_state.py",
                  "test_stop.py", "test_relocate.py", "test_batch_job.py", "test_recipes.py",

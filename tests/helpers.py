@@ -229,3 +229,29 @@ def write_batch_files(spark, frames, schema: str, source) -> str:
     for n, f in enumerate(sorted(source.glob("b*/*.parquet"))):
         f.rename(source / f"part-{n:02d}.parquet")
     return str(source)
+
+
+def generated_rows(spark, total_rows: int, keys: int):
+    """The rows ``ctx.generator_stream(total_rows=..., keys=...)`` produces, by plain Spark:
+    a pure function of id (key = id % keys, value from xxhash64(id, seed 42))."""
+    from pyspark.sql import functions as F
+
+    return spark.range(0, total_rows).select(
+        "id", F.pmod("id", F.lit(keys)).alias("key"),
+        (F.pmod(F.xxhash64("id", F.lit(42)), F.lit(1_000_000)) / 100.0).alias("value"))
+
+
+def plain_sequenced(spark, total_rows: int, keys: int) -> dict[str, pd.DataFrame]:
+    """What a Sequencer (jobs/stateful_counts.py) and a count/sum aggregation per key make of
+    the generator's rows, by plain Spark: ``events`` (key, id, seq, prev_id: numbered per key
+    in id order) sorted by id, ``totals`` (key, n, total) sorted by key."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
+
+    rows = generated_rows(spark, total_rows, keys)
+    per_key = Window.partitionBy("key").orderBy("id")
+    events = rows.select("key", "id", F.row_number().over(per_key).cast("long").alias("seq"),
+                         F.lag("id").over(per_key).alias("prev_id"))
+    totals = rows.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total"))
+    return {"events": events.toPandas().sort_values("id").reset_index(drop=True),
+            "totals": totals.toPandas().sort_values("key").reset_index(drop=True)}

@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from deltalake import DeltaTable
-from helpers import LONG_FAULTS, ROOT, child_env, wait_for
+from helpers import LONG_FAULTS, ROOT, child_env, plain_sequenced, wait_for
 from helpers import test_java_options as java_options  # not collected as a test
 
 from spark_ckpt.storage.delta_reader import read_delta
@@ -358,20 +358,8 @@ print("RESULT " + json.dumps({{"batches": len(progress),
 
 
 def _plain_stream(spark) -> dict[str, pd.DataFrame]:
-    """What the pipeline must produce, by plain Spark: the generator's rows are a pure function
-    of id (key = id % keys, value from xxhash64(id, seed 42)), numbered per key in id order."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.window import Window
-
-    rows = spark.range(0, TOTAL_ROWS).select(
-        "id", F.pmod("id", F.lit(KEYS)).alias("key"),
-        (F.pmod(F.xxhash64("id", F.lit(42)), F.lit(1_000_000)) / 100.0).alias("value"))
-    per_key = Window.partitionBy("key").orderBy("id")
-    events = rows.select("key", "id", F.row_number().over(per_key).cast("long").alias("seq"),
-                         F.lag("id").over(per_key).alias("prev_id"))
-    totals = rows.groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total"))
-    return {"events": _sorted(events.toPandas(), ["id"]),
-            "totals": _sorted(totals.toPandas(), ["key"])}
+    """What the pipeline must produce, by plain Spark (helpers.plain_sequenced)."""
+    return plain_sequenced(spark, TOTAL_ROWS, KEYS)
 
 
 def _check_checkpoints(ckpt: Path) -> None:

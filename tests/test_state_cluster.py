@@ -12,9 +12,8 @@ import sys
 
 import pandas as pd
 import pytest
-from helpers import ROOT, child_env
+from helpers import ROOT, child_env, plain_sequenced
 from helpers import test_java_options as java_options  # not collected as a test
-from pyspark.sql import functions as F
 
 pytestmark = pytest.mark.slow
 
@@ -60,11 +59,7 @@ def test_ranges_move_between_executors_and_results_equal_plain_spark(spark, tmp_
     assert len(executors) == 2, placements  # two executors ran state tasks
     assert any(len(e) == 2 for e in placements.values()), placements  # a range moved
     assert restored_after_first > 0  # ... and was rebuilt from durable state
-    want = spark.range(0, 6000).select(
-        F.pmod("id", F.lit(200)).alias("key"),
-        (F.pmod(F.xxhash64("id", F.lit(42)), F.lit(1_000_000)) / 100.0).alias("value")) \
-        .groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total")) \
-        .toPandas().sort_values("key").reset_index(drop=True)
+    want = plain_sequenced(spark, 6000, 200)["totals"]
     got = read_delta(str(tmp_path / "totals")).to_pandas()[["key", "n", "total"]] \
         .sort_values("key").reset_index(drop=True)
     pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-9)

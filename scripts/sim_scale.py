@@ -283,11 +283,14 @@ def simulate_event_log(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     (flushes of ``flushMaxEvents``), then read and replayed as a resubmitted driver does."""
     from spark_ckpt.options import OPTIONS
 
-    flush_max = int(next(o.default for o in OPTIONS
-                         if o.key == "spark.ckpt.eventLog.flushMaxEvents"))
+    defaults = {o.key: o.default for o in OPTIONS}
+    flush_max = int(defaults["spark.ckpt.eventLog.flushMaxEvents"])
+    compact = int(defaults["spark.ckpt.eventLog.compactEveryCommits"]) \
+        if args.compact_every is None else args.compact_every
     storage = Storage(str(work / "job"))
     writer = EventLogWriter(storage, storage.root + "/events", job_id="sim", job_attempt=1,
-                            flush_interval_ms=3_600_000, flush_max_events=flush_max)
+                            flush_interval_ms=3_600_000, flush_max_events=flush_max,
+                            compact_every_commits=compact)
     writer.start()
     writer.append(Event(EventType.JOB_ATTEMPT_STARTED, {"mode": "fresh"}))
     vertices = max(1, args.events // args.tasks)
@@ -313,7 +316,8 @@ def simulate_event_log(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     t3 = time.perf_counter()
     assert not problems and len(history.finished) == n, (problems, len(history.finished), n)
     tenth = max(1, len(flush_s) // 10)
-    return {"events": n, "commits": writer.commits, "delta_version": version,
+    return {"events": n, "commits": writer.commits, "compactions": writer.compactions,
+            "compact_every_commits": compact, "delta_version": version,
             "append_s": round(t1 - t0, 2),
             "flush_s_first_tenth_median": round(statistics.median(flush_s[:tenth]), 4),
             "flush_s_last_tenth_median": round(statistics.median(flush_s[-tenth:]), 4),
@@ -337,6 +341,9 @@ def main() -> None:
     parser.add_argument("--materialize-every", type=int, default=10, help="batches")
     parser.add_argument("--rows-per-task", type=int, default=10_000)
     parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--compact-every", type=int, default=None,
+                        help="the event log writer's compactEveryCommits (default: the "
+                        "option's; 0: never, as before it existed)")
     parser.add_argument("--skip-event-log", action="store_true")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()

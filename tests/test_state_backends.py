@@ -287,3 +287,42 @@ def test_rescale_plans_of_a_whole_layout_equal_each_range_planned_alone(old, new
     assert sum(len(p) for p in expected) >= 2 * old  # every old range's files are planned
     shuffled = handles[::-1]
     assert restore_plans(targets, shuffled) == [restore_plan(t, shuffled) for t in targets]
+
+
+def test_a_worker_drops_the_cached_ranges_the_plans_moved_past():
+    """Before a task looks for its range in its worker's memory, the worker drops every range
+    of the operator it holds at a version the driver's plans no longer name (another worker
+    ran it since), that a rescale removed, or of other state variables; the current ones and
+    other operators' stay."""
+    from spark_ckpt.state import task
+
+    class Cached:
+        def __init__(self, token):
+            self.token, self.closed = token, False
+
+        def close(self):
+            self.closed = True
+
+    saved = dict(task._CACHE)
+    task._CACHE.clear()
+    try:
+        current, moved, gone, other_schema, other_op = (
+            Cached("t1"), Cached("old"), Cached("t9"), Cached("t1"), Cached("x"))
+        task._CACHE.update({("p", "op", "kg00000-00004", ""): current,
+                            ("p", "op", "kg00004-00008", ""): moved,
+                            ("p", "op", "kg00008-00012", ""): gone,  # rescaled away
+                            ("p", "op", "kg00000-00004", "s2"): other_schema,
+                            ("p", "other", "kg00004-00008", ""): other_op})
+        plans = {0: {"range": "kg00000-00004", "token": "t1", "files": []},
+                 1: {"range": "kg00004-00008", "token": "new", "files": []}}
+        run = task._Run({"pipeline_id": "p", "operator": "op", "batch": 3,
+                         "state_dir": "/nowhere"}, plans, 1)
+        assert run.cached() is None  # its own range was moved past: dropped, not returned
+        assert run.metrics["evicted"] == 3
+        assert [moved.closed, gone.closed, other_schema.closed] == [True, True, True]
+        assert not current.closed and not other_op.closed
+        assert set(task._CACHE) == {("p", "op", "kg00000-00004", ""),
+                                    ("p", "other", "kg00004-00008", "")}
+    finally:
+        task._CACHE.clear()
+        task._CACHE.update(saved)

@@ -52,8 +52,27 @@ def meta_schema() -> Any:
 
     return StructType([StructField("pid", IntegerType()), StructField("meta", StringType())])
 
-# (pipeline id, operator, range) -> backend, per Python worker process
+# (pipeline id, operator, range, schema id) -> backend, per Python worker process
 _CACHE: dict[tuple[str, ...], Any] = {}
+
+
+def _evict_stale(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> int:
+    """Drop this worker's cached ranges of the operator that can never be used again: a range
+    whose version the driver's plan no longer names (another worker, often on another host,
+    has run it since, or its batch failed), a range a rescale removed, or one cached under
+    other state variables. A range is reused only at the plan's token, so these would only
+    hold memory: on three hosts, each worker ended up holding nearly every range
+    (tests/test_netns_cluster.py). Returns how many went."""
+    current = {str(plan["range"]): plan.get("token") for plan in plans.values()}
+    owner = (params["pipeline_id"], params["operator"])
+    schema = params.get("schema_id", "")
+    stale = [key for key, state in _CACHE.items() if key[:2] == owner and (
+        key[3:] != (schema,) or not current.get(key[2]) or
+        current[key[2]] != getattr(state, "token", None))]
+    for key in stale:
+        with contextlib.suppress(Exception):  # closing a dropped copy never fails a task
+            _CACHE.pop(key).close()
+    return len(stale)
 
 
 def _fs(uri: str) -> tuple[Any, str]:
@@ -173,6 +192,7 @@ class _Run:
             assert context is not None  # run in a Spark task
             pid = context.partitionId()
         self.pid = pid
+        self.plans = plans
         self.plan = plans[self.pid]
         self.range = KeyGroupRange.parse(self.plan["range"])
         self.chain = [StateFile.from_json(f) for f in self.plan["files"]]
@@ -185,6 +205,7 @@ class _Run:
         self.started = time.perf_counter()
 
     def cached(self) -> Any | None:
+        self.metrics["evicted"] = _evict_stale(self.params, self.plans)
         state = _CACHE.pop(self.key, None)
         if state is not None and state.token == self.plan["token"] and self.plan["token"]:
             self.metrics["cache"] = "process"

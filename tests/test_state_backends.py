@@ -323,6 +323,18 @@ def test_a_worker_drops_the_cached_ranges_the_plans_moved_past():
         assert not current.closed and not other_op.closed
         assert set(task._CACHE) == {("p", "op", "kg00000-00004", ""),
                                     ("p", "other", "kg00004-00008", "")}
+        # a range an earlier task of this batch left (its token newer than the plans) stays
+        task._CACHE[("p", "op", "kg00000-00004", "")] = fresh = Cached("made-in-batch-3")
+        task._CACHED_AT[("p", "op", "kg00000-00004", "")] = 3
+        again = task._Run({"pipeline_id": "p", "operator": "op", "batch": 3,
+                           "state_dir": "/nowhere"}, plans, 1)
+        assert again.cached() is None and again.metrics["evicted"] == 0 and not fresh.closed
+        later = task._Run({"pipeline_id": "p", "operator": "op", "batch": 4,
+                           "state_dir": "/nowhere"}, {**plans, 0: {**plans[0],
+                                                                 "token": "made-in-batch-3"}},
+                          0)
+        assert later.cached() is fresh  # the next batch's plans name it: a process hit
     finally:
         task._CACHE.clear()
         task._CACHE.update(saved)
+        task._CACHED_AT.clear()

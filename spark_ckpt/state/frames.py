@@ -50,16 +50,29 @@ def read_processor_state(spark: SparkSession, handles: Sequence[StateHandle],
                          timer_only: bool = False) -> DataFrame:
     """A processor's state: the key columns and one column per declared variable; keys
     with timers but no variable are left out, unless ``timer_only`` (an operator whose key
-    with no value set is still live, as a window that has seen only null values)."""
+    with a timer and no value set is still live, as a window that has seen only null
+    values). A key with neither, a deletion a changelog records, is left out either way."""
     import json
 
     from pyspark.sql import functions as F
-    from pyspark.sql.types import IntegerType, StructField, StructType
+    from pyspark.sql.types import (
+        ArrayType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    from spark_ckpt.state.schema import TIMERS_COLUMN
 
     state = StructType.fromJson(json.loads(describe["state_schema"]))
     key_schema = StructType.fromJson(json.loads(describe["key_schema"]))
+    timers = [StructField(TIMERS_COLUMN, ArrayType(StructType([
+        StructField("ms", LongType()), StructField("kind", StringType())])))] \
+        if timer_only else []
     schema = StructType([StructField(KG_COLUMN, IntegerType()), *key_schema.fields,
-                         *state.fields])
+                         *state.fields, *timers])
     df = read_handles(spark, handles, schema, keys)
     if not state.fields:
         return df.select(*keys).limit(0)
@@ -71,8 +84,9 @@ def read_processor_state(spark: SparkSession, handles: Sequence[StateHandle],
             else col.isNotNull()
         present = test if present is None else present | test
     assert present is not None  # there is a state field
-    if timer_only:  # a row of the files is a key with a value or a timer: every one is live
-        present = F.lit(True)
+    if timer_only:
+        timer = F.col(f"`{TIMERS_COLUMN}`")
+        present = present | (timer.isNotNull() & (F.size(timer) > 0))
     return df.where(present).select(*[F.col(f"`{k}`") for k in keys],
                                     *[F.col(f"`{f.name}`") for f in state.fields])
 

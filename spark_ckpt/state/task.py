@@ -52,24 +52,31 @@ def meta_schema() -> Any:
 
     return StructType([StructField("pid", IntegerType()), StructField("meta", StringType())])
 
-# (pipeline id, operator, range, schema id) -> backend, per Python worker process
+# (pipeline id, operator, range, schema id) -> backend, per Python worker process, and the
+# batch whose task left it there
 _CACHE: dict[tuple[str, ...], Any] = {}
+_CACHED_AT: dict[tuple[str, ...], int] = {}
 
 
 def _evict_stale(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> int:
-    """Drop this worker's cached ranges of the operator that can never be used again: a range
-    whose version the driver's plan no longer names (another worker, often on another host,
-    has run it since, or its batch failed), a range a rescale removed, or one cached under
-    other state variables. A range is reused only at the plan's token, so these would only
-    hold memory: on three hosts, each worker ended up holding nearly every range
-    (tests/test_netns_cluster.py). Returns how many went."""
+    """Drop this worker's cached ranges of the operator that can never be used again: one
+    left by an earlier batch at a version the driver's plans for this batch do not name
+    (another worker, often on another host, has run it since, or its batch failed), a range
+    a rescale removed, or one cached under other state variables. A range is reused only at
+    the plan's token, so these would only hold memory: on three hosts, each worker ended up
+    holding nearly every range (tests/test_netns_cluster.py). A range this batch's own tasks
+    left (in this task, or an earlier task of this worker) is kept: its token is newer than
+    the plans, and the next batch's plans name it. Returns how many went."""
     current = {str(plan["range"]): plan.get("token") for plan in plans.values()}
     owner = (params["pipeline_id"], params["operator"])
     schema = params.get("schema_id", "")
-    stale = [key for key, state in _CACHE.items() if key[:2] == owner and (
-        key[3:] != (schema,) or not current.get(key[2]) or
-        current[key[2]] != getattr(state, "token", None))]
+    batch = int(params["batch"])
+    stale = [key for key, state in _CACHE.items() if key[:2] == owner and
+             _CACHED_AT.get(key, -1) < batch and (
+                 key[3:] != (schema,) or not current.get(key[2]) or
+                 current[key[2]] != getattr(state, "token", None))]
     for key in stale:
+        _CACHED_AT.pop(key, None)
         with contextlib.suppress(Exception):  # closing a dropped copy never fails a task
             _CACHE.pop(key).close()
     return len(stale)
@@ -207,6 +214,7 @@ class _Run:
     def cached(self) -> Any | None:
         self.metrics["evicted"] = _evict_stale(self.params, self.plans)
         state = _CACHE.pop(self.key, None)
+        _CACHED_AT.pop(self.key, None)
         if state is not None and state.token == self.plan["token"] and self.plan["token"]:
             self.metrics["cache"] = "process"
             return state
@@ -330,9 +338,11 @@ class _Run:
                 state.set_token(token)
         handle = StateHandle(self.range.label, token, tuple(files), rows)
         _CACHE[self.key] = state
+        _CACHED_AT[self.key] = self.batch
         if getattr(state, "backend", "") == "rocksdb":
             state.close()
             _CACHE.pop(self.key, None)
+            _CACHED_AT.pop(self.key, None)
             if getattr(state, "path", None) and state.path != self.rocks_path():
                 # a private copy (the executor's was locked): never opened again
                 shutil.rmtree(state.path, ignore_errors=True)

@@ -495,7 +495,7 @@ class _SchemaRun:
 
 _TASK_METRICS = ("sync_ms", "async_ms", "alignment_ms", "channels", "apply_ms", "restore_ms",
                  "restored", "input_rows", "changed", "written_bytes", "total_ms", "executor",
-                 "worker", "cache")
+                 "worker", "cache", "evicted")
 
 
 def take_task_results(state: OperatorState, rows: Any, batch_id: int) -> list[dict[str, Any]]:

@@ -8,15 +8,16 @@ and what grows with what.
 
 Real code, fake tasks. What is real: the CheckpointCoordinator (its own thread, a ManualClock
 driven by this script), the checkpoint storage on local disk (metadata and statistics written
-and read as a pipeline does), the operators' acknowledgements built as ``ack_state`` builds them
-(the operator's entry, its ``extra`` copied into each task's), the task results decoded as
-``_run_job`` decodes them (one JSON row per task into a StateHandle), the restore reading the
-latest metadata and planning a rescale with ``restore_plan``, and the batch job's Delta event
-log (EventLogWriter appends, read_table + replay_table on recovery). What is fake: the tasks
-(no Spark; each "runs" by returning the JSON row a real task returns: a chain of state files
-that grows by one changelog per batch and is materialized every ``--materialize-every``
-batches), the state files (paths only: the coordinator never opens them; deletions are counted)
-and the two-phase sink (it pre-commits one piece per task).
+and read as a pipeline does), the operators' runtime state and acknowledgements
+(``OperatorStates`` with the operator's own ``ack_entry``/``ack_state``/``snapshot_of``: the
+entry, its ``extra`` copied once per cut), the task results taken as ``_run_job`` takes them
+(``take_task_results``: one JSON row per task into a StateHandle), the restore reading the
+latest metadata and planning a rescale with ``restore_plans``, and the batch job's Delta event
+log (EventLogWriter appends and compactions, read_table + replay_table on recovery). What is
+fake: the tasks (no Spark; each "runs" by returning the JSON row a real task returns: a
+chain of state files that grows by one changelog per batch and is materialized every
+``--materialize-every`` batches), the state files (paths only: the coordinator never opens
+them; deletions are counted) and the two-phase sink (it pre-commits one piece per task).
 
 Per batch: decode every task's result row, publish the boundary (sources' positions, every
 task's acknowledgement) to the coordinator. Per checkpoint: the time from the boundary's
@@ -285,12 +286,12 @@ def simulate_event_log(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     defaults = {o.key: o.default for o in OPTIONS}
     flush_max = int(defaults["spark.ckpt.eventLog.flushMaxEvents"])
-    compact = int(defaults["spark.ckpt.eventLog.compactEveryCommits"]) \
-        if args.compact_every is None else args.compact_every
+    compact = int(defaults["spark.ckpt.eventLog.compactAtFiles"]) \
+        if args.compact_at_files is None else args.compact_at_files
     storage = Storage(str(work / "job"))
     writer = EventLogWriter(storage, storage.root + "/events", job_id="sim", job_attempt=1,
                             flush_interval_ms=3_600_000, flush_max_events=flush_max,
-                            compact_every_commits=compact)
+                            compact_at_files=compact)
     writer.start()
     writer.append(Event(EventType.JOB_ATTEMPT_STARTED, {"mode": "fresh"}))
     vertices = max(1, args.events // args.tasks)
@@ -317,7 +318,7 @@ def simulate_event_log(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     assert not problems and len(history.finished) == n, (problems, len(history.finished), n)
     tenth = max(1, len(flush_s) // 10)
     return {"events": n, "commits": writer.commits, "compactions": writer.compactions,
-            "compact_every_commits": compact, "delta_version": version,
+            "compact_at_files": compact, "delta_version": version,
             "append_s": round(t1 - t0, 2),
             "flush_s_first_tenth_median": round(statistics.median(flush_s[:tenth]), 4),
             "flush_s_last_tenth_median": round(statistics.median(flush_s[-tenth:]), 4),
@@ -341,8 +342,8 @@ def main() -> None:
     parser.add_argument("--materialize-every", type=int, default=10, help="batches")
     parser.add_argument("--rows-per-task", type=int, default=10_000)
     parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--compact-every", type=int, default=None,
-                        help="the event log writer's compactEveryCommits (default: the "
+    parser.add_argument("--compact-at-files", type=int, default=None,
+                        help="the event log writer's compactAtFiles (default: the "
                         "option's; 0: never, as before it existed)")
     parser.add_argument("--skip-event-log", action="store_true")
     parser.add_argument("--json", default=None)

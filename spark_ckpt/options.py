@@ -111,12 +111,12 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         minimum=1,
     ),
     _opt(
-        "spark.ckpt.eventLog.compactEveryCommits",
+        "spark.ckpt.eventLog.compactAtFiles",
         "int",
         100,
-        "The driver compacts the event log's files into one (a Delta OPTIMIZE, no data "
-        "change) after this many of its appends, so appends and recovery's read do not "
-        "slow down as a long job's log grows; 0: never.",
+        "When the event log holds this many files under 16 MB after an append, the driver "
+        "compacts them (a Delta OPTIMIZE, no data change), so appends and recovery's read do "
+        "not slow down as a long job's log grows; 0: never.",
         minimum=0,
     ),
     _opt(
@@ -559,7 +559,7 @@ class Settings:
     work_dir: str = FROM_OPTIONS
     event_log_flush_interval_ms: int = FROM_OPTIONS
     event_log_flush_max_events: int = FROM_OPTIONS
-    event_log_compact_every_commits: int = FROM_OPTIONS
+    event_log_compact_at_files: int = FROM_OPTIONS
     event_log_write_retries: int = FROM_OPTIONS
     event_log_retry_backoff_ms: int = FROM_OPTIONS
     batch_partitions_per_wave: int = FROM_OPTIONS

@@ -281,17 +281,18 @@ def _live_files(storage) -> int:
     return len(DeltaTable(storage.path("events")).file_uris())
 
 
-def test_the_writer_compacts_the_log_every_n_appends_and_keeps_every_event(tmp_path):
-    """Every ``compact_every_commits`` appends the table's files become one (an OPTIMIZE
+def test_the_writer_compacts_the_logs_small_files_and_keeps_every_event(tmp_path):
+    """When an append leaves ``compact_at_files`` small files, they become one (an OPTIMIZE
     commit); readers see every event once, in order, before and after."""
-    storage, w = writer(tmp_path, compact_every_commits=4)
+    storage, w = writer(tmp_path, compact_at_files=4)
     for p in range(10):
         w.append(finished(p))
         w.flush()
         events = read_events(storage, storage.path("events")).events
         assert [e.partition for e in events] == list(range(p + 1))
-    assert w.commits == 10 and w.compactions == 2
-    assert _live_files(storage) == 3  # compacted at 4 and 8, then appends 9 and 10
+        assert _live_files(storage) < 4
+    assert w.commits == 10 and w.compactions == 3  # at 4 files: after appends 4, 7 and 10
+    assert _live_files(storage) == 1
     w.close()
     history = replay(read_events(storage, storage.path("events")).events)
     assert sorted(k[1] for k in history.finished) == list(range(10))
@@ -299,15 +300,36 @@ def test_the_writer_compacts_the_log_every_n_appends_and_keeps_every_event(tmp_p
 
 def test_a_failed_compaction_loses_nothing_and_is_tried_again(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARK_CKPT_FAULT", "eventlog.compact:1:fail")
-    storage, w = writer(tmp_path, compact_every_commits=2)
-    for p in range(4):
+    storage, w = writer(tmp_path, compact_at_files=2)
+    for p in range(3):
         w.append(finished(p))
         w.flush()  # the compaction after append 2 fails: a warning, the events stay
-    assert w.commits == 4 and w.compactions == 1  # the one after append 4
+    assert w.commits == 3 and w.compactions == 1  # tried again after append 3
     assert _live_files(storage) == 1
     assert [e.partition for e in read_events(storage, storage.path("events")).events] == \
-        list(range(4))
+        list(range(3))
     w.close()
+
+
+def test_overlapping_compactions_do_not_double_an_event(tmp_path):
+    """Two compactions planned from the same files (a driver stalled between its fence check
+    and its commit, compacting what a newer one already compacted) each add a copy of the
+    rows: the reader keeps one row per (job_attempt, seq)."""
+    from deltalake import DeltaTable
+
+    storage, w = writer(tmp_path)
+    for p in range(6):
+        w.append(finished(p))
+        w.flush()
+    w.close()
+    stale = DeltaTable(storage.path("events"))  # the stalled driver's view
+    DeltaTable(storage.path("events")).optimize.compact()
+    stale.optimize.compact()  # planned from files already compacted: a second copy
+    copies = read_delta(storage.path("events"))
+    assert len(copies) > 6  # the table itself holds duplicates (else this test tests nothing)
+    events = read_events(storage, storage.path("events")).events
+    assert [(e.job_attempt, e.seq, e.partition) for e in events] == \
+        [(1, p + 1, p) for p in range(6)]
 
 
 def test_a_fenced_writer_does_not_compact(tmp_path):
@@ -319,7 +341,7 @@ def test_a_fenced_writer_does_not_compact(tmp_path):
         checks.append(1)
         return len(checks) > 2
 
-    storage, w = writer(tmp_path, compact_every_commits=2, is_fenced=is_fenced)
+    storage, w = writer(tmp_path, compact_at_files=2, is_fenced=is_fenced)
     for p in range(2):
         w.append(finished(p))
         w.flush()

@@ -51,7 +51,7 @@ def written(spark, orders_input, tmp_path_factory):
                      agg_parallelism=2, work_dir=str(base / "work"), spark=spark,
                      settings=Settings(progress="never", batch_exchange_min_bytes=0,
                                        event_log_flush_max_events=3,
-                                       event_log_compact_every_commits=4)).run()
+                                       event_log_compact_at_files=4)).run()
     ckpt = base / "ckpt"
     ctx = StreamingContext(spark, 0.05, str(ckpt), "recipes",
                            settings=Settings(progress="never", checkpoint_interval_ms=1,

@@ -373,7 +373,7 @@ class JobRunner:
             self.storage, self.paths["events"], job_id=job_id, job_attempt=self.attempt,
             flush_interval_ms=self.settings.event_log_flush_interval_ms,
             flush_max_events=self.settings.event_log_flush_max_events,
-            compact_every_commits=self.settings.event_log_compact_every_commits,
+            compact_at_files=self.settings.event_log_compact_at_files,
             write_retries=self.settings.event_log_write_retries,
             retry_backoff_ms=self.settings.event_log_retry_backoff_ms,
             is_fenced=self._is_fenced, on_flush=self._on_flush,

@@ -156,7 +156,23 @@ def read_table(storage: Storage, path: str, *, repair: bool = False, clock: Cloc
     for problem in problems:
         log.warning("Event log %s: %s", path, problem)
     events = pa.concat_tables(pieces) if pieces else EVENT_SCHEMA.empty_table()
-    return events, table.version(), problems
+    return _one_per_event(events), table.version(), problems
+
+
+def _one_per_event(events: pa.Table) -> pa.Table:
+    """One row per event: (``job_attempt``, ``seq``) identifies it, and two compactions of the
+    log that overlapped (writer.py) can each have added a copy of the same rows."""
+    if events.num_rows < 2:
+        return events
+    pairs = events.select(["job_attempt", "seq"]).group_by(["job_attempt", "seq"]) \
+        .aggregate([])
+    if pairs.num_rows == events.num_rows:
+        return events
+    first = events.append_column("__row", pa.array(range(events.num_rows), pa.int64())) \
+        .group_by(["job_attempt", "seq"]).aggregate([("__row", "min")])
+    log.warning("Event log: %d duplicate rows (overlapping compactions) kept once",
+                events.num_rows - first.num_rows)
+    return events.take(first.column("__row_min"))  # readers order events themselves
 
 
 def read_events(storage: Storage, path: str, *, repair: bool = False) -> LogReadResult:

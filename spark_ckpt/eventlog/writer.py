@@ -14,19 +14,19 @@ Fencing: before every flush the writer checks that no newer driver attempt of th
 claimed its attempt marker; if one has, the flush fails with JobFencedError and nothing more is
 written by this driver.
 
-Compaction: every ``spark.ckpt.eventLog.compactEveryCommits`` appends, the writer compacts the
-table's files into one (delta-rs's OPTIMIZE: a commit that removes the small files and adds
-one with the same rows, ``dataChange=false``). Delta's per-commit cost grows with the table's
-live files (an append at 550 files took 50 ms against 6 ms at 50), and recovery reads every
-file: a 1,000,000-event log appended 500 events at a time would otherwise hold 2,000 files
-(scripts/sim_scale.py). A failed or interrupted compaction changes nothing a reader sees and
-is retried after as many appends again; a fenced writer does not compact.
-
-Time: events are stamped, and retries wait, on an injected :class:`~spark_ckpt.clock.Clock`
-(the system clock by default); the background flush waits on its wake-up event.
-
-Thread ownership: ``append`` may be called from any thread; ``_buffer`` and ``_seq`` are guarded
-by ``_lock``; Delta commits happen under ``_flush_lock`` only (one at a time, in order).
+Compaction: when an append leaves ``spark.ckpt.eventLog.compactAtFiles`` files under
+``COMPACT_TARGET_BYTES`` in the table, the writer compacts them (delta-rs's OPTIMIZE with that
+target size: a commit that removes the small files and adds files of up to that size with the
+same rows, ``dataChange=false``; larger files are left alone, so the log is not rewritten
+whole each time). Delta's per-commit cost grows with the table's live files (an append at 550
+files took 50 ms against 6 ms at 50), and recovery reads every file: a 1,000,000-event log
+appended 500 events at a time would otherwise hold 2,000 files (scripts/sim_scale.py). The
+count is the table's, so a job whose drivers die young is compacted too. A failed or
+interrupted compaction changes nothing a reader sees (its files are not committed) and is
+tried again after the next append; a fenced writer does not compact. Compactions by two
+drivers that overlap (one stalled past its fence check) could each add a copy of the same
+rows: the snapshot is refreshed just before compacting, and the reader keeps one row per
+(``job_attempt``, ``seq``), which identifies an event.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 # Delta writes a log checkpoint every N commits, so loading a long log stays fast.
 _TABLE_CONFIG = {"delta.checkpointInterval": "50", "delta.appendOnly": "true"}
+COMPACT_TARGET_BYTES = 16 * 1024 * 1024  # files this large are done: never rewritten again
 _MAX_BACKOFF_S = 10.0
 
 
@@ -62,7 +63,7 @@ class EventLogWriter:
         job_attempt: int,
         flush_interval_ms: int,
         flush_max_events: int,
-        compact_every_commits: int = 0,
+        compact_at_files: int = 0,
         write_retries: int = 5,
         retry_backoff_ms: int = 200,
         is_fenced: Callable[[], bool] = lambda: False,
@@ -76,8 +77,7 @@ class EventLogWriter:
         self.job_attempt = job_attempt
         self._interval = flush_interval_ms / 1000.0
         self._max = flush_max_events
-        self._compact_every = compact_every_commits
-        self._since_compaction = 0
+        self._compact_at = compact_at_files
         self._table: DeltaTable | None = None  # the open table appends go to (flush lock)
         self._is_fenced = is_fenced
         self._on_flush = on_flush
@@ -201,16 +201,26 @@ class EventLogWriter:
             self.commits += 1
             log.debug("Job %s attempt %d: flushed %d events in %.0f ms", self.job_id,
                       self.job_attempt, len(batch), (self._clock.monotonic_s() - started) * 1000)
-            self._since_compaction += 1
-            if self._compact_every and self._since_compaction >= self._compact_every:
+            if self._compact_at and self._small_files() >= self._compact_at:
                 self._compact()
         if self._on_flush is not None:
             self._on_flush(batch)
 
+    def _small_files(self) -> int:
+        """The table's files under the compaction target, as the last append left it."""
+        if self._table is None:
+            return 0
+        try:
+            sizes = self._table.get_add_actions(flatten=True).column("size_bytes")
+        except Exception as exc:  # noqa: BLE001 - counting never fails an append
+            log.warning("Job %s attempt %d: could not count the event log's files: %s",
+                        self.job_id, self.job_attempt, exc)
+            return 0
+        return sum(1 for size in sizes.to_pylist() if size < COMPACT_TARGET_BYTES)
+
     def _compact(self) -> None:
-        """Compact the table's files into one (under the flush lock): best effort, the
-        events are durable whether it happens or not."""
-        self._since_compaction = 0
+        """Compact the table's small files (under the flush lock): best effort, the events
+        are durable whether it happens or not."""
         if self._is_fenced():
             return  # the next flush raises JobFencedError; a fenced driver writes nothing
         started = self._clock.monotonic_s()
@@ -218,18 +228,18 @@ class EventLogWriter:
             fault_point("eventlog.compact")
             if self._table is None:
                 self._table = DeltaTable(self._uri)
-            metrics = self._table.optimize.compact()
+            self._table.update_incremental()  # plan from the newest files: see the module doc
+            metrics = self._table.optimize.compact(target_size=COMPACT_TARGET_BYTES)
         except Exception as exc:  # noqa: BLE001 - a later compaction tries again
             self._table = None
             log.warning("Job %s attempt %d: compacting the event log at %s failed (the events "
-                        "are durable; tried again after %d more appends): %s", self.job_id,
-                        self.job_attempt, self._uri, self._compact_every, exc)
+                        "are durable; tried again after the next append): %s", self.job_id,
+                        self.job_attempt, self._uri, exc)
             return
         self.compactions += 1
         log.info("Job %s attempt %d: compacted the event log's files (%s removed, %s added) in "
                  "%.0f ms", self.job_id, self.job_attempt, metrics.get("numFilesRemoved"),
                  metrics.get("numFilesAdded"), (self._clock.monotonic_s() - started) * 1000)
-
 
 def _stamp(event: Event, job_id: str, attempt: int, seq: int, now_ms: int) -> Event:
     from dataclasses import replace

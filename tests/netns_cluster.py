@@ -238,6 +238,22 @@ def _network(cluster: Cluster, subnet: str, count: int) -> None:
         (etc / "hosts").write_text(f"{hosts_file.rstrip()}\n{host.ip} {host.hostname}\n")
         for sub in ("local", "work", "run", "logs", "tmp"):
             (host.directory / sub).mkdir(parents=True, exist_ok=True)
+    _allow_forwarding(cluster.bridge)
+
+
+BRIDGE_NETFILTER = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+
+
+def _allow_forwarding(bridge: str) -> None:
+    """Hosts reach each other through the bridge (shuffle and broadcast fetches go host to
+    host). Where bridged traffic passes iptables (br_netfilter loaded) and iptables has rules,
+    as where Docker runs (its FORWARD policy drops), accept the bridge's own traffic (removed
+    by :func:`_remove`). Without the iptables command there are no such rules to pass (this
+    machine: br_netfilter on, no iptables, hosts reach each other)."""
+    if not BRIDGE_NETFILTER.exists() or BRIDGE_NETFILTER.read_text().strip() != "1" or \
+            not shutil.which("iptables"):
+        return
+    _run(["iptables", "-I", "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"])
 
 
 def _start_daemons(cluster: Cluster, *, cores: int, memory: str, timeout: float) -> None:
@@ -355,6 +371,9 @@ def _remove(owner: str) -> None:
     for name in _bridges():
         if name == f"{owner}br":
             _run(["ip", "link", "del", name], check=False)
+    if BRIDGE_NETFILTER.exists() and shutil.which("iptables"):  # _allow_forwarding's rule
+        _run(["iptables", "-D", "FORWARD", "-i", f"{owner}br", "-o", f"{owner}br", "-j",
+              "ACCEPT"], check=False)
     if NETNS_ETC.is_dir():
         for name in os.listdir(NETNS_ETC):
             if name.startswith(f"{owner}-"):

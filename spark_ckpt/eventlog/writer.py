@@ -33,7 +33,7 @@ from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import EventLogError, JobFencedError
 from spark_ckpt.eventlog.events import EVENT_SCHEMA, Event, events_to_table
 from spark_ckpt.faults import fault_point
-from spark_ckpt.storage import Storage
+from spark_ckpt.storage import Storage, delta_options, is_delta_table
 
 __all__ = ["EventLogWriter"]
 
@@ -85,10 +85,10 @@ class EventLogWriter:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        if not DeltaTable.is_deltatable(self._uri):
+        if not is_delta_table(self._uri):
             DeltaTable.create(
                 self._uri, EVENT_SCHEMA, mode="ignore", name="spark_ckpt_events",
-                configuration=_TABLE_CONFIG,
+                configuration=_TABLE_CONFIG, storage_options=delta_options(self._uri),
             )
         self._thread = threading.Thread(
             target=self._run, name=f"spark-ckpt-eventlog-{self.job_id}", daemon=True
@@ -160,7 +160,8 @@ class EventLogWriter:
                     raise self._fenced_error()
                 try:
                     fault_point("eventlog.write")
-                    write_deltalake(self._uri, events_to_table(batch), mode="append")
+                    write_deltalake(self._uri, events_to_table(batch), mode="append",
+                                    storage_options=delta_options(self._uri))
                     break
                 except Exception as exc:
                     attempt += 1

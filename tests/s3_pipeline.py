@@ -14,11 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jobs"))
 
-from stateful_counts import EVENTS_SCHEMA, Printer, Sequencer  # noqa: E402
+from stateful_counts import EVENTS_SCHEMA, Printer, Sequencer
 
-from spark_ckpt import StreamingContext, get_or_create_session  # noqa: E402
-from spark_ckpt.options import Settings  # noqa: E402
-from spark_ckpt.state import count, sum_  # noqa: E402
+from spark_ckpt import StreamingContext, get_or_create_session
+from spark_ckpt.options import Settings
+from spark_ckpt.state import count, sum_
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kafka_cluster import _fetched, free_port  # noqa: E402 - tests/ is not a package
+from kafka_cluster import _fetched, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 POM = ROOT / "jvm" / "s3a" / "pom.xml"
@@ -121,7 +121,7 @@ def start(log: Path, *, bucket: str | None = None, timeout: float = 60) -> S3Ser
     from helpers import wait_for
 
     server = S3Server(port=free_port(), bucket=bucket or f"ckpt-{uuid.uuid4().hex[:12]}")
-    out = open(log, "ab")  # noqa: SIM115 - the child holds it open; closed after it ends
+    out = open(log, "ab")  # the child holds it open; closed here once it has it
     env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY)
     server.proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(server.port)],

@@ -86,7 +86,8 @@ def test_create_exclusive_is_a_conditional_put_one_writer_of_many_wins(s3, schem
         start = threading.Barrier(8)
         won: list[int] = []
 
-        def race(i: int, key: str = key, start: threading.Barrier = start) -> None:
+        def race(i: int, key: str = key, start: threading.Barrier = start,
+                 won: list[int] = won) -> None:
             start.wait()
             if store.create_exclusive(key, str(i).encode()):
                 won.append(i)

@@ -142,7 +142,10 @@ def read_table(storage: Storage, path: str, *, repair: bool = False, clock: Cloc
     pieces: list[pa.Table] = []
     for uri in table.file_uris():
         try:
-            piece = pq.read_table(_local(uri) if storage.local else uri)
+            # through the storage's file system: pyarrow alone knows no s3a:// and none of
+            # the endpoint and credentials of spark.hadoop.fs.s3a.* (storage/s3.py)
+            piece = (pq.read_table(_local(uri)) if storage.local else
+                     pq.read_table(storage.fs_path(uri), filesystem=storage.fs))
             versions = set(piece.column("format_version").unique().to_pylist())
             if versions - set(READABLE_FORMAT_VERSIONS):
                 raise FormatVersionError(

@@ -57,7 +57,7 @@ def _arm_ckpt(spark, base: str, args: argparse.Namespace) -> dict[str, float]:
     from spark_ckpt import StreamingListener
 
     class Timings(StreamingListener):
-        def on_checkpoint(self, stats):  # noqa: ANN001 - the listener's protocol
+        def on_checkpoint(self, stats):
             if stats.get("status") == "completed" and stats.get("duration_ms") is not None:
                 checkpoints.append(float(stats["duration_ms"]))
 
@@ -80,7 +80,7 @@ def _arm_ss(spark, base: str, args: argparse.Namespace) -> dict[str, float]:
     agg = (source.withColumn("key", F.col("value") % args.keys)
            .groupBy("key").agg(F.count("*").alias("n"), F.sum("value").alias("total")))
 
-    def write(df, _batch_id):  # noqa: ANN001 - foreachBatch's signature
+    def write(df, _batch_id):
         df.write.mode("append").parquet(f"{base}/totals")
 
     query = (agg.writeStream.outputMode("update").foreachBatch(write)
@@ -132,7 +132,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-s3-"))
     results: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
     with s3_server.running(work / "server.log") as server:
-        defaults = s3_server.defaults_file(server, work / "defaults.conf")
+        # the repository's defaults (not the tests' JVM options) plus S3A
+        defaults = s3_server.defaults_file(server, work / "defaults.conf",
+                                           base=(ROOT / "spark-defaults.conf").read_text())
         env = dict(os.environ, SPARK_CKPT_DEFAULTS=str(defaults), PYSPARK_PYTHON=sys.executable,
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         for rep in range(args.reps):

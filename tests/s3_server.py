@@ -160,11 +160,20 @@ def running(log: Path, **kw: str) -> Iterator[S3Server]:
         stop(server)
 
 
-def defaults_file(server: S3Server, path: Path) -> Path:
-    """The tests' spark-defaults.conf plus S3A for ``server`` and its jars."""
+def defaults_file(server: S3Server, path: Path, *, jars_key: str = "spark.driver.extraClassPath",
+                  base: str | None = None) -> Path:
+    """The tests' spark-defaults.conf (or ``base``, a defaults file's text) plus S3A for
+    ``server`` and its jars.
+
+    ``jars_key``: the jars on the driver's class path by default (a local-mode driver is its
+    own executor), not in ``spark.jars``: a driver copies every jar of ``spark.jars`` into its
+    temporary directory at start-up, and one the tests SIGKILL leaves that copy behind (686 MB
+    of the AWS SDK bundle each time). ``spark.jars`` works the same otherwise."""
     from helpers import defaults_text
 
-    lines = [defaults_text(), f"spark.jars {','.join(s3a_jars())}"]
+    separator = "," if jars_key == "spark.jars" else ":"
+    lines = [defaults_text() if base is None else base,
+             f"{jars_key} {separator.join(s3a_jars())}"]
     lines += [f"{k} {v}" for k, v in server.spark_conf().items()]
     path.write_text("\n".join(lines) + "\n")
     return path

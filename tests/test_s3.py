@@ -206,7 +206,7 @@ def test_keyed_pipeline_checkpoints_to_s3_and_restores_exactly_once(s3, tmp_path
     assert crashed.returncode == -9, crashed.stdout[-3000:] + crashed.stderr[-3000:]
     assert "RESULT" not in crashed.stdout
     # the first checkpoint's metadata, created by a conditional PUT, is in the bucket
-    assert any(k.endswith("/chk-1/_metadata.json") for k in s3.keys("ckpt/")), \
+    assert any(k.endswith("/chk-00000001/_metadata.json") for k in s3.keys("ckpt/")), \
         s3.keys("ckpt/")
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT,
                           start_new_session=True,

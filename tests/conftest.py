@@ -121,7 +121,7 @@ LONGEST_FIRST = ["test_connect_clients.py", "test_connect.py", "test_recovery_fa
                  "test_checkpoint_recovery.py", "test_kafka.py", "test_cluster_faults.py",
                  "test_demo.py",
                  "test_stream_recovery.py", "test_keyed_state.py", "test_typed_state.py",
-                 "test_stop.py", "test_relocate.py", "test_batch_job.py", "test_recipes.py",
+                 "test_stop.py", "test_relocate.py", "test_s3.py", "test_batch_job.py", "test_recipes.py",
                  "test_hostile_input.py", "test_batch_input_identity.py", "test_notebook.py",
                  "test_options.py", "test_state_evolution.py", "test_restored_copy.py",
                  "test_delta_source_maintenance.py", "test_state_cluster.py",

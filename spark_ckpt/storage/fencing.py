@@ -6,9 +6,10 @@ put-if-absent, so concurrent claims get distinct, totally ordered versions; the 
 highest version owns, and a driver is fenced as soon as any newer claim exists, which costs
 one existence check of ``_delta_log/<own version + 1>.json``. This is a compare-and-swap
 wherever Delta's own multi-writer guarantee holds: local disks, HDFS, ADLS, GCS, and S3 with
-conditional writes or a DynamoDB lock provider (as delta-rs documents). Plain
-``create_exclusive`` markers, which are check-then-write on object stores, only number the
-attempts; they no longer decide who may commit.
+conditional writes (delta-rs's default there, and ``conditional_put=etag`` is passed:
+``storage/s3.py``) or a DynamoDB lock provider. Plain ``create_exclusive`` markers, atomic on
+local disks and S3 but check-then-write on the other object stores, only number the attempts;
+they do not decide who may commit.
 
 Log cleanup is off on the fence table, so the check of the next version stays valid for as
 long as the table lives (one small commit per driver start). A claim's ``claimed_ms`` is read

@@ -197,21 +197,23 @@ class Storage:
             finally:
                 os.unlink(tmp)
             return True
-        self._torn(path, data, rule)
-        if rule is not None:
-            raise faultfs.enospc("create", path)
         where = f"{self._scheme}://{self._authority}"
         if isinstance(self._fs, pafs.S3FileSystem):
-            created = s3.put_if_absent(path, data)  # If-None-Match: *
-            if created is not None:
-                return created
-            s3.warn_check_then_write(where, "no conditional PUT: botocore is not installed "
-                                     "or the server does not implement If-None-Match")
+            if rule is None:  # (an injected fault takes the check-then-write path below)
+                created = s3.put_if_absent(path, data)  # If-None-Match: *
+                if created is not None:
+                    return created
+                s3.warn_check_then_write(where, "no conditional PUT: botocore is not "
+                                         "installed or the server does not implement "
+                                         "If-None-Match")
         else:
             s3.warn_check_then_write(where, f"pyarrow's {type(self._fs).__name__} has no "
                                      "conditional write")
         if self.exists(path):
             return False
+        self._torn(path, data, rule)
+        if rule is not None:
+            raise faultfs.enospc("create", path)
         self.makedirs(path.rsplit("/", 1)[0])
         with self._fs.open_output_stream(path) as out:
             out.write(data)

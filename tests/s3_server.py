@@ -134,7 +134,11 @@ def start(log: Path, *, bucket: str | None = None, timeout: float = 60) -> S3Ser
                            f"see {log}")
     if server.proc.poll() is not None:
         raise RuntimeError(f"S3 server exited ({server.proc.returncode}); see {log}")
-    server.client().create_bucket(Bucket=server.bucket)
+    try:
+        server.client().create_bucket(Bucket=server.bucket)
+    except BaseException:  # a server left running would outlive the caller
+        stop(server)
+        raise
     return server
 
 

@@ -18,6 +18,7 @@ fits it (in brackets), so ``except ValueError`` and ``except RuntimeError`` keep
     ├── EventLogError [RuntimeError]
     │   └── EventLogUnreadable
     ├── JobFencedError [RuntimeError]
+    ├── StorageGuaranteeError [RuntimeError]
     ├── CommitError [RuntimeError]
     ├── InputChangedError [RuntimeError]
     ├── TaskExecutionError [RuntimeError]
@@ -56,6 +57,7 @@ __all__ = [
     "SparkCkptError",
     "StateSchemaError",
     "StateTooLargeError",
+    "StorageGuaranteeError",
     "TaskExecutionError",
     "UserFunctionError",
 ]
@@ -118,6 +120,11 @@ class EventLogUnreadable(EventLogError):
 
 class JobFencedError(SparkCkptError, RuntimeError):
     """Another driver started an attempt of the same job; this driver must not commit."""
+
+
+class StorageGuaranteeError(SparkCkptError, RuntimeError):
+    """A store cannot give a guarantee the configuration requires: create-if-absent without a
+    conditional write, with ``spark.ckpt.storage.conditionalWrites=required``."""
 
 
 class CommitError(SparkCkptError, RuntimeError):

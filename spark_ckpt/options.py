@@ -492,6 +492,16 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "Show a progress display: always, never, or auto (when stderr is a terminal).",
         choices=("auto", "always", "never"),
     ),
+    _opt(
+        "spark.ckpt.storage.conditionalWrites",
+        "choice",
+        "auto",
+        "Create-if-absent on S3 (checkpoint metadata, run and attempt numbers, commit markers) "
+        "is a conditional PUT; auto falls back to check-then-write with a warning where the "
+        "store or client cannot make one, required fails instead. S3 endpoint and credentials "
+        "come from spark.hadoop.fs.s3a.* (docs/object-stores.md).",
+        choices=("auto", "required"),
+    ),
 )
 
 _BY_KEY = {o.key: o for o in OPTIONS}
@@ -604,6 +614,7 @@ class Settings:
     state_local_spill: bool = FROM_OPTIONS
     state_local_dir: str = FROM_OPTIONS
     progress: str = FROM_OPTIONS
+    storage_conditional_writes: str = FROM_OPTIONS
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any] | Callable[[str], Any] | _RuntimeConf | None

@@ -29,6 +29,7 @@ from spark_ckpt.execution.job_graph import Edge, JobGraph, JobVertex, SinkSpec
 from spark_ckpt.names import check_name
 from spark_ckpt.options import Settings
 from spark_ckpt.sources.job_inputs import DataFrameSource, FileFormat, FileSource
+from spark_ckpt.storage import s3
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -257,6 +258,7 @@ class BatchJob:
         from spark_ckpt.session import get_or_create_session
 
         spark = self._spark or get_or_create_session(f"spark_ckpt:{self.run_id}")
+        s3.configure(spark.conf)  # before the first Storage: S3 from spark.hadoop.fs.s3a.*
         settings = self._settings or Settings.from_conf(spark.conf)
         if self._work_dir:
             settings = dataclasses.replace(settings, work_dir=self._work_dir)

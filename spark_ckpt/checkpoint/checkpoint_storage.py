@@ -3,8 +3,8 @@
 Layout under the checkpoint storage root (``spark.ckpt.checkpoint.dir``, by default
 ``<checkpoint directory>/checkpoints``)::
 
-    chk-<id>/_metadata.json   a completed checkpoint: written last, atomically (a local rename,
-                              a whole-object PUT on object stores); its presence is completion
+    chk-<id>/_metadata.json   a completed checkpoint: written last, created if absent (a
+                              local link, a conditional PUT on S3); its presence is completion
     history/<id>.json         statistics of the newest checkpoints, completed or aborted
                               (``spark.ckpt.checkpoint.historyRetained``, default 100)
 
@@ -58,7 +58,8 @@ class CheckpointStorage:
         record = relativized({**body, "root": self.base}, self.base)
         data = dump_record("checkpoint-metadata", METADATA_VERSION, record)
         path = self.metadata_path(checkpoint_id)
-        if not self.store.create_exclusive(path, data):  # atomic on local disks (link)
+        # atomic on local disks (link) and on S3 (a conditional PUT)
+        if not self.store.create_exclusive(path, data):
             raise CheckpointError(
                 f"checkpoint {checkpoint_id}: expected to create {path}, found it already "
                 "written (another driver completed this checkpoint id)"

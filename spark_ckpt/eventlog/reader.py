@@ -31,7 +31,7 @@ from deltalake import DeltaTable
 from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import EventLogError, EventLogUnreadable, FormatVersionError
 from spark_ckpt.eventlog.events import EVENT_SCHEMA, READABLE_FORMAT_VERSIONS, Event
-from spark_ckpt.storage import Storage, join
+from spark_ckpt.storage import Storage, delta_table, join
 
 __all__ = ["EventLogUnreadable", "LogReadResult", "read_events", "read_table"]
 
@@ -74,7 +74,7 @@ def _load_newest(storage: Storage, path: str, problems: list[str], repair: bool,
                  clock: Clock) -> DeltaTable:
     uri = storage.spark_path(path)
     try:
-        return DeltaTable(uri)
+        return delta_table(uri)
     except Exception as exc:  # noqa: BLE001 - delta-rs raises several types; which one says little
         first_error = exc
     versions = _commit_versions(storage, path)
@@ -97,7 +97,7 @@ def _load_newest(storage: Storage, path: str, problems: list[str], repair: bool,
         ) from first_error
     good = min(torn) - 1
     try:
-        table = DeltaTable(uri, version=good)
+        table = delta_table(uri, version=good)
     except Exception as exc:
         raise EventLogError(
             f"event log at {uri}: commits {sorted(torn)} are torn and version {good} before "
@@ -142,7 +142,10 @@ def read_table(storage: Storage, path: str, *, repair: bool = False, clock: Cloc
     pieces: list[pa.Table] = []
     for uri in table.file_uris():
         try:
-            piece = pq.read_table(_local(uri) if storage.local else uri)
+            # through the storage's file system: pyarrow alone knows no s3a:// and none of
+            # the endpoint and credentials of spark.hadoop.fs.s3a.* (storage/s3.py)
+            piece = (pq.read_table(_local(uri)) if storage.local else
+                     pq.read_table(storage.fs_path(uri), filesystem=storage.fs))
             versions = set(piece.column("format_version").unique().to_pylist())
             if versions - set(READABLE_FORMAT_VERSIONS):
                 raise FormatVersionError(

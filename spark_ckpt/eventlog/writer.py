@@ -41,7 +41,7 @@ from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import EventLogError, JobFencedError
 from spark_ckpt.eventlog.events import EVENT_SCHEMA, Event, events_to_table
 from spark_ckpt.faults import fault_point
-from spark_ckpt.storage import Storage
+from spark_ckpt.storage import Storage, delta_options, delta_table, is_delta_table
 
 __all__ = ["EventLogWriter"]
 
@@ -98,10 +98,10 @@ class EventLogWriter:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        if not DeltaTable.is_deltatable(self._uri):
+        if not is_delta_table(self._uri):
             DeltaTable.create(
                 self._uri, EVENT_SCHEMA, mode="ignore", name="spark_ckpt_events",
-                configuration=_TABLE_CONFIG,
+                configuration=_TABLE_CONFIG, storage_options=delta_options(self._uri),
             )
         self._thread = threading.Thread(
             target=self._run, name=f"spark-ckpt-eventlog-{self.job_id}", daemon=True
@@ -174,7 +174,7 @@ class EventLogWriter:
                 try:
                     fault_point("eventlog.write")
                     if self._table is None:
-                        self._table = DeltaTable(self._uri)
+                        self._table = delta_table(self._uri)
                     write_deltalake(self._table, events_to_table(batch), mode="append")
                     break
                 except Exception as exc:
@@ -227,7 +227,7 @@ class EventLogWriter:
         try:
             fault_point("eventlog.compact")
             if self._table is None:
-                self._table = DeltaTable(self._uri)
+                self._table = delta_table(self._uri)
             self._table.update_incremental()  # plan from the newest files: see the module doc
             metrics = self._table.optimize.compact(target_size=COMPACT_TARGET_BYTES)
         except Exception as exc:  # noqa: BLE001 - a later compaction tries again

@@ -106,6 +106,14 @@ class _Commands(click.Group):
 @click.group(cls=_Commands)
 def main() -> None:
     """Inspect spark_ckpt jobs and their event logs."""
+    # S3 as the drivers see it: spark.hadoop.fs.s3a.* of the defaults file they read
+    # ($SPARK_CKPT_DEFAULTS or ./spark-defaults.conf); else pyarrow's and delta-rs's own AWS_*
+    from spark_ckpt.session import _find_defaults, read_defaults
+    from spark_ckpt.storage import s3
+
+    path = _find_defaults(None)
+    if path is not None:
+        s3.configure(read_defaults(path))
 
 
 def _load(work_dir: str | None, job_id: str):

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.sinks.per_batch import DeltaBatchSink, PipelineScope
-from spark_ckpt.storage import join
+from spark_ckpt.storage import delta_table, is_delta_table, join
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -56,11 +56,10 @@ class DeadLetters:
 
     def committed_batch(self, sources: Sequence[str]) -> int | None:
         """The last batch of this lineage whose dead letters the table holds, or None."""
-        from deltalake import DeltaTable
 
-        if not DeltaTable.is_deltatable(self.uri):
+        if not is_delta_table(self.uri):
             return None
-        table = DeltaTable(self.uri)
+        table = delta_table(self.uri)
         job = f"{self.ctx.lineage}"
         batches = [int(h[_DEAD_LETTER_BATCH]) for h in table.history()
                    if h.get("spark_ckpt.job_id") == job and _DEAD_LETTER_BATCH in h]
@@ -74,11 +73,10 @@ class DeadLetters:
         """Whether the table holds ``source``'s dead letters of ``batch_id`` (a filtered
         count: partition pruning by source, file statistics on batch_id)."""
         import pyarrow.dataset as ds
-        from deltalake import DeltaTable
 
-        if not DeltaTable.is_deltatable(self.uri):
+        if not is_delta_table(self.uri):
             return False
-        rows = DeltaTable(self.uri).to_pyarrow_dataset()
+        rows = delta_table(self.uri).to_pyarrow_dataset()
         found: int = rows.count_rows(filter=(ds.field("source") == source)
                                      & (ds.field("batch_id") == batch_id))
         return found > 0

@@ -18,7 +18,7 @@ from spark_ckpt.execution.result_partition import OutputFile
 from spark_ckpt.sinks.files import arrow_schema_for, check_files
 from spark_ckpt.sinks.sink import Sink
 from spark_ckpt.sinks.stats import file_stats
-from spark_ckpt.storage import Storage, join
+from spark_ckpt.storage import Storage, delta_options, delta_table, is_delta_table, join
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -44,8 +44,8 @@ class DeltaSink(Sink):
 
         arrow = arrow_schema_for(schema)
         self._schema = arrow
-        if DeltaTable.is_deltatable(self.uri):
-            table = DeltaTable(self.uri)
+        if is_delta_table(self.uri):
+            table = delta_table(self.uri)
             existing = pa.schema(table.schema())
             found = {f.name: f.type for f in existing}
             expected = {f.name: f.type for f in arrow}
@@ -69,12 +69,12 @@ class DeltaSink(Sink):
                 )
         else:
             DeltaTable.create(self.uri, arrow, mode="ignore",
-                              partition_by=list(self.spec.partition_by) or None)
+                              partition_by=list(self.spec.partition_by) or None,
+                              storage_options=delta_options(self.uri))
 
     def _txn_version(self) -> int:
-        from deltalake import DeltaTable
 
-        return DeltaTable(self.uri).transaction_version(self.app_id) or 0
+        return delta_table(self.uri).transaction_version(self.app_id) or 0
 
     def next_version(self) -> int:
         return self._txn_version() + 1
@@ -92,7 +92,7 @@ class DeltaSink(Sink):
         """Add ``files`` in one Delta transaction carrying the app transaction ``version``
         (skipped if the table already has it); ``version=None``: no app transaction (the
         caller knows by other means whether the files were committed)."""
-        from deltalake import CommitProperties, DeltaTable, Transaction
+        from deltalake import CommitProperties, Transaction
         from deltalake.transaction import AddAction
 
         if version is not None and self.is_committed(version):
@@ -114,7 +114,7 @@ class DeltaSink(Sink):
             )
             for f, stat in zip(files, stats, strict=True)
         ]
-        table = DeltaTable(self.uri)
+        table = delta_table(self.uri)
         schema = self._schema or pa.schema(table.schema())
         properties = CommitProperties(
             app_transactions=None if version is None else [

@@ -47,7 +47,7 @@ from spark_ckpt.kafka_client import load as load_kafka
 from spark_ckpt.sinks.files import micros_timestamps
 from spark_ckpt.sinks.per_batch import PipelineScope, staged_files
 from spark_ckpt.sinks.two_phase import TwoPhaseCommitSink
-from spark_ckpt.storage import Storage, join
+from spark_ckpt.storage import Storage, join, s3
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -221,7 +221,10 @@ class KafkaSink(TwoPhaseCommitSink):
                 "last_batch": last_batch,
                 "marker_topic": (txn or {}).get("marker_topic") or self.marker_topic,
                 "ids": {str(k): v for k, v in ids.items()},
-                "root": self.store.root, "bootstrap": self.bootstrap}
+                # a URI (a bare pyarrow path is a local one to the task), and the driver's S3
+                # settings (spark.hadoop.fs.s3a.*), which a Python worker cannot read
+                "root": self.store.spark_path(self.store.root), "bootstrap": self.bootstrap,
+                "s3": s3conf.to_json() if (s3conf := s3.current()) is not None else None}
 
     def pre_commit(self, checkpoint_id: int, pieces: list[dict[str, Any]]) -> dict[str, Any]:
         """The transaction: the pieces, and the slices' transactional ids and marker topic as
@@ -383,12 +386,13 @@ class _CommitSlices:
             done = committed(consumer, [marker])[0].offset
             if done >= checkpoint:
                 return 0, True
+            s3.install(spec.get("s3"))
             store = Storage(spec["root"])
             producer.begin_transaction()
             sent = 0
             errors: list[str] = []
             for path in files:
-                table = pq.read_table(path, filesystem=store.fs)
+                table = pq.read_table(store.fs_path(path), filesystem=store.fs)
                 for batch in table.to_batches(max_chunksize=10_000):
                     sent += _produce(producer, batch, spec["sink"], errors)
             fault_point("sink.kafka.sent")  # (a worker dies: its transaction stays open)

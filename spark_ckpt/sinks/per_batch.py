@@ -36,7 +36,7 @@ from spark_ckpt.sinks import (
     written_files,
 )
 from spark_ckpt.sparkapi import frame_api
-from spark_ckpt.storage import Storage, join
+from spark_ckpt.storage import Storage, is_delta_table, join
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -172,16 +172,14 @@ class DeltaBatchSink(_FileSink):
             self._prepared = schema
 
     def is_committed(self, batch_id: int) -> bool:
-        from deltalake import DeltaTable
 
         sink = self._sink()
-        return DeltaTable.is_deltatable(sink.uri) and sink.is_committed(batch_id + 1)
+        return is_delta_table(sink.uri) and sink.is_committed(batch_id + 1)
 
     def committed_batch(self) -> int | None:
-        from deltalake import DeltaTable
 
         sink = self._sink()
-        if not DeltaTable.is_deltatable(sink.uri):
+        if not is_delta_table(sink.uri):
             return None
         version = sink.committed_version()
         return None if version is None else version - 1

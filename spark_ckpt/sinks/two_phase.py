@@ -44,7 +44,7 @@ from spark_ckpt.faults import fault_point
 from spark_ckpt.formats import dump_record, load_record
 from spark_ckpt.sinks import DeltaSink, check_files
 from spark_ckpt.sinks.per_batch import PipelineScope, _FileSink, staged_files
-from spark_ckpt.storage import Storage, join
+from spark_ckpt.storage import Storage, delta_table, is_delta_table, join
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -326,18 +326,16 @@ class DeltaTwoPhaseSink(_FileTwoPhaseSink):
         self._merge(sink, files, checkpoint_id, meta)
 
     def committed_checkpoint(self) -> int | None:
-        from deltalake import DeltaTable
 
         sink = self.delta()
-        return sink.committed_version() if DeltaTable.is_deltatable(sink.uri) else None
+        return sink.committed_version() if is_delta_table(sink.uri) else None
 
     def committed_batch(self) -> int | None:
-        from deltalake import DeltaTable
 
         sink = self.delta()
-        if not DeltaTable.is_deltatable(sink.uri) or sink.committed_version() is None:
+        if not is_delta_table(sink.uri) or sink.committed_version() is None:
             return None  # no commit of this lineage: the table's history is not read
-        batches = [int(h["spark_ckpt.last_batch"]) for h in DeltaTable(sink.uri).history()
+        batches = [int(h["spark_ckpt.last_batch"]) for h in delta_table(sink.uri).history()
                    if h.get("spark_ckpt.app") == sink.app_id and "spark_ckpt.last_batch" in h]
         return max(batches, default=None)
 
@@ -345,7 +343,7 @@ class DeltaTwoPhaseSink(_FileTwoPhaseSink):
                meta: dict[str, str]) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
-        from deltalake import CommitProperties, DeltaTable, Transaction
+        from deltalake import CommitProperties, Transaction
 
         from spark_ckpt.storage import stat_any
 
@@ -361,7 +359,7 @@ class DeltaTwoPhaseSink(_FileTwoPhaseSink):
         rows = rows.append_column("__seq", pa.array(range(rows.num_rows), pa.int64()))
         last = rows.group_by(list(self.merge_keys)).aggregate([("__seq", "max")])
         rows = rows.take(last.column("__seq_max")).drop_columns(["__seq"])
-        table = DeltaTable(sink.uri)
+        table = delta_table(sink.uri)
         rows = rows.cast(pa.schema(table.schema()))
         # null keys match; each comparison in parentheses (delta-rs parses
         # `a IS NOT DISTINCT FROM b AND c ...` as `a IS NOT DISTINCT FROM (b AND c ...)`)

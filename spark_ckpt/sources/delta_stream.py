@@ -23,7 +23,7 @@ from spark_ckpt.sources.delta_log import (
 )
 from spark_ckpt.sources.source import Source, SourceRun
 from spark_ckpt.sparkapi import union_by_name
-from spark_ckpt.storage import Storage, join
+from spark_ckpt.storage import Storage, delta_table, join
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -52,10 +52,9 @@ class DeltaTableAccess(Source):
         return {"kind": self.kind, "path": self.path}
 
     def _table(self, version: int | None = None) -> Any:
-        from deltalake import DeltaTable
 
         try:
-            return DeltaTable(self.uri, version=version)
+            return delta_table(self.uri, version=version)
         except Exception as exc:
             raise SourceError(
                 f"{self.what} {self.name}: expected a Delta table at {self.uri}"

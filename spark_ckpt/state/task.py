@@ -193,6 +193,9 @@ class _Run:
                  pid: int | None = None) -> None:
         from pyspark import TaskContext
 
+        from spark_ckpt.storage import s3
+
+        s3.install(params.get("s3"))  # the driver's S3 settings: a worker cannot read Spark's
         self.params = params
         if pid is None:
             context = TaskContext.get()

@@ -1,9 +1,12 @@
 """File-system access for everything spark_ckpt persists, on any URI pyarrow understands.
 
 Local paths, ``file:`` URIs, ``s3://``, ``abfss://`` and ``/Volumes/...`` all resolve through
-``pyarrow.fs``. Two operations need more than pyarrow offers and are exact only on local
-storage: *create-if-absent* (``O_EXCL``) and *rename without overwrite*; on object stores they
-fall back to check-then-write, which the fencing of the event log backs up.
+``pyarrow.fs``; S3 (``s3://``, ``s3a://``) with the settings of Spark's S3A connector
+(:mod:`spark_ckpt.storage.s3`). *Create-if-absent* is atomic on local storage (``link``) and
+on S3 (a conditional PUT, ``If-None-Match: *``); on the other object stores, and on an S3
+server without conditional writes, it is check-then-write, with a warning naming the
+guarantee lost (the Delta fence still decides who commits). *Rename* is a copy then a delete
+on object stores.
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 import pyarrow.fs as pafs
 
 from spark_ckpt.storage import faulty as faultfs
+from spark_ckpt.storage import s3
 
-__all__ = ["Storage", "human_size", "join", "resolve", "stat_any"]
+__all__ = ["Storage", "delta_options", "delta_table", "human_size", "is_delta_table", "join",
+           "resolve", "stat_any"]
 
 # Spark's names of schemes pyarrow knows by another: Hadoop's S3A (and the older S3N) are S3
 _PYARROW_SCHEMES = {"s3a": "s3", "s3n": "s3"}
@@ -33,8 +39,32 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     """pyarrow's file system and path for a URI Spark takes (``s3a://`` is pyarrow's S3)."""
     if "://" in uri:
         scheme, rest = uri.split("://", 1)
+        if scheme.lower() in s3.S3_SCHEMES:
+            fs = s3.filesystem()  # configured from spark.hadoop.fs.s3a.*
+            if fs is not None:
+                return fs, rest.split("?", 1)[0].rstrip("/")
         uri = f"{_PYARROW_SCHEMES.get(scheme.lower(), scheme)}://{rest}"
     return _from_uri(uri)
+
+
+def delta_options(uri: str) -> dict[str, str] | None:
+    """delta-rs's ``storage_options`` for a table at ``uri`` (S3: the endpoint, credentials
+    and conditional commits of :mod:`spark_ckpt.storage.s3`; None elsewhere)."""
+    return s3.delta_options(uri)
+
+
+def delta_table(uri: str, version: int | None = None) -> Any:
+    """delta-rs's ``DeltaTable`` at ``uri`` (and ``version``) with :func:`delta_options`."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(uri, version=version, storage_options=delta_options(uri))
+
+
+def is_delta_table(uri: str) -> bool:
+    """Whether a Delta table is at ``uri`` (:func:`delta_options` for its store)."""
+    from deltalake import DeltaTable
+
+    return bool(DeltaTable.is_deltatable(uri, storage_options=delta_options(uri)))
 
 
 def join(base: str, *parts: str) -> str:
@@ -167,6 +197,18 @@ class Storage:
             finally:
                 os.unlink(tmp)
             return True
+        where = f"{self._scheme}://{self._authority}"
+        if isinstance(self._fs, pafs.S3FileSystem):
+            if rule is None:  # (an injected fault takes the check-then-write path below)
+                created = s3.put_if_absent(path, data)  # If-None-Match: *
+                if created is not None:
+                    return created
+                s3.warn_check_then_write(where, "no conditional PUT: botocore is not "
+                                         "installed or the server does not implement "
+                                         "If-None-Match")
+        else:
+            s3.warn_check_then_write(where, f"pyarrow's {type(self._fs).__name__} has no "
+                                     "conditional write")
         if self.exists(path):
             return False
         self._torn(path, data, rule)

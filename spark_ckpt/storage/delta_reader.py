@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from spark_ckpt.storage import Storage
+from spark_ckpt.storage import Storage, delta_table
 
 __all__ = ["read_delta"]
 
@@ -27,9 +27,8 @@ __all__ = ["read_delta"]
 def read_delta(uri: str, *, columns: Sequence[str] | None = None,
                version: int | None = None) -> pa.Table:
     """The rows of Delta table ``uri`` (at ``version``, default the latest) as Arrow."""
-    from deltalake import DeltaTable
 
-    table = DeltaTable(uri, version=version)
+    table = delta_table(uri, version=version)
     storage = Storage(uri)
     filesystem = pafs.SubTreeFileSystem(storage.root, storage.fs)
     dataset = table.to_pyarrow_dataset(filesystem=filesystem)

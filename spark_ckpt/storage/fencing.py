@@ -6,9 +6,10 @@ put-if-absent, so concurrent claims get distinct, totally ordered versions; the 
 highest version owns, and a driver is fenced as soon as any newer claim exists, which costs
 one existence check of ``_delta_log/<own version + 1>.json``. This is a compare-and-swap
 wherever Delta's own multi-writer guarantee holds: local disks, HDFS, ADLS, GCS, and S3 with
-conditional writes or a DynamoDB lock provider (as delta-rs documents). Plain
-``create_exclusive`` markers, which are check-then-write on object stores, only number the
-attempts; they no longer decide who may commit.
+conditional writes (delta-rs's default there, and ``conditional_put=etag`` is passed:
+``storage/s3.py``) or a DynamoDB lock provider. Plain ``create_exclusive`` markers, atomic on
+local disks and S3 but check-then-write on the other object stores, only number the attempts;
+they do not decide who may commit.
 
 Log cleanup is off on the fence table, so the check of the next version stays valid for as
 long as the table lives (one small commit per driver start). A claim's ``claimed_ms`` is read
@@ -29,7 +30,7 @@ from spark_ckpt.clock import Clock, SystemClock
 from spark_ckpt.errors import JobFencedError
 from spark_ckpt.formats import load_record
 from spark_ckpt.sparkapi import spark_api
-from spark_ckpt.storage import Storage, join
+from spark_ckpt.storage import Storage, delta_options, join
 
 __all__ = ["Fence", "client_session", "interrupt_earlier_clients"]
 
@@ -62,21 +63,23 @@ class Fence:
         """Append this driver's claim; return its version (the driver's epoch)."""
         from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-        if not DeltaTable.is_deltatable(self._uri):
+        options = delta_options(self._uri)  # S3: conditional commits (storage/s3.py)
+        if not DeltaTable.is_deltatable(self._uri, storage_options=options):
             try:
                 DeltaTable.create(self._uri, _SCHEMA, mode="ignore", name="spark_ckpt_fence",
-                                  configuration=_CONFIG)
+                                  configuration=_CONFIG, storage_options=options)
             except Exception:  # another driver created it at the same moment
-                if not DeltaTable.is_deltatable(self._uri):
+                if not DeltaTable.is_deltatable(self._uri, storage_options=options):
                     raise
         claim_id = uuid.uuid4().hex
         row = pa.table({"claim_id": [claim_id], "owner": [owner],
                         "host": [socket.gethostname()],
                         "claimed_ms": [self._clock.now_ms()]}, schema=_SCHEMA)
-        write_deltalake(self._uri, row, mode="append",
+        write_deltalake(self._uri, row, mode="append", storage_options=options,
                         commit_properties=CommitProperties(custom_metadata={
                             _CLAIM_KEY: claim_id}))
-        self.version = self._find(claim_id, DeltaTable(self._uri).version())
+        newest = DeltaTable(self._uri, storage_options=options).version()
+        self.version = self._find(claim_id, newest)
         log.info("%s: %s claimed ownership (fence version %d)", self._what, owner,
                  self.version)
         return self.version

@@ -39,7 +39,7 @@ from spark_ckpt.sources.generator import GeneratorSource
 from spark_ckpt.sources.kafka import KafkaSource
 from spark_ckpt.sources.receivers import QueueSource, SocketSource
 from spark_ckpt.sources.source import Source
-from spark_ckpt.storage import Storage
+from spark_ckpt.storage import Storage, s3
 from spark_ckpt.streaming.runtime.history import RecentHistory
 from spark_ckpt.streaming.runtime.lifecycle import Lifecycle, PipelineState
 from spark_ckpt.streaming.runtime.pipeline_loop import StopRequested
@@ -130,6 +130,7 @@ class StreamingContext:
             )
         check_name("pipeline name", name)
         self.batch_interval = float(batch_interval)
+        s3.configure(spark.conf)  # before the first Storage: S3 from spark.hadoop.fs.s3a.*
         # what the template, the sources and the sinks see of this pipeline (never this object)
         self._definition = PipelineDefinition(
             spark, name, settings or Settings.from_conf(spark.conf),  # type: ignore[arg-type]

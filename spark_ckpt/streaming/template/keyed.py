@@ -53,7 +53,7 @@ from spark_ckpt.state.task import (
     agg_task,
     meta_schema,
 )
-from spark_ckpt.storage import join
+from spark_ckpt.storage import join, s3
 from spark_ckpt.streaming.template.operator_state import (
     AggState,
     OperatorSnapshot,
@@ -398,7 +398,9 @@ class StatefulStream(Stream):
                 "materialize_every": s.state_materialize_every, "keys": list(self.keys),
                 "local_spill": s.state_local_spill,
                 "state_sources": dict(state.evolution.sources) if state.evolution else {},
-                "rewrite": state.rewrite}
+                "rewrite": state.rewrite,
+                # the driver's S3 settings (spark.hadoop.fs.s3a.*), installed by the task
+                "s3": config.to_json() if (config := s3.current()) is not None else None}
 
     @staticmethod
     def _plans(state: OperatorState) -> dict[int, dict[str, Any]]:

@@ -162,7 +162,10 @@ def test_concurrent_fence_claims_on_s3_get_distinct_versions(s3):
         t.start()
     for t in threads:
         t.join()
-    assert sorted(versions) == list(range(1, 7)), versions  # version 0 creates the table
+    # each claim its own version (its epoch), after version 0's creation of the table; a
+    # driver that raced to create the table too may have committed its metadata as well, and
+    # the claims that conflicted with it claimed again
+    assert len(set(versions)) == 6 and min(versions) >= 1, versions
     uri = s3.uri("job", "fence")
     table = DeltaTable(uri, storage_options=delta_options(uri))
     assert table.to_pyarrow_table().num_rows == 6

@@ -40,6 +40,7 @@ _SCHEMA = pa.schema([("claim_id", pa.string()), ("owner", pa.string()),
                      ("host", pa.string()), ("claimed_ms", pa.int64())])
 _CONFIG = {"delta.enableExpiredLogCleanup": "false", "delta.appendOnly": "true"}
 _CLAIM_KEY = "spark_ckpt.claim"
+_CLAIM_TRIES = 5  # a claim that conflicted with a concurrent commit (nothing committed)
 
 
 class Fence:
@@ -62,6 +63,7 @@ class Fence:
     def claim(self, owner: str) -> int:
         """Append this driver's claim; return its version (the driver's epoch)."""
         from deltalake import CommitProperties, DeltaTable, write_deltalake
+        from deltalake.exceptions import CommitFailedError
 
         options = delta_options(self._uri)  # S3: conditional commits (storage/s3.py)
         if not DeltaTable.is_deltatable(self._uri, storage_options=options):
@@ -75,9 +77,20 @@ class Fence:
         row = pa.table({"claim_id": [claim_id], "owner": [owner],
                         "host": [socket.gethostname()],
                         "claimed_ms": [self._clock.now_ms()]}, schema=_SCHEMA)
-        write_deltalake(self._uri, row, mode="append", storage_options=options,
-                        commit_properties=CommitProperties(custom_metadata={
-                            _CLAIM_KEY: claim_id}))
+        for attempt in range(_CLAIM_TRIES):
+            try:
+                write_deltalake(self._uri, row, mode="append", storage_options=options,
+                                commit_properties=CommitProperties(custom_metadata={
+                                    _CLAIM_KEY: claim_id}))
+                break
+            except CommitFailedError:
+                # not committed: a driver racing to create the table committed its metadata
+                # as this claim read the table (seen on S3 with six claims at once); the
+                # same claim again, which _find then locates by its id
+                if attempt == _CLAIM_TRIES - 1:
+                    raise
+                log.info("%s: %s's claim conflicted with a concurrent commit; claiming again",
+                         self._what, owner)
         newest = DeltaTable(self._uri, storage_options=options).version()
         self.version = self._find(claim_id, newest)
         log.info("%s: %s claimed ownership (fence version %d)", self._what, owner,

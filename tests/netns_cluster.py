@@ -36,11 +36,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pyspark
+from helpers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SPARK_HOME = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
@@ -275,13 +275,10 @@ def _start_daemons(cluster: Cluster, *, cores: int, memory: str, timeout: float)
         if proc.returncode != 0 or "failed to launch" in out:
             raise RuntimeError(f"a daemon did not start ({proc.returncode}): {out[-3000:]}"
                                + _logs(cluster))
-    deadline = time.monotonic() + timeout
-    while registered(cluster) < len(cluster.hosts):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{registered(cluster)} of {len(cluster.hosts)} workers "
-                               f"registered with {cluster.master_url} in {timeout} s"
-                               + _logs(cluster))
-        time.sleep(0.2)  # a poll interval while the daemons start
+    if not wait_for(lambda: registered(cluster) >= len(cluster.hosts), timeout):
+        raise RuntimeError(f"{registered(cluster)} of {len(cluster.hosts)} workers "
+                           f"registered with {cluster.master_url} in {timeout} s"
+                           + _logs(cluster))
 
 
 def registered(cluster: Cluster) -> int:
@@ -386,9 +383,7 @@ def _kill(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)  # a poll interval until the kernel has taken them
+    wait_for(lambda: not any(_alive(p) for p in pids), 30, interval=0.05)
 
 
 def _marked_processes() -> dict[str, list[int]]:

@@ -202,7 +202,8 @@ def _tasks(cluster: Cluster, ckpt: Path) -> list[dict]:
         state = record["state"]["state"]
         batches.append({
             "batch_id": record["batch_id"],
-            "ms": record.get("duration_ms") or record.get("durations_ms", {}).get("total"),
+            "ms": record["durations_ms"].get("total"),
+            "state_ms": record["durations_ms"].get("state"),
             "hosts": {pid: by_name.get(t["executor"].split(":")[0], t["executor"])
                       for pid, t in state["tasks"].items()},
             "found": {pid: t["cache"] or ("restored" if t["restored"] else "empty")
@@ -229,6 +230,8 @@ def _summary(name: str, record: dict) -> dict:
     summary = {"arm": name, "task_runs": runs, "found": dict(sorted(found.items())),
                "local_pct": round(100 * local / max(runs, 1), 1),
                "restore_ms_per_batch": round(statistics.mean(restore), 1) if restore else 0,
+               "batch_ms_median": statistics.median(b["ms"] for b in batches[1:]),
+               "state_ms_median": statistics.median(b["state_ms"] for b in batches[1:]),
                "seconds": round(record["seconds"], 1), "batches": record["batches"]}
     print(f"\nLOCALITY {json.dumps(summary)}")
     return summary

@@ -546,11 +546,22 @@ class ClassicSpark:
                   "A stateful stage has %d Spark partitions for its %d key-group ranges; its "
                   "tasks run without preferred locations", found, partitions)
             return None
-        alive = {str(e) for e in _seq(self._sc._jsc.sc().getExecutorIds())}
+        context = self._sc._jsc.sc()
+        alive = {str(e) for e in _seq(context.getExecutorIds())}
+        hosts: set[str] | None = None
         wanted = gateway.new_array(jvm.java.lang.String, partitions)
         for pid, (host, executor) in locations.items():
-            if 0 <= pid < partitions and executor in alive:  # a lost executor: anywhere
+            if not 0 <= pid < partitions:
+                continue
+            if executor in alive:
                 wanted[pid] = f"executor_{host}_{executor}"
+                continue
+            # a lost executor: its host, if another executor runs there (its local disk may
+            # hold the range), else anywhere at once
+            if hosts is None:
+                hosts = {str(i.host()) for i in context.statusTracker().getExecutorInfos()}
+            if host in hosts:
+                wanted[pid] = host
         wrapped = rdd_class(rows, wanted)
         jdf = self.spark._jsparkSession.internalCreateDataFrame(wrapped, df._jdf.schema(), False)
 

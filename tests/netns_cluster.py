@@ -114,9 +114,7 @@ class Cluster:
                     python_path: str = "") -> dict[str, str]:
         """Spark settings of a driver in the root namespace: this master, the bridge's address
         for the driver, one 1-core executor per host (the first job waits until all are up),
-        no locality wait (tasks go to whichever host is free) but Spark's default 3 s for a
-        task that prefers an executor (a stateful task: its range's state is there), this
-        interpreter and
+        no locality wait (tasks go to whichever host is free), this interpreter and
         ``python_path`` on the executors, Spark's event log (uncompressed) under
         :attr:`event_log_dir`."""
         marker = f"-D{PREFIX}.owner={self.owner}"  # found by remove_stale if the run dies
@@ -131,9 +129,6 @@ class Cluster:
             "spark.scheduler.minRegisteredResourcesRatio": "1.0",
             "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
             "spark.locality.wait": "0s",
-            # ... but for a task that prefers an executor (a stateful task's key-group range,
-            # spark_ckpt's PreferredLocationsRDD): Spark's default, what users run with
-            "spark.locality.wait.process": "3s",
             "spark.pyspark.python": sys.executable,
             "spark.pyspark.driver.python": sys.executable,
             "spark.executorEnv.PYTHONPATH": python_path,

@@ -64,6 +64,8 @@ PIPELINES = ({"aggregation": ("aggregation", "memory"), "rocksdb": ("rocksdb", "
              if LONG_FAULTS else
              {"aggregation": ("keyed", "rocksdb"), "rocksdb": ("keyed", "rocksdb")})
 
+LOCALITY_WAIT = "spark.locality.wait.process 3s\n"
+
 STREAM_CHILD = f"""
 import json, sys, time
 from pathlib import Path
@@ -170,11 +172,15 @@ def streaming(cluster: Cluster, cluster_defaults: str, tmp_path_factory) -> dict
     """Scenarios 1 and 2 in one driver on the cluster (PIPELINES): per scenario, its
     pipeline's record."""
     base = tmp_path_factory.mktemp("netns-streaming")
+    # Spark's default wait for a task that prefers an executor (the cluster's drivers wait for
+    # none): a stateful task's range runs where its state is (docs/checkpointing.md)
+    defaults = base / "spark-defaults.conf"
+    defaults.write_text(Path(cluster_defaults).read_text() + LOCALITY_WAIT)
     started = time.monotonic()
     local_dirs = {h.name: str(h.local_dir) for h in cluster.hosts}
     done = subprocess.run([sys.executable, "-c", STREAM_CHILD, str(base), json.dumps(PIPELINES),
                            json.dumps(local_dirs)],
-                          env=child_env(SPARK_CKPT_DEFAULTS=cluster_defaults),
+                          env=child_env(SPARK_CKPT_DEFAULTS=str(defaults)),
                           capture_output=True, text=True, timeout=900,
                           start_new_session=True, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]

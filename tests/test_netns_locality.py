@@ -159,6 +159,9 @@ def runs(cluster: Cluster, tmp_path_factory) -> dict:
     signals.mkdir()
     conf = cluster.driver_conf(python_path=child_env()["PYTHONPATH"])
     defaults = cluster.directory / "spark-defaults.conf"
+    # the cluster's drivers wait for no locality; a stateful task waits Spark's default 3 s
+    # for the executor it prefers (docs/checkpointing.md, "State locality")
+    conf["spark.locality.wait.process"] = "3s"
     defaults.write_text(defaults_text() + "".join(f"{k} {v}\n" for k, v in conf.items()))
     arms = _arms()
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(base), json.dumps(arms),

@@ -4,7 +4,7 @@ Spark gives a Python operator's tasks no locality, so a key-group range's task m
 another executor than last batch and rebuild its state from the durable chain. The jar
 (``jvm/locality``, one Java class, ``io.sparkckpt.locality.PreferredLocationsRDD``) wraps the
 stateful stage's input with a preferred location per partition, as Structured Streaming's
-state store coordinator does for its state stores (docs/operations.md, "State locality").
+state store coordinator does for its state stores (docs/checkpointing.md, "Where state lives").
 
 It ships inside the package (``spark_ckpt/jars/``) and the package loads it itself: on the
 ``spark.jars`` of a session spark_ckpt builds (:func:`spark_ckpt.session.get_or_create_session`),

@@ -343,7 +343,7 @@ def _check_locality_wait(sc: Any) -> None:
         _once("wait", logging.WARNING,
               "spark.locality.wait.process is %s: a stateful task runs where its key-group "
               "range's state is only when that executor is free at once; keep Spark's default "
-              "(3s) for state locality (docs/operations.md)", raw)
+              "(3s) for state locality (docs/checkpointing.md, \"Where state lives\")", raw)
 
 
 class ClassicSpark:

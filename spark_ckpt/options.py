@@ -486,6 +486,17 @@ OPTIONS: tuple[ConfigOption[Any], ...] = (
         "SPARK_LOCAL_DIRS or the temporary directory.",
     ),
     _opt(
+        "spark.ckpt.state.preferLocations",
+        "bool",
+        True,
+        "Run each key-group range's task on the executor where it last ran (its state "
+        "there, in a Python worker or on local disk), as Structured Streaming's state store "
+        "coordinator does, through the jar the package ships; needs "
+        "spark.locality.wait.process above 0 (Spark's default 3s). False, on Spark Connect "
+        "or without the jar: Spark places the tasks, and a range that moves is rebuilt from "
+        "durable state.",
+    ),
+    _opt(
         "spark.ckpt.progress",
         "choice",
         "auto",
@@ -613,6 +624,7 @@ class Settings:
     state_small_batch_max_state_rows: int = FROM_OPTIONS
     state_local_spill: bool = FROM_OPTIONS
     state_local_dir: str = FROM_OPTIONS
+    state_prefer_locations: bool = FROM_OPTIONS
     progress: str = FROM_OPTIONS
     storage_conditional_writes: str = FROM_OPTIONS
 

@@ -119,11 +119,25 @@ def get_or_create_session(
         if log4j.is_file() and "spark.driver.extraJavaOptions" not in settings:
             settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j}"
     settings.update(conf or {})
+    _add_locality_jar(settings)
     builder = SparkSession.builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     log.info("Starting SparkSession %s (defaults: %s)", app_name, path or "embedded")
     return builder.getOrCreate()
+
+
+def _add_locality_jar(settings: dict[str, str]) -> None:
+    """spark_ckpt's jar (spark_ckpt.jvm) on the new session's ``spark.jars``: the driver's
+    class path and every executor's, for stateful tasks' preferred locations."""
+    from spark_ckpt.jvm import jar_path
+
+    jar = jar_path()
+    if jar is None:
+        return
+    jars = [j for j in settings.get("spark.jars", "").split(",") if j.strip()]
+    if not any(j.strip().endswith(jar.name) for j in jars):
+        settings["spark.jars"] = ",".join([*jars, str(jar)])
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.sparkapi.types import Expr, PlanNode, walk
@@ -279,6 +279,73 @@ def _columns(expressions: Any, position: dict[int, int | str]) -> list[int | str
     return out
 
 
+_LOGGED: set[str] = set()
+
+
+def _once(key: str, level: int, message: str, *args: Any) -> None:
+    """Log ``message`` the first time ``key`` comes up in this process."""
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        _log.log(level, message, *args)
+
+
+def _locality_class(spark: SparkSession) -> Any:
+    """spark_ckpt's PreferredLocationsRDD class in the driver's JVM (spark_ckpt.jvm), its jar
+    added to a running session first if needed (the driver's class loader, and the executors
+    through ``addJar``); None, logged once, when the jar is missing or cannot be loaded."""
+    from py4j.java_gateway import JavaClass
+
+    from spark_ckpt.jvm import LOCALITY_CLASS, jar_path
+
+    jvm = spark._jvm
+    assert jvm is not None
+
+    def lookup() -> Any:
+        found = jvm
+        for part in LOCALITY_CLASS.split("."):
+            found = getattr(found, part)
+        return found if isinstance(found, JavaClass) else None
+
+    found = lookup()
+    if found is not None:
+        return found
+    jar = jar_path()
+    if jar is None:
+        _once("no-jar", logging.INFO,
+              "spark_ckpt's locality jar is not built (python -m spark_ckpt.jvm build): "
+              "stateful tasks run wherever Spark puts them")
+        return None
+    try:
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        loader.addURL(jvm.java.io.File(str(jar)).toURI().toURL())  # a MutableURLClassLoader
+        spark.sparkContext._jsc.sc().addJar(str(jar))  # the executors fetch it before tasks
+    except Exception as exc:  # noqa: BLE001 - py4j: a class loader without addURL
+        _once("no-load", logging.INFO,
+              "Could not add spark_ckpt's locality jar to this session (%s): stateful tasks "
+              "run wherever Spark puts them", exc)
+        return None
+    found = lookup()
+    if found is None:
+        _once("no-class", logging.INFO,
+              "spark_ckpt's locality jar %s was added but %s does not load: stateful tasks "
+              "run wherever Spark puts them", jar, LOCALITY_CLASS)
+    else:
+        _log.info("Added spark_ckpt's locality jar %s to the running session", jar)
+    return found
+
+
+def _check_locality_wait(sc: Any) -> None:
+    """Log once when Spark's delay scheduling is off for executor-local tasks: a preferred
+    location is then only a tie-break, and a task whose executor is busy goes elsewhere."""
+    conf = sc.getConf()
+    raw = conf.get("spark.locality.wait.process", conf.get("spark.locality.wait", "3s"))
+    if raw.strip().rstrip("ms").strip() in ("0", ""):
+        _once("wait", logging.WARNING,
+              "spark.locality.wait.process is %s: a stateful task runs where its key-group "
+              "range's state is only when that executor is free at once; keep Spark's default "
+              "(3s) for state locality (docs/checkpointing.md, \"Where state lives\")", raw)
+
+
 class ClassicSpark:
     """:class:`spark_ckpt.sparkapi.SparkApi` over a classic session's JVM."""
 
@@ -457,6 +524,55 @@ class ClassicSpark:
         for frame in frames[1:]:
             out = out.union(frame)
         return out, [task for branch in reads for task in branch]
+
+    def prefer_locations(self, df: DataFrame, partitions: int,
+                         locations: Mapping[int, tuple[str, str]]
+                         ) -> tuple[DataFrame, Callable[[], dict[int, tuple[str, str]]]] | None:
+        from pyspark.sql import DataFrame as PyDataFrame
+
+        if self._sc._jsc.sc().isLocal():
+            return None  # one executor: every task finds its range there anyway
+        rdd_class = _locality_class(self.spark)
+        if rdd_class is None:
+            return None
+        _check_locality_wait(self._sc)
+        jvm, gateway = self.spark._jvm, self._sc._gateway
+        assert jvm is not None
+        query = df._jdf.queryExecution()
+        rows = query.toRdd()  # (under AQE this runs the stage's input shuffle, as collect would)
+        found = int(rows.getNumPartitions())
+        if found != partitions:
+            _once(f"partitions:{found}:{partitions}", logging.WARNING,
+                  "A stateful stage has %d Spark partitions for its %d key-group ranges; its "
+                  "tasks run without preferred locations", found, partitions)
+            return None
+        context = self._sc._jsc.sc()
+        alive = {str(e) for e in _seq(context.getExecutorIds())}
+        hosts: set[str] | None = None
+        wanted = gateway.new_array(jvm.java.lang.String, partitions)
+        for pid, (host, executor) in locations.items():
+            if not 0 <= pid < partitions:
+                continue
+            if executor in alive:
+                wanted[pid] = f"executor_{host}_{executor}"
+                continue
+            # a lost executor: its host, if another executor runs there (its local disk may
+            # hold the range), else anywhere at once
+            if hosts is None:
+                hosts = {str(i.host()) for i in context.statusTracker().getExecutorInfos()}
+            if host in hosts:
+                wanted[pid] = host
+        wrapped = rdd_class(rows, wanted)
+        jdf = self.spark._jsparkSession.internalCreateDataFrame(wrapped, df._jdf.schema(), False)
+
+        def ran() -> dict[int, tuple[str, str]]:
+            where: dict[int, tuple[str, str]] = {}
+            for line in wrapped.ran():
+                pid, executor, host = str(line).split(" ", 2)
+                where[int(pid)] = (host, executor)
+            return where
+
+        return PyDataFrame(jdf, self.spark), ran
 
     def _interleaved(self, frames: list[DataFrame], reads: list[list[tuple[str, ...]]]
                      ) -> tuple[DataFrame, list[tuple[str, ...]]] | None:

@@ -16,7 +16,7 @@ import copy
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.clock import Clock, SystemClock
@@ -173,6 +173,11 @@ class ConnectSpark:
 
     def map_side(self, df: DataFrame) -> tuple[DataFrame, list[tuple[str, ...]]] | None:
         return None
+
+    def prefer_locations(self, df: DataFrame, partitions: int,
+                         locations: Mapping[int, tuple[str, str]]
+                         ) -> tuple[DataFrame, Callable[[], dict[int, tuple[str, str]]]] | None:
+        return None  # no jar reaches a Connect server from its client: Spark places the tasks
 
     def replace_plan(self, df: DataFrame, path: tuple[int, ...],
                      replacement: DataFrame) -> DataFrame | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -147,6 +147,20 @@ class SparkApi(Protocol):
         an aggregation (an aggregate whose buffer is not its result, anything after the
         aggregation, a second shuffle), its map side reads anything but files, or this session
         cannot cut a physical plan (Spark Connect). Runs the plan's broadcasts."""
+
+    def prefer_locations(self, df: DataFrame, partitions: int,
+                         locations: Mapping[int, tuple[str, str]]
+                         ) -> tuple[DataFrame, Callable[[], dict[int, tuple[str, str]]]] | None:
+        """``df``'s rows, partition for partition (``partitions`` of them, a stateful stage's
+        key-group ranges), each partition's task preferring the executor ``locations`` names
+        for it, ``(host, executor id)``, while that executor is alive (Spark's
+        ExecutorCacheTaskLocation, as Structured Streaming's state stores get; Spark's delay
+        scheduling waits ``spark.locality.wait.process`` for it), else its host while another
+        executor runs there, else none. Returns the frame and a
+        function that, once a job over it has ended, tells where each partition's successful
+        task ran, ``(host, executor id)``. None where this cannot be done: Spark Connect, a
+        classic session without spark_ckpt's jar, one executor (``local[*]``), or ``df`` not
+        in ``partitions`` partitions; the caller runs ``df`` as it is."""
 
     def session_id(self) -> str | None:
         """The Spark Connect session this client works in; None on a classic session (whose

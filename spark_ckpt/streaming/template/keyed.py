@@ -408,12 +408,19 @@ class StatefulStream(Stream):
                       "files": [f.to_json() for f in h.files]} for pid, h in state.live.items()}
 
     def _run_job(self, run: BatchRun, state: OperatorState, df: DataFrame, fn: Any, *,
-                 partitioned: bool = False) -> list[dict[str, Any]]:
+                 partitioned: bool = False, placeable: bool = True) -> list[dict[str, Any]]:
         spark_api(self.pipeline.spark).describe(
             f"spark_ckpt pipeline {self.pipeline.name} batch {run.batch_id} operator "
             f"{self.operator}")
         if not partitioned:
             df = df.repartitionById(state.parallelism, PID_COLUMN)
+        if state.locations_parallelism != state.parallelism:  # a rescale: other ranges
+            state.locations, state.locations_parallelism = {}, state.parallelism
+        placed = frame_api(df).prefer_locations(df, state.parallelism, state.locations) \
+            if placeable and self.pipeline.settings.state_prefer_locations else None
+        preferred = dict(state.locations) if placed is not None else {}
+        if placed is not None:
+            df = placed[0]
         try:
             rows = df.mapInArrow(fn, meta_schema()).collect()
         except Exception as exc:
@@ -424,6 +431,8 @@ class StatefulStream(Stream):
                 raise
             raise user from None  # the JVM's stack and task retries say nothing more
         metas = take_task_results(state, rows, run.batch_id)
+        if placed is not None:
+            state.locations.update(placed[1]())
         if state.rewrite:
             missing = sorted(set(state.live) - {m["pid"] for m in metas})
             if missing:  # not expected: every range's task runs (markers, or empty partitions)
@@ -441,6 +450,10 @@ class StatefulStream(Stream):
             "written_bytes": sum(m["written_bytes"] for m in metas),
             "max_task_ms": max((m["total_ms"] for m in metas), default=0),
             "alignment_ms": max((m["alignment_ms"] for m in metas), default=0),
+            # tasks that had a preferred executor, and of those the ones that ran there
+            "preferred_tasks": len(preferred),
+            "placed_tasks": sum(1 for p, at in preferred.items()
+                                if state.locations.get(p) == at),
             "tasks": {str(m["pid"]): {"executor": m["executor"], "worker": m["worker"],
                                       "restored": m["restored"], "cache": m.get("cache"),
                                       "ms": m["total_ms"], "restore_ms": m.get("restore_ms"),
@@ -728,7 +741,7 @@ class AggregatedStream(StatefulStream):
             "schema_id": schema_id(to_arrow(schema), params_sources(state.evolution)),
         }
         metas = self._run_job(run, state, partials, agg_task(params, self._plans(state)),
-                              partitioned=True)
+                              partitioned=True, placeable=not single)
         run.stats.state[self.operator]["single_task"] = single
         for name, (directory, _h) in chained.items():
             files = [f for m in metas for f in (m.get("sinks") or {}).get(name, [])]

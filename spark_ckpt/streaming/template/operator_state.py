@@ -45,6 +45,11 @@ class OperatorState:
     rewrite: bool = False
     routing: dict[str, Any] | None = None  # the _kg and _pid columns, built once
     batch_id: int = -1  # the last batch that ran the operator's job
+    # task index -> (host, executor id) its last successful task ran on, for this
+    # parallelism (spark_ckpt.sparkapi's prefer_locations); not checkpointed: a new driver has
+    # new executors
+    locations: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    locations_parallelism: int = 0
 
     def live_files(self) -> frozenset[str]:
         return frozenset(f.path for h in self.live.values() for f in h.files)

@@ -86,32 +86,37 @@ def python() -> str:
 class DeltaSpark:
     """A Delta Spark session in a child process (tests/delta_spark_worker.py)."""
 
-    def __init__(self, warehouse: Path, log: Path, timeout: float = 300) -> None:
+    def __init__(self, warehouse: Path, log: Path, timeout: float = 900) -> None:
         env = {k: v for k, v in os.environ.items()
                if k not in ("SPARK_HOME", "PYTHONPATH", "SPARK_CKPT_DEFAULTS", "SPARK_REMOTE",
                             "PYSPARK_DRIVER_PYTHON", "SPARK_CONF_DIR")}
         interpreter = python()
         env["PYSPARK_PYTHON"] = interpreter
         warehouse.mkdir(parents=True, exist_ok=True)
-        self._log = open(log, "ab")  # noqa: SIM115 - closed in close()
+        self._log = open(log, "ab")
         self.proc = subprocess.Popen(
             [interpreter, str(WORKER), ",".join(delta_jars()), str(warehouse)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
             cwd=str(warehouse), start_new_session=True)
         self._buffer = b""
-        self.spark_version = self._answer(timeout)
+        self._start_timeout = timeout
+        self.spark_version: str | None = None  # once the session is up (the first run)
 
-    def run(self, code: str, timeout: float = 180, **args: Any) -> Any:
-        """Run ``code`` in the session (see tests/delta_spark_worker.py); its ``result``."""
+    def run(self, code: str, timeout: float = 600, **args: Any) -> Any:
+        """Run ``code`` in the session (see tests/delta_spark_worker.py); its ``result``.
+        The first call waits for the session to start (the process starts at once, so a
+        test's own work overlaps the JVM's start)."""
         assert self.proc.stdin is not None
+        if self.spark_version is None:
+            self.spark_version = self._answer(self._start_timeout)
         self.proc.stdin.write((json.dumps({"code": code, "args": args}) + "\n").encode())
         self.proc.stdin.flush()
         return self._answer(timeout)
 
     def sql(self, statement: str, **args: Any) -> list[dict[str, Any]]:
-        """The rows of a SQL statement, as JSON objects (``DataFrame.toJSON``)."""
-        return self.run("result = [__import__('json').loads(r) for r in "
-                        "spark.sql(args['q']).toJSON().collect()]", q=statement, **args)
+        """The rows of a SQL statement, as JSON objects (``to_json``)."""
+        return self.run("result = [__import__('json').loads(r[0]) for r in spark.sql(args['q'])"
+                        ".select(F.to_json(F.struct('*'))).collect()]", q=statement, **args)
 
     def _answer(self, timeout: float) -> Any:
         assert self.proc.stdout is not None

@@ -148,15 +148,21 @@ def _json_value(value: Any, kind: pa.DataType, *, up: bool) -> Any:
     if pa.types.is_date(kind):
         return value.isoformat() if isinstance(value, dt.date) else None
     if pa.types.is_timestamp(kind) and isinstance(value, dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.UTC)
-        value = value.astimezone(dt.UTC)
+        # timestamp_ntz (no zone in the file's type): its wall-clock time as is, without a
+        # zone, as Delta Spark writes it (its reader does not parse "...Z" as a
+        # timestamp_ntz); a timestamp: the instant, in UTC, marked "Z"
+        local = kind.tz is None
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.UTC)
+            if local:
+                value = value.replace(tzinfo=None)
         micros = value.microsecond % 1000
         if micros:  # Delta keeps milliseconds: widen the range, never narrow it
             value -= dt.timedelta(microseconds=micros)
             if up:
                 value += dt.timedelta(milliseconds=1)
-        return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+        return (value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}"
+                + ("" if local else "Z"))
     return None  # floats (NaN), binary, time, anything else
 
 

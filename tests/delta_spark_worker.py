@@ -57,6 +57,8 @@ def main() -> None:
         .config("spark.sql.catalog.spark_catalog",
                 "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.warehouse.dir", warehouse)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", "1")
         # the plan run is the plan whose scan metrics scan_metrics reads
         .config("spark.sql.adaptive.enabled", "false")

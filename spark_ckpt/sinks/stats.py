@@ -15,7 +15,8 @@ dropped row):
   maximum needs care this module does not take: it leaves them out);
 * timestamps stored as INT64 (micros or millis), in UTC, the minimum rounded down and the
   maximum rounded up to the millisecond Delta's format keeps; Spark's default INT96
-  timestamps carry no statistics;
+  timestamps carry no statistics; ``timestamp_ntz`` the same, as wall-clock time without a
+  zone (Delta Spark does not parse a ``timestamp_ntz`` figure that ends in ``Z``);
 * not floats or doubles: Spark orders NaN above every number, the Parquet writers leave NaN
   out of the maximum, and a footer cannot say whether a file holds one;
 * not lists, maps or binary.

@@ -524,3 +524,22 @@ def test_delta_spark_refuses_nothing_spark_ckpt_wrote_and_errors_are_not_silent(
     """The worker reports Delta Spark's own errors (a path that is no table), not empty rows."""
     with pytest.raises(DeltaSparkError, match="not a Delta table|DELTA_"):
         delta_rows(delta_spark, str(tmp_path / "nothing"))
+
+
+def test_timestamp_ntz_statistics_are_wall_clock_times_without_a_zone(tmp_path):
+    """A timestamp_ntz column's figures carry no zone (as Delta Spark writes them); a
+    timestamp's are instants in UTC marked Z. Both widened to the millisecond."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_ckpt.sinks.stats import file_stats
+
+    path = str(tmp_path / "t.parquet")
+    at = [dt.datetime(2026, 3, 8, 1, 30, 0, 123_456), dt.datetime(2026, 3, 8, 2, 30)]
+    pq.write_table(pa.table({"ntz": pa.array(at, pa.timestamp("us")),
+                             "ts": pa.array(at, pa.timestamp("us", tz="UTC"))}), path)
+    stats = json.loads(file_stats(path, 2, set()))
+    assert stats["minValues"] == {"ntz": "2026-03-08T01:30:00.123",
+                                  "ts": "2026-03-08T01:30:00.123Z"}
+    assert stats["maxValues"] == {"ntz": "2026-03-08T02:30:00.000",
+                                  "ts": "2026-03-08T02:30:00.000Z"}

@@ -16,7 +16,7 @@ dropped row):
 * timestamps stored as INT64 (micros or millis), in UTC, the minimum rounded down and the
   maximum rounded up to the millisecond Delta's format keeps; Spark's default INT96
   timestamps carry no statistics; ``timestamp_ntz`` the same, as wall-clock time without a
-  zone (Delta Spark does not parse a ``timestamp_ntz`` figure that ends in ``Z``);
+  zone, as Delta Spark writes it (not as an instant marked ``Z``: the value has no zone);
 * not floats or doubles: Spark orders NaN above every number, the Parquet writers leave NaN
   out of the maximum, and a footer cannot say whether a file holds one;
 * not lists, maps or binary.
@@ -150,8 +150,7 @@ def _json_value(value: Any, kind: pa.DataType, *, up: bool) -> Any:
         return value.isoformat() if isinstance(value, dt.date) else None
     if pa.types.is_timestamp(kind) and isinstance(value, dt.datetime):
         # timestamp_ntz (no zone in the file's type): its wall-clock time as is, without a
-        # zone, as Delta Spark writes it (its reader does not parse "...Z" as a
-        # timestamp_ntz); a timestamp: the instant, in UTC, marked "Z"
+        # zone, as Delta Spark writes it; a timestamp: the instant, in UTC, marked "Z"
         local = kind.tz is None
         if value.tzinfo is not None:
             value = value.astimezone(dt.UTC)

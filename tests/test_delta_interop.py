@@ -203,7 +203,7 @@ def test_a_sink_table_of_every_column_type_reads_the_same_in_delta_spark(spark, 
     assert detail["partitionColumns"] == ["part"]
     assert detail["numFiles"] == len(DeltaTable(path).file_uris()) == 2 * FILES
     # timestamp_ntz needs its table feature (reader 3, writer 7): Delta Spark reads it as such
-    assert "timestampNtz" in detail["readerFeatures"]
+    assert "timestampNtz" in detail.get("tableFeatures", []), detail
 
 
 def test_delta_spark_reads_the_sinks_history_and_each_version(delta_spark, sink_tables):
@@ -418,8 +418,8 @@ def test_timestamp_ntz_and_every_type_delta_spark_writes_read_exactly(spark, del
     delta_spark.run("spark.read.format('delta').load(args['src']).write.format('delta')"
                     ".partitionBy('part').save(args['p'])",
                     src=str(sink_tables / "all_types"), p=table)
-    assert "timestampNtz" in delta_spark.sql(f"DESCRIBE DETAIL delta.`{table}`")[0][
-        "readerFeatures"]
+    detail = delta_spark.sql(f"DESCRIBE DETAIL delta.`{table}`")[0]
+    assert "timestampNtz" in detail.get("tableFeatures", []), detail
     first = stream_once(spark, tmp_path, table)
     want = delta_rows(delta_spark, table)
     assert first == want and len(first) == ROWS_PER_FILE * FILES

@@ -232,8 +232,8 @@ def test_delta_spark_sees_the_sinks_app_transactions(delta_spark, sink_tables):
     got = delta_spark.run(
         "dl = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession,"
         " args['p'])\n"
-        "txns = dl.update(False, spark._jvm.scala.Option.empty(),"
-        " spark._jvm.scala.Option.empty()).transactions()\n"
+        "spark.read.format('delta').load(args['p']).limit(1).collect()\n"
+        "txns = dl.unsafeVolatileSnapshot().transactions()\n"
         "it = txns.iterator()\n"
         "result = {}\n"
         "while it.hasNext():\n"
@@ -248,7 +248,8 @@ STATS_CHECK = """
 from pyspark.sql.classic.dataframe import DataFrame
 spark.conf.set('spark.sql.session.timeZone', args['zone'])
 log = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, args['p'])
-snapshot = log.update(False, spark._jvm.scala.Option.empty(), spark._jvm.scala.Option.empty())
+spark.read.format('delta').load(args['p']).limit(1).collect()  # the log's latest version
+snapshot = log.unsafeVolatileSnapshot()
 import json
 raw = DataFrame(snapshot.allFiles().toDF(), spark).select('path', F.col('stats').alias('raw'))
 stats = DataFrame(snapshot.withStats(), spark).select('path', 'stats').join(raw, 'path')

@@ -99,6 +99,7 @@ class DeltaSpark:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
             cwd=str(warehouse), start_new_session=True)
         self._buffer = b""
+        self._requests = 0  # the id of the last request (0: the session's start)
         self._start_timeout = timeout
         self.spark_version: str | None = None  # once the session is up (the first run)
 
@@ -108,17 +109,21 @@ class DeltaSpark:
         test's own work overlaps the JVM's start)."""
         assert self.proc.stdin is not None
         if self.spark_version is None:
-            self.spark_version = self._answer(self._start_timeout)
-        self.proc.stdin.write((json.dumps({"code": code, "args": args}) + "\n").encode())
+            self.spark_version = self._answer(self._start_timeout, 0)
+        self._requests += 1
+        self.proc.stdin.write((json.dumps({"id": self._requests, "code": code, "args": args})
+                               + "\n").encode())
         self.proc.stdin.flush()
-        return self._answer(timeout)
+        return self._answer(timeout, self._requests)
 
     def sql(self, statement: str, **args: Any) -> list[dict[str, Any]]:
         """The rows of a SQL statement, as JSON objects (``to_json``)."""
         return self.run("result = [__import__('json').loads(r[0]) for r in spark.sql(args['q'])"
                         ".select(F.to_json(F.struct('*'))).collect()]", q=statement, **args)
 
-    def _answer(self, timeout: float) -> Any:
+    def _answer(self, timeout: float, request: int) -> Any:
+        """The answer to ``request`` (answers to earlier ones, whose test gave up waiting,
+        are dropped)."""
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         fd = self.proc.stdout.fileno()
@@ -127,6 +132,8 @@ class DeltaSpark:
                 line, self._buffer = self._buffer.split(b"\n", 1)
                 if line.startswith(MARK):
                     answer = json.loads(line[len(MARK):])
+                    if answer.get("id", 0) != request:
+                        continue
                     if not answer["ok"]:
                         raise DeltaSparkError(answer["error"])
                     return answer["result"]

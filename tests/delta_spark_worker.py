@@ -6,11 +6,12 @@ Run by that environment's Python, never spark_ckpt's, and imports nothing of spa
 
     <venv>/bin/python tests/delta_spark_worker.py JAR[,JAR...] WAREHOUSE
 
-Requests come on stdin, one JSON object a line: ``{"code": "...", "args": {...}}``; the code
-runs with ``spark``, ``F`` (pyspark.sql.functions), ``args`` and the helpers below in scope and
-sets ``result`` (anything JSON can write; other objects as their ``str``). Each answer is one
-line on stdout starting with ``@@answer `` and the JSON ``{"ok": true, "result": ...}`` or
-``{"ok": false, "error": "<traceback>"}``. The session lives until stdin closes.
+Requests come on stdin, one JSON object a line: ``{"id": n, "code": "...", "args": {...}}``;
+the code runs with ``spark``, ``F`` (pyspark.sql.functions), ``args`` and the helpers below in
+scope and sets ``result`` (anything JSON can write; other objects as their ``str``). Each
+answer is one line on stdout starting with ``@@answer `` and the JSON ``{"id": n, "ok": true,
+"result": ...}`` or ``{"id": n, "ok": false, "error": "<traceback>"}`` (the session's start
+answers id 0). The session lives until stdin closes.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def main() -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    print(MARK + json.dumps({"ok": True, "result": spark.version}), flush=True)
+    print(MARK + json.dumps({"id": 0, "ok": True, "result": spark.version}), flush=True)
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -77,9 +78,9 @@ def main() -> None:
                  "scan_metrics": scan_metrics, "result": None}
         try:
             exec(request["code"], scope)
-            answer = {"ok": True, "result": scope["result"]}
+            answer = {"id": request.get("id"), "ok": True, "result": scope["result"]}
         except Exception:  # noqa: BLE001 - sent back to the test whole
-            answer = {"ok": False, "error": traceback.format_exc()}
+            answer = {"id": request.get("id"), "ok": False, "error": traceback.format_exc()}
         print(MARK + json.dumps(answer, default=str), flush=True)
     spark.stop()
 

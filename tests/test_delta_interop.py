@@ -34,7 +34,9 @@ from spark_ckpt.state import count, sum_
 from spark_ckpt.storage import Storage
 from spark_ckpt.storage.delta_reader import read_delta
 
-pytestmark = pytest.mark.timeout(900)
+# a test's time includes its module fixtures: the sink pipeline's two runs and Delta Spark's
+# start (a few minutes on a busy 2-core machine)
+pytestmark = pytest.mark.timeout(1800)
 
 # every column type a spark_ckpt sink writes: Spark's atomic types, decimals of both
 # physical sizes, timestamps with and without a time zone, nested structs, arrays and maps
@@ -241,7 +243,7 @@ def test_delta_spark_sees_the_sinks_app_transactions(delta_spark, sink_tables):
         "    result[kv._1()] = kv._2()", p=path)
     assert len(got) == 1
     (app_id, version), = got.items()
-    assert own.transaction_version(app_id) == version >= 4
+    assert own.transaction_version(app_id) == version >= 2
 
 
 STATS_CHECK = """

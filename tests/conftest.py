@@ -119,6 +119,7 @@ def _children_pipes_closed(monkeypatch):
 LONGEST_FIRST = ["test_connect_clients.py", "test_connect.py", "test_recovery_faults.py",
                  "test_batch_cuts.py", "test_stream_drivers.py", "test_storage_faults.py",
                  "test_checkpoint_recovery.py", "test_kafka.py", "test_netns_cluster.py",
+                 "test_delta_interop.py",
                  "test_cluster_faults.py",
                  "test_demo.py",
                  "test_stream_recovery.py", "test_keyed_state.py", "test_typed_state.py",

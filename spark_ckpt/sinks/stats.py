@@ -15,7 +15,8 @@ dropped row):
   maximum needs care this module does not take: it leaves them out);
 * timestamps stored as INT64 (micros or millis), in UTC, the minimum rounded down and the
   maximum rounded up to the millisecond Delta's format keeps; Spark's default INT96
-  timestamps carry no statistics;
+  timestamps carry no statistics; ``timestamp_ntz`` the same, as wall-clock time without a
+  zone, as Delta Spark writes it (not as an instant marked ``Z``: the value has no zone);
 * not floats or doubles: Spark orders NaN above every number, the Parquet writers leave NaN
   out of the maximum, and a footer cannot say whether a file holds one;
 * not lists, maps or binary.
@@ -148,15 +149,20 @@ def _json_value(value: Any, kind: pa.DataType, *, up: bool) -> Any:
     if pa.types.is_date(kind):
         return value.isoformat() if isinstance(value, dt.date) else None
     if pa.types.is_timestamp(kind) and isinstance(value, dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.UTC)
-        value = value.astimezone(dt.UTC)
+        # timestamp_ntz (no zone in the file's type): its wall-clock time as is, without a
+        # zone, as Delta Spark writes it; a timestamp: the instant, in UTC, marked "Z"
+        local = kind.tz is None
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.UTC)
+            if local:
+                value = value.replace(tzinfo=None)
         micros = value.microsecond % 1000
         if micros:  # Delta keeps milliseconds: widen the range, never narrow it
             value -= dt.timedelta(microseconds=micros)
             if up:
                 value += dt.timedelta(milliseconds=1)
-        return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+        return (value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}"
+                + ("" if local else "Z"))
     return None  # floats (NaN), binary, time, anything else
 
 

@@ -42,6 +42,9 @@ __all__ = ["DeltaTableSource"]
 log = logging.getLogger(__name__)
 
 _KEPT = 8  # versions kept in the driver between batches
+# reader features of protocol 3 that delta-rs's Arrow reader applies (deltalake.table's
+# SUPPORTED_READER_FEATURES): anything else is refused by name (_check_readable)
+_READABLE_FEATURES = frozenset({"timestampNtz", "variantType", "variantType-preview"})
 
 
 class DeltaTableSource(DeltaTableAccess):
@@ -122,6 +125,7 @@ class DeltaTableSource(DeltaTableAccess):
         from spark_ckpt.storage.delta_reader import read_delta
 
         if version not in self._kept:
+            self._check_readable(version)
             try:
                 self._kept[version] = read_delta(self.uri, version=version)
             except Exception as exc:
@@ -135,6 +139,36 @@ class DeltaTableSource(DeltaTableAccess):
                 self._kept.popitem(last=False)
         self._kept.move_to_end(version)
         return self._kept[version]
+
+    def _check_readable(self, version: int) -> None:
+        """SourceError, by name, for a version whose rows delta-rs's Arrow reader would get
+        wrong or refuses: column mapping (its files name columns by physical names, which
+        the reader does not map back: renamed columns would read as nulls, whatever the
+        protocol version says) and reader features it does not support (deletion vectors:
+        the rows they mark deleted would be read)."""
+        table = self._table(version)
+        mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+        head = f"Delta table {self.name}: version {version} of {self.uri}"
+        if mode not in (None, "none"):
+            raise SourceError(
+                f"{head} uses column mapping (delta.columnMapping.mode={mode}): its data files "
+                "name columns by physical names, which this source's reader (delta-rs into "
+                "Arrow) does not map back to the table's columns (renamed columns would read "
+                "as nulls). This source does not read column-mapped tables: join with a copy "
+                "written without column mapping"
+            )
+        protocol = table.protocol()
+        features = set(protocol.reader_features or ()) - _READABLE_FEATURES
+        if protocol.min_reader_version >= 3 and features:
+            named = ", ".join(sorted(features))
+            raise SourceError(
+                f"{head} needs reader features this source's reader (delta-rs into Arrow) does "
+                f"not support: {named}"
+                + (" (deletion vectors: rows marked deleted in a file would be read as if "
+                   "they were not; rewrite the files without them, delta-spark: REORG TABLE "
+                   "... APPLY (PURGE), or turn them off before such commits)"
+                   if "deletionVectors" in features else "")
+            )
 
     def frame(self, spark: Any, versions: list[int], version_column: str | None) -> DataFrame:
         """The rows of ``versions`` as one Spark DataFrame (with each row's version in

@@ -21,6 +21,10 @@ Names carry the pid of the process that made the cluster (``sckn<pid>-h1``, brid
 (its owner is gone), and two live runs never share a name or a subnet. :meth:`Cluster.stop`
 (also registered with ``atexit``) stops the daemons, SIGKILLs whatever is left in each
 namespace and deletes the namespaces and the bridge.
+
+Hosts can be lost (tests/test_netns_cluster.py, "host loss"): :func:`kill_host` SIGKILLs every
+process in a host's namespace and wipes its local disk, :func:`restart_host` starts its worker
+again, :func:`partition_host` and :func:`heal_host` cut it off the network and reconnect it.
 """
 
 from __future__ import annotations
@@ -346,12 +350,17 @@ def kill_host(cluster: Cluster, host: Host) -> int:
     back empty; its daemon logs stay, for the test's report. Its namespace and
     address stay, so :func:`restart_host` can start a worker there again. Returns how many
     processes were killed."""
-    pids = host_pids(host)
-    _kill(pids)
+    killed = 0
+    for _ in range(10):  # again, for a Python worker forked while the others were killed
+        pids = host_pids(host)
+        if not pids:
+            break
+        _kill(pids)
+        killed += len(pids)
     for sub in LOCAL_SUBDIRS:
         shutil.rmtree(host.directory / sub, ignore_errors=True)
         (host.directory / sub).mkdir(parents=True, exist_ok=True)
-    return len(pids)
+    return killed
 
 
 def worker_registrations(cluster: Cluster, host: Host) -> int:

@@ -356,13 +356,15 @@ def test_batch_driver_killed_mid_run_recovers_on_three_hosts(
 # while the test arms it, so a host is killed or cut off with a task of the batch running on it.
 # The drivers of these scenarios time executors out fast (HOST_LOSS_CONF); the master drops a
 # silent worker after WORKER_TIMEOUT_S. Spark's defaults: 120 s and 60 s.
-HEARTBEAT_TIMEOUT_S = 20
-WORKER_TIMEOUT_S = 15
+# Lower still, a driver starved of CPU on this shared 2-core machine drops healthy executors.
+HEARTBEAT_TIMEOUT_S = 30
+WORKER_TIMEOUT_S = 30
 HOST_LOSS_CONF = {
     "spark.network.timeout": f"{HEARTBEAT_TIMEOUT_S}s",  # executor heartbeat timeout (120 s)
-    "spark.executor.heartbeatInterval": "2s",  # 10 s
-    "spark.network.timeoutInterval": "2s",  # how often the driver looks for expired ones (60 s)
+    "spark.executor.heartbeatInterval": "3s",  # 10 s
+    "spark.network.timeoutInterval": "3s",  # how often the driver looks for expired ones (60 s)
 }
+CLUSTER_TIMEOUT = pytest.mark.timeout(2400)  # a driver or two on the cluster, on a busy machine
 HOST_LOSS_BATCHES = 8 if LONG_FAULTS else 6
 
 HOST_LOSS_CHILD = f"""
@@ -666,6 +668,7 @@ def _assert_restored_elsewhere(record: dict, host: str, batch_index: int) -> dic
     return lost
 
 
+@CLUSTER_TIMEOUT
 def test_host_killed_mid_batch_restores_its_ranges_elsewhere_exactly_once(
         spark, cluster, host_loss):
     killed = cluster.hosts[1].name
@@ -681,6 +684,7 @@ def test_host_killed_mid_batch_restores_its_ranges_elsewhere_exactly_once(
     _assert_exactly_once(spark, host_loss["base"])
 
 
+@CLUSTER_TIMEOUT
 def test_host_cut_off_past_heartbeat_timeout_restores_elsewhere_and_commits_once(
         spark, cluster, host_loss):
     cut = cluster.hosts[2].name
@@ -702,6 +706,7 @@ def test_host_cut_off_past_heartbeat_timeout_restores_elsewhere_and_commits_once
 
 
 @pytest.mark.skipif(not LONG_FAULTS, reason=LONG_ONLY)
+@CLUSTER_TIMEOUT
 def test_host_killed_mid_checkpoint_restores_its_ranges_elsewhere_exactly_once(
         spark, cluster, host_loss_defaults, tmp_path):
     """host1 killed while the driver holds a checkpoint between its last acknowledgement and
@@ -729,6 +734,7 @@ RESTORE_BACKEND = os.environ.get("SPARK_CKPT_HOST_LOSS_BACKEND", "rocksdb")
 
 
 @pytest.mark.skipif(not LONG_FAULTS, reason=LONG_ONLY)
+@CLUSTER_TIMEOUT
 @pytest.mark.parametrize("keys", RESTORE_KEYS)
 def test_restore_time_against_state_size(spark, cluster, host_loss_defaults, tmp_path, keys):
     """A vectorized processor's state of ``keys`` keys, every key in every batch; host2
@@ -787,6 +793,7 @@ def _lost_tasks(cluster: Cluster, host: Host, since_ms: int) -> int:
 
 
 @pytest.mark.skipif(not LONG_FAULTS, reason=LONG_ONLY)
+@CLUSTER_TIMEOUT
 def test_batch_job_loses_a_host_mid_run_and_finishes_without_recomputing_durable_partitions(
         spark, cluster, host_loss_defaults, orders_input, expected_daily, tmp_path):
     """host1 killed (every process, its disk wiped) while the orders report runs: the job
@@ -824,6 +831,7 @@ def test_batch_job_loses_a_host_mid_run_and_finishes_without_recomputing_durable
 
 
 @pytest.mark.skipif(not LONG_FAULTS, reason=LONG_ONLY)
+@CLUSTER_TIMEOUT
 def test_batch_job_loses_a_host_then_its_driver_and_the_resubmission_reuses_durable_partitions(
         spark, cluster, host_loss_defaults, orders_input, expected_daily, tmp_path):
     """host2 killed mid-run, the job goes on, then its driver is SIGKILLed too; host2 comes

@@ -356,7 +356,7 @@ def test_batch_driver_killed_mid_run_recovers_on_three_hosts(
 # while the test arms it, so a host is killed or cut off with a task of the batch running on it.
 # The drivers of these scenarios time executors out fast (HOST_LOSS_CONF); the master drops a
 # silent worker after WORKER_TIMEOUT_S. Spark's defaults: 120 s and 60 s.
-# Lower still, a driver starved of CPU on this shared 2-core machine drops healthy executors.
+# Lower values risk dropping healthy executors whose heartbeats a CPU-starved driver answers late.
 HEARTBEAT_TIMEOUT_S = 30
 WORKER_TIMEOUT_S = 30
 HOST_LOSS_CONF = {

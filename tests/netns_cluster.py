@@ -21,6 +21,10 @@ Names carry the pid of the process that made the cluster (``sckn<pid>-h1``, brid
 (its owner is gone), and two live runs never share a name or a subnet. :meth:`Cluster.stop`
 (also registered with ``atexit``) stops the daemons, SIGKILLs whatever is left in each
 namespace and deletes the namespaces and the bridge.
+
+Hosts can be lost (tests/test_netns_cluster.py, "host loss"): :func:`kill_host` SIGKILLs every
+process in a host's namespace and wipes its local disk, :func:`restart_host` starts its worker
+again, :func:`partition_host` and :func:`heal_host` cut it off the network and reconnect it.
 """
 
 from __future__ import annotations
@@ -92,12 +96,18 @@ class Cluster:
     hosts: list[Host]
     java_options: str
     stopped: bool = False
+    worker_cores: int = 1  # what each worker offers (restart_host starts one alike)
+    worker_memory: str = "1g"
+    worker_timeout_s: int | None = None  # the master's spark.worker.timeout; None: Spark's 60
 
     @property
     def master_env(self) -> dict[str, str]:
-        return {"SPARK_LOCAL_IP": self.bridge_ip, "SPARK_PID_DIR": str(self.directory / "run"),
-                "SPARK_LOG_DIR": str(self.directory / "logs"),
-                "SPARK_IDENT_STRING": f"{self.owner}-master"}
+        env = {"SPARK_LOCAL_IP": self.bridge_ip, "SPARK_PID_DIR": str(self.directory / "run"),
+               "SPARK_LOG_DIR": str(self.directory / "logs"),
+               "SPARK_IDENT_STRING": f"{self.owner}-master"}
+        if self.worker_timeout_s is not None:  # how soon the master drops a silent worker
+            env["SPARK_MASTER_OPTS"] = f"-Dspark.worker.timeout={self.worker_timeout_s}"
+        return env
 
     @property
     def event_log_dir(self) -> Path:
@@ -187,10 +197,13 @@ def unavailable() -> str | None:
 
 
 def start_cluster(directory: Path, *, hosts: int = 3, cores: int = 1, memory: str = "1g",
-                  java_options: str = "", timeout: float = 180) -> Cluster:
+                  java_options: str = "", timeout: float = 180,
+                  worker_timeout_s: int | None = None) -> Cluster:
     """Make the bridge and ``hosts`` namespaces, start the master and one worker per host,
     and return once every worker registered with the master. Raises :class:`Unavailable`
-    where namespaces cannot be made; anything made is removed again if the start fails."""
+    where namespaces cannot be made; anything made is removed again if the start fails.
+    ``worker_timeout_s``: the master's ``spark.worker.timeout`` (Spark's default 60 s), how
+    long a worker may go unheard before the master drops it and its executors."""
     reason = unavailable()
     if reason:
         raise Unavailable(reason)
@@ -201,7 +214,8 @@ def start_cluster(directory: Path, *, hosts: int = 3, cores: int = 1, memory: st
     (directory / "eventlog").mkdir(parents=True, exist_ok=True)
     cluster = Cluster(owner=owner, bridge=f"{owner}br", bridge_ip=f"{subnet}.1",
                       master_url="", directory=directory, hosts=[],
-                      java_options=java_options)
+                      java_options=java_options, worker_cores=cores, worker_memory=memory,
+                      worker_timeout_s=worker_timeout_s)
     atexit.register(cluster.stop)
     try:
         _network(cluster, subnet, hosts)
@@ -264,12 +278,7 @@ def _start_daemons(cluster: Cluster, *, cores: int, memory: str, timeout: float)
     master = _popen(["bash", daemon, "start", MASTER_CLASS, "1", "--host", cluster.bridge_ip,
                      "--port", str(port), "--webui-port", str(_free_port(cluster.bridge_ip))],
                     {**env, **cluster.master_env})
-    workers = [_popen(["ip", "netns", "exec", h.netns, "unshare", "--uts", "--", "bash", "-c",
-                       'hostname "$0" && exec bash "$@"', h.hostname, daemon, "start",
-                       WORKER_CLASS, "1", "--host", h.ip, "--cores", str(cores),
-                       "--memory", memory, "--work-dir", str(h.directory / "work"),
-                       "--webui-port", "0", cluster.master_url], {**env, **h.env})
-               for h in cluster.hosts]
+    workers = [_start_worker(cluster, h, cores=cores, memory=memory) for h in cluster.hosts]
     for proc in (master, *workers):
         out, _ = proc.communicate(timeout=timeout)
         if proc.returncode != 0 or "failed to launch" in out:
@@ -279,6 +288,18 @@ def _start_daemons(cluster: Cluster, *, cores: int, memory: str, timeout: float)
         raise RuntimeError(f"{registered(cluster)} of {len(cluster.hosts)} workers "
                            f"registered with {cluster.master_url} in {timeout} s"
                            + _logs(cluster))
+
+
+def _start_worker(cluster: Cluster, host: Host, *, cores: int, memory: str
+                  ) -> subprocess.Popen[str]:
+    """``spark-daemon.sh start ...Worker`` in the host's namespace, under its own host name."""
+    return _popen(["ip", "netns", "exec", host.netns, "unshare", "--uts", "--", "bash", "-c",
+                   'hostname "$0" && exec bash "$@"', host.hostname,
+                   str(SPARK_HOME / "sbin" / "spark-daemon.sh"), "start", WORKER_CLASS, "1",
+                   "--host", host.ip, "--cores", str(cores), "--memory", memory,
+                   "--work-dir", str(host.directory / "work"), "--webui-port", "0",
+                   cluster.master_url],
+                  {**_daemon_env(cluster.java_options, cluster.owner), **host.env})
 
 
 def registered(cluster: Cluster) -> int:
@@ -302,6 +323,83 @@ def _daemon_env(java_options: str, owner: str) -> dict[str, str]:
                SPARK_DAEMON_MEMORY="256m",
                SPARK_DAEMON_JAVA_OPTS=f"{java_options} -D{PREFIX}.owner={owner}".strip())
     return env
+
+
+# -- losing a host --------------------------------------------------------------------------------
+# a host's local disk, what kill_host wipes: its pid files too (a reboot clears /run), or
+# spark-daemon.sh would take a killed daemon's unreaped zombie for a live one
+LOCAL_SUBDIRS = ("local", "work", "tmp", "run")
+
+
+def host(cluster: Cluster, name: str) -> Host:
+    """The host called ``name`` (host1, host2, ...)."""
+    return next(h for h in cluster.hosts if h.name == name)
+
+
+def host_pids(host: Host) -> list[int]:
+    """Every process in the host's network namespace (worker, executor, Python workers)."""
+    done = _run(["ip", "netns", "pids", host.netns], check=False)
+    return [int(p) for p in done.stdout.split()]
+
+
+def kill_host(cluster: Cluster, host: Host) -> int:
+    """The host dies: SIGKILL every process in its namespace (its worker daemon, executor JVM
+    and Python workers: no shutdown hook runs, no connection is closed gracefully), then wipe
+    its local disk (``local``, ``work``, ``tmp``, ``run``: shuffle files, RocksDB copies,
+    spilled state, the executor's work directory, pid files), as a replaced machine comes
+    back empty; its daemon logs stay, for the test's report. Its namespace and
+    address stay, so :func:`restart_host` can start a worker there again. Returns how many
+    processes were killed."""
+    killed = 0
+    for _ in range(10):  # again, for a Python worker forked while the others were killed
+        pids = host_pids(host)
+        if not pids:
+            break
+        _kill(pids)
+        killed += len(pids)
+    for sub in LOCAL_SUBDIRS:
+        shutil.rmtree(host.directory / sub, ignore_errors=True)
+        (host.directory / sub).mkdir(parents=True, exist_ok=True)
+    return killed
+
+
+def worker_registrations(cluster: Cluster, host: Host) -> int:
+    """How many times the master's log says a worker of ``host`` registered (a restarted or
+    reconnected worker registers again)."""
+    text = "".join(p.read_text(errors="replace")
+                   for p in (cluster.directory / "logs").glob("*.out"))
+    return len(re.findall(rf"Registering worker {re.escape(host.ip)}:\d+", text))
+
+
+def restart_host(cluster: Cluster, host: Host, timeout: float = 120) -> None:
+    """Start the host's worker daemon again (after :func:`kill_host`) and wait until it
+    registered with the master, which then gives a running application's missing executor
+    to it: the cluster is back to all its hosts."""
+    before = worker_registrations(cluster, host)
+    proc = _start_worker(cluster, host, cores=cluster.worker_cores,
+                         memory=cluster.worker_memory)
+    out, _ = proc.communicate(timeout=timeout)
+    if proc.returncode != 0 or "failed to launch" in out:
+        raise RuntimeError(f"{host.name}'s worker did not start again ({proc.returncode}): "
+                           f"{out[-3000:]}" + _logs(cluster))
+    if not wait_for(lambda: worker_registrations(cluster, host) > before, timeout):
+        raise RuntimeError(f"{host.name}'s restarted worker did not register with "
+                           f"{cluster.master_url} in {timeout} s" + _logs(cluster))
+
+
+def partition_host(cluster: Cluster, host: Host) -> None:
+    """Cut the host off the network: its veth's end on the bridge goes down, so every packet
+    to or from it is dropped silently (no reset, no error its peers see: a pulled cable, a
+    dead switch port). Its processes keep running, its namespace still has its address and a
+    route, and the shared file system (not networked here) stays reachable, as a storage
+    network that a partition spared would. Undone by :func:`heal_host`. (tc netem would drop
+    traffic too, but this kernel has no sch_netem; there is no iptables command.)"""
+    _ip("link", "set", host.veth, "down")
+
+
+def heal_host(cluster: Cluster, host: Host) -> None:
+    """Reconnect a host cut off by :func:`partition_host`."""
+    _ip("link", "set", host.veth, "up")
 
 
 # -- what ran where -------------------------------------------------------------------------------

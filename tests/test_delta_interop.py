@@ -255,13 +255,14 @@ snapshot = log.unsafeVolatileSnapshot()
 import json
 raw = DataFrame(snapshot.allFiles().toDF(), spark).select('path', F.col('stats').alias('raw'))
 stats = DataFrame(snapshot.withStats(), spark).select('path', 'stats').join(raw, 'path')
-data = spark.read.format('delta').load(args['p']).withColumn('f', F.col('_metadata.file_name'))
+data = spark.read.format('delta').load(args['p']).withColumn('f', F.col('_metadata.file_path'))
 aggs = [F.count(F.lit(1)).alias('rows')]
 for c in args['columns']:
     aggs += [F.min(c).alias('min ' + c), F.max(c).alias('max ' + c),
              F.count_if(F.col(c).isNull()).alias('nulls ' + c)]
 actual = data.groupBy('f').agg(*aggs)
-joined = stats.join(actual, F.element_at(F.split('path', '/'), -1) == F.col('f'), 'full')
+# by the whole path: files of two partition directories may share a name
+joined = stats.join(actual, F.col('f').endswith(F.concat(F.lit('/'), F.col('path'))), 'full')
 problems, unparsed = [], set()
 for r in joined.collect():
     where = r['path'] or r['f']

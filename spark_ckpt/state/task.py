@@ -419,8 +419,7 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
                                                   fresh=fresh))
             if not ready:
                 t0 = time.perf_counter()
-                for f in task.chain:
-                    state.apply(_internal(restored(f, task.range)), replace=True)
+                state.restore([_internal(restored(f, task.range)) for f in task.chain])
                 state.set_token(task.plan["token"] or "")
                 task.metrics.update(restored=bool(task.chain),
                                     restore_ms=int((time.perf_counter() - t0) * 1000))

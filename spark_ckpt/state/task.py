@@ -162,6 +162,25 @@ def _dead(pid: str) -> bool:
     return False
 
 
+#: a spilled delta's parent version (Arrow schema metadata)
+SPILL_PARENT = b"spark_ckpt.spill.parent"
+SPILL_MAX_DELTAS = 32
+SPILL_REWRITE_FACTOR = 1.0  # deltas up to this many times the full spill's rows
+
+
+def _read_ipc(path: str) -> pa.Table:
+    with pa.memory_map(path) as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def _write_ipc(table: pa.Table, path: str) -> None:
+    """An Arrow file written whole or not at all (a temporary file renamed)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.replace(tmp, path)
+
+
 def _local_dir(params: dict[str, Any]) -> str:
     base = params.get("local_dir") or os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] \
         or tempfile.gettempdir()
@@ -228,35 +247,71 @@ class _Run:
     def spill_path(self, token: str) -> str:
         return os.path.join(_local_dir(self.params), f"{self.range.label}-{token}.arrow")
 
+    def delta_path(self, token: str) -> str:
+        return os.path.join(_local_dir(self.params), f"{self.range.label}-{token}.delta.arrow")
+
     def load_spill(self, make: Any) -> Any | None:
-        """The memory backend's range as another worker of this executor left it."""
+        """The memory backend's range as another worker of this executor left it: a full
+        spill at the plan's version, or one at an earlier version and the deltas since (each
+        delta names the version it follows)."""
         token = self.plan["token"]
-        if not self.params.get("local_spill", True):
+        if not self.params.get("local_spill", True) or not token:
             return None
-        path = self.spill_path(token) if token else None
-        if path is None or not os.path.exists(path):
-            return None
+        deltas: list[pa.Table] = []
+        version = token
         try:
-            with pa.memory_map(path) as source:
-                table = pa.ipc.open_file(source).read_all()
-        except (OSError, pa.ArrowInvalid):
+            for _ in range(SPILL_MAX_DELTAS + 1):
+                if os.path.exists(self.spill_path(version)):
+                    base = _read_ipc(self.spill_path(version))
+                    break
+                delta = _read_ipc(self.delta_path(version))  # OSError: no spill of it
+                parent = (delta.schema.metadata or {}).get(SPILL_PARENT)
+                if parent is None:
+                    return None
+                deltas.append(delta.replace_schema_metadata(None))
+                version = parent.decode()
+            else:
+                return None
+        except (OSError, pa.ArrowInvalid):  # none, or another worker removed it meanwhile
             return None
         state = make()
-        state.load(table)
+        deltas.reverse()
+        if hasattr(state, "apply"):  # an aggregation: a delta's rows replace its keys'
+            state.load(base)
+            for delta in deltas:
+                state.apply(delta, replace=True)
+        else:  # a processor's store: later rows win, empty rows delete
+            state.load([base, *deltas])
         state.token = token
+        state.spilled = (token, len(deltas), sum(d.num_rows for d in deltas), base.num_rows)
         self.metrics["cache"] = "local"
         return state
 
-    def spill(self, state: Any) -> None:
-        """Leave the range on local disk for whichever worker runs it next (memory backend)."""
+    def spill(self, state: Any, changelog: pa.Table | None = None) -> None:
+        """Leave the range on local disk for whichever worker runs it next (memory backend).
+
+        When the state's spilled form is at the version this batch started from, only the
+        batch's changelog is written (a delta naming that version); the whole range is
+        written again when the deltas since the last full spill would hold more rows than it
+        (``SPILL_REWRITE_FACTOR``) or number ``SPILL_MAX_DELTAS``."""
         directory = _local_dir(self.params)
         os.makedirs(directory, exist_ok=True)
+        parent = self.plan["token"]
+        spilled = getattr(state, "spilled", None)
+        if changelog is not None and parent and spilled is not None and \
+                spilled[0] == parent and spilled[1] < SPILL_MAX_DELTAS and \
+                spilled[2] + changelog.num_rows <= SPILL_REWRITE_FACTOR * spilled[3] and \
+                (os.path.exists(self.spill_path(parent)) or
+                 os.path.exists(self.delta_path(parent))):
+            path = self.delta_path(state.token)
+            _write_ipc(changelog.replace_schema_metadata({SPILL_PARENT: parent.encode()}), path)
+            state.spilled = (state.token, spilled[1] + 1, spilled[2] + changelog.num_rows,
+                             spilled[3])
+            return
         table = state.snapshot()
         path = self.spill_path(state.token)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        os.replace(tmp, path)
+        _write_ipc(table, path)
+        state.spilled = (state.token, 0, 0, table.num_rows)
         for name in os.listdir(directory):  # older versions of this range
             if not name.startswith(self.range.label + "-") or path.endswith(name):
                 continue
@@ -351,9 +406,10 @@ class _Run:
                 shutil.rmtree(state.path, ignore_errors=True)
         elif getattr(state, "load", None) is not None and state.token and \
                 self.params.get("local_spill", True) and \
-                not os.path.exists(self.spill_path(state.token)):  # unchanged: spilled already
+                not os.path.exists(self.spill_path(state.token)) and \
+                not os.path.exists(self.delta_path(state.token)):  # unchanged: spilled already
             t1 = time.perf_counter()
-            self.spill(state)
+            self.spill(state, changelog)
             self.metrics["spill_ms"] = int((time.perf_counter() - t1) * 1000)
         meta = {
             "handle": handle.to_json(),

@@ -478,3 +478,55 @@ def test_a_copy_of_another_layout_is_never_read(tmp_path):
     again = RocksAggState(path, ["k"], [pa.int64()], other, fresh=False)
     assert again.token is None
     again.close()
+
+
+def test_integer_keys_outside_their_groups_bounds_are_not_looked_up(tmp_path):
+    """Format 2 keeps each key group's smallest and largest key: keys that grow past them (as
+    ids do) are new without a lookup, keys inside them are looked up, and the bounds reopen
+    with the copy and come with a restore."""
+    class Counting:
+        def __init__(self, db):
+            self.db, self.asked = db, []
+
+        def get(self, keys, *args, **kwargs):
+            if isinstance(keys, list):
+                self.asked.extend(keys)
+            return self.db.get(keys, *args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.db, name)
+
+    def ones(keys):
+        return pa.table({KG_COLUMN: pa.array([0 if k is None else k % 7 for k in keys],
+                                             pa.int32()),
+                         "k": pa.array(keys, pa.int64()), "n": pa.array([1] * len(keys))})
+
+    columns = [("n", "add", pa.int64())]
+    path = str(tmp_path / "db")
+    state = RocksAggState(path, ["k"], [pa.int64()], columns, fresh=True)
+    state.db = Counting(state.db)
+    state.apply(ones(list(range(100))))
+    state.apply(ones(list(range(100, 200))))
+    state.apply(ones([-5, 250, 10**12]))
+    assert state.db.asked == []  # every key past its group's bounds
+    state.apply(ones([50, 150, 300, None]))
+    assert len(state.db.asked) == 3  # 50 and 150 inside, the null key always; 300 new
+    state.apply(ones([None, 0]))
+    got = {r["k"]: r["n"] for r in state.snapshot().to_pylist()}
+    assert got[50] == got[150] == 2 and got[None] == 2 and got[0] == 2 and got[300] == 1
+    assert state.rows == 205
+    state.db = state.db.db
+    state.close()
+    again = RocksAggState(path, ["k"], [pa.int64()], columns, fresh=False)
+    again.db = Counting(again.db)
+    again.apply(ones([1000, 199]))
+    assert len(again.db.asked) == 1  # 199: the bounds came back with the copy
+    restored = RocksAggState(str(tmp_path / "r"), ["k"], [pa.int64()], columns, fresh=True)
+    restored.restore([again.snapshot()])
+    restored.db = Counting(restored.db)
+    restored.apply(ones([2000, 3]))
+    assert len(restored.db.asked) == 1
+    assert {r["k"]: r["n"] for r in restored.snapshot().to_pylist()}[3] == 2
+    again.close()
+    restored.db = restored.db.db
+    restored.close()

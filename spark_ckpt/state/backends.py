@@ -330,7 +330,12 @@ def _decode(raw: bytes) -> Any:
 # from the durable chain is written in format 2.
 FORMAT_KEY = b"\xfe__format__"
 ROCKS_FORMAT = 2
+# format 2, integer keys: per key group the smallest and largest key the copy holds (int64
+# little-endian, all the lows then all the highs), written with every change: a key outside
+# its group's bounds is new without a lookup (keys that grow, as ids do, need none)
+BOUNDS_KEY = b"\xfe__bounds__"
 _INT_KEY = np.dtype([("g", ">u2"), ("z", "u1"), ("k", ">u8")])
+_I64 = np.iinfo(np.int64)
 _FLIP = np.uint64(1 << 63)
 _CHUNK = 1 << 20  # rows per step of a bulk load or a snapshot (bounds the Python objects)
 
@@ -394,6 +399,45 @@ class RocksAggState(_Rocks):
             self.format, self.int_key, self.row = wanted, int_key, row
             self.token = None
         self._format_written = found is not None
+        # the key bounds (None: unknown, look every key up)
+        self._bounds: tuple[np.ndarray, np.ndarray] | None = None
+        if self.int_key:
+            bounds = self.db.get(BOUNDS_KEY)
+            if bounds is not None:
+                both = np.frombuffer(bounds, dtype="<i8").astype(np.int64)
+                self._bounds = both[:len(both) // 2].copy(), both[len(both) // 2:].copy()
+            elif found is None:  # an empty copy
+                self._bounds = np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+    def _maybe_present(self, kg: np.ndarray, values: np.ndarray,
+                       nulls: np.ndarray) -> np.ndarray:
+        """The keys the copy may hold (the others are certainly new)."""
+        if self._bounds is None:
+            return np.ones(len(values), dtype=bool)
+        lo, hi = self._bounds
+        inside = kg < len(lo)
+        maybe = nulls.copy()
+        k, v = kg[inside], values[inside]
+        maybe[inside] |= (v >= lo[k]) & (v <= hi[k])
+        return maybe
+
+    def _grown_bounds(self, kg: np.ndarray, values: np.ndarray,
+                      nulls: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        if self._bounds is None:
+            return None
+        lo, hi = self._bounds
+        k, v = kg[~nulls], values[~nulls]
+        size = max(len(lo), int(k.max()) + 1 if len(k) else 0)
+        new_lo = np.full(size, _I64.max, dtype=np.int64)
+        new_hi = np.full(size, _I64.min, dtype=np.int64)
+        new_lo[:len(lo)], new_hi[:len(hi)] = lo, hi
+        np.minimum.at(new_lo, k, v)
+        np.maximum.at(new_hi, k, v)
+        return new_lo, new_hi
+
+    @staticmethod
+    def _bounds_bytes(bounds: tuple[np.ndarray, np.ndarray]) -> bytes:
+        return bounds[0].astype("<i8").tobytes() + bounds[1].astype("<i8").tobytes()
 
     def _written(self) -> bool:
         """Whether the copy holds anything (a row, a count, a token, even an empty one)."""
@@ -467,8 +511,24 @@ class RocksAggState(_Rocks):
             raise _twice(self._key_label(_repeated(raw_keys)))
         out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         new = {n: to_numpy(table.column(n).combine_chunks()) for n, _k, _t in self.columns}
-        # a state with no key yet (the first batch, a rebuild) has nothing to look up
-        found = self.db.get(raw_keys) if raw_keys and self.rows else [None] * len(raw_keys)
+        # a state with no key yet (the first batch, a rebuild) has nothing to look up, nor
+        # has a key outside its key group's bounds
+        bounds = None
+        if self.int_key and raw_keys:
+            values, nulls = int_values(table.column(self.key_names[0]))
+            kg = np.asarray(table.column(KG_COLUMN).to_numpy(), dtype=np.int64)
+            look = np.flatnonzero(self._maybe_present(kg, values, nulls)) if self.rows \
+                else np.zeros(0, np.int64)
+            found: list[bytes | None] = [None] * len(raw_keys)
+            if len(look) == len(raw_keys):
+                found = self.db.get(raw_keys)
+            elif len(look):
+                for i, value in zip(look.tolist(), self.db.get([raw_keys[i] for i in look]),
+                                    strict=True):
+                    found[i] = value
+            bounds = self._grown_bounds(kg, values, nulls)
+        else:
+            found = self.db.get(raw_keys) if raw_keys and self.rows else [None] * len(raw_keys)
         added = sum(1 for v in found if v is None)  # keys new to the state: the exact count
         if replace:
             out = new
@@ -490,11 +550,15 @@ class RocksAggState(_Rocks):
             wb.put(ROWS_KEY, str(rows).encode())
         if not self._format_written:
             wb.put(FORMAT_KEY, self.format)
+        if bounds is not None:
+            wb.put(BOUNDS_KEY, self._bounds_bytes(bounds))
         if token is not None:
             wb.put(TOKEN_KEY, token.encode())
         self.db.write(wb)
         self._format_written = True
         self._rows = rows
+        if bounds is not None:
+            self._bounds = bounds
         return pa.Table.from_arrays(
             [table.column(KG_COLUMN).combine_chunks(),
              *[table.column(n).combine_chunks() for n in self.key_names], *arrays],
@@ -546,12 +610,18 @@ class RocksAggState(_Rocks):
         self.db.ingest_external_file([sst], ingest)
         if os.path.exists(sst):
             os.unlink(sst)
+        nulls = keys["z"] == 0
+        bounds = self._grown_bounds(keys["g"].astype(np.int64),
+                                    (keys["k"] ^ _FLIP).view(np.int64), nulls)
         wb = self._batch()
         wb.put(ROWS_KEY, str(len(order)).encode())
         wb.put(FORMAT_KEY, self.format)
+        if bounds is not None:
+            wb.put(BOUNDS_KEY, self._bounds_bytes(bounds))
         self.db.write(wb)
         self._format_written = True
         self._rows = len(order)
+        self._bounds = bounds
 
     def set_token(self, token: str) -> None:
         self.db.put(TOKEN_KEY, token.encode())

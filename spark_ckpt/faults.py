@@ -54,6 +54,7 @@ POINTS = (
     "stream.stop.requested",  # a driver took a stop request (spark-ckpt stop), not yet acting
     "stream.stop.checkpointed",  # stopped with its final checkpoint, not yet answered
     "stream.stop.answered",  # the stop request's answer is durable, the driver not yet exited
+    "state.materialize.compacted",  # a worker's thread compacted a chain, snapshot not written
 )
 
 _lock = threading.Lock()

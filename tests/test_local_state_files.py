@@ -73,3 +73,67 @@ def test_private_rocksdb_copies_go_with_their_task_or_their_dead_worker(tmp_path
     assert not os.path.exists(state.path)  # the private copy: never opened again
     assert os.path.exists(base)
     holder.close()
+
+
+def _run_at(tmp_path, token: str | None, batch: int) -> _Run:
+    task = run(tmp_path, token)
+    task.batch = batch
+    return task
+
+
+def test_spill_appends_each_batch_changelog_and_rewrites_past_the_factor(tmp_path):
+    """After a full spill, a batch that changed a few keys leaves only its changelog (a delta
+    naming the version it follows); a worker that has not seen the range loads the full spill
+    and the deltas and holds what the writer held; once the deltas would outgrow the full
+    spill, the range is written whole again and the older files go."""
+    from spark_ckpt.state import task as task_module
+
+    directory = tmp_path / "spark_ckpt_state" / "p" / "op"
+    state = MemoryAggState(["k"], [pa.int64()], COLUMNS, max_rows=10_000)
+    state.apply(partials(list(range(100))))
+    state.token = "t1"
+    _run_at(tmp_path, None, 1).spill(state, None)  # rebuilt: nothing to follow, written whole
+    assert sorted(os.listdir(directory)) == ["kg00000-00064-t1.arrow"]
+    parent = "t1"
+    for i, keys in enumerate([[1, 2, 3], [3, 4, 500], list(range(40, 90))], start=2):
+        changelog = state.apply(partials(keys))
+        state.token = f"t{i}"
+        _run_at(tmp_path, parent, i).spill(state, changelog)
+        parent = state.token
+        loaded = _run_at(tmp_path, parent, i + 1).load_spill(
+            lambda: MemoryAggState(["k"], [pa.int64()], COLUMNS, max_rows=10_000))
+        assert loaded is not None and loaded.token == parent
+        assert loaded.snapshot().sort_by("k").equals(state.snapshot().sort_by("k"))
+    assert sorted(os.listdir(directory)) == [
+        "kg00000-00064-t1.arrow", "kg00000-00064-t2.delta.arrow",
+        "kg00000-00064-t3.delta.arrow", "kg00000-00064-t4.delta.arrow"]
+    assert state.spilled == ("t4", 3, 56, 100)
+    changelog = state.apply(partials(list(range(60))))  # 56 + 60 > 1.0 x 100 rows
+    state.token = "t5"
+    _run_at(tmp_path, "t4", 5).spill(state, changelog)
+    assert sorted(os.listdir(directory)) == ["kg00000-00064-t5.arrow"]
+    assert state.spilled == ("t5", 0, 0, 101)
+    assert task_module.SPILL_REWRITE_FACTOR == 1.0
+
+
+def test_a_spill_chain_with_a_missing_or_torn_link_is_not_used(tmp_path):
+    """A delta whose parent is gone, or a delta left half-written by a killed worker (only
+    its temporary file), is never loaded: the task rebuilds the range from the durable
+    chain instead."""
+    directory = tmp_path / "spark_ckpt_state" / "p" / "op"
+    state = MemoryAggState(["k"], [pa.int64()], COLUMNS, max_rows=10_000)
+    state.apply(partials(list(range(50))))
+    state.token = "t1"
+    _run_at(tmp_path, None, 1).spill(state, None)
+    changelog = state.apply(partials([1, 2]))
+    state.token = "t2"
+    _run_at(tmp_path, "t1", 2).spill(state, changelog)
+
+    def make():
+        return MemoryAggState(["k"], [pa.int64()], COLUMNS, max_rows=10_000)
+
+    assert _run_at(tmp_path, "t2", 3).load_spill(make) is not None
+    (directory / "kg00000-00064-t3.delta.arrow.tmp-999999").write_bytes(b"torn")
+    assert _run_at(tmp_path, "t3", 3).load_spill(make) is None
+    os.unlink(directory / "kg00000-00064-t1.arrow")
+    assert _run_at(tmp_path, "t2", 3).load_spill(make) is None

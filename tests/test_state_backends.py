@@ -338,3 +338,195 @@ def test_a_worker_drops_the_cached_ranges_the_plans_moved_past():
         task._CACHE.clear()
         task._CACHE.update(saved)
         task._CACHED_AT.clear()
+
+
+# -- the local copy's encoding (format 2: packed rows, fixed-width integer keys) -------------
+NUMERIC = [("n", "add", pa.int64()), ("s", "add", pa.float64()), ("lo", "min", pa.float64()),
+           ("hi", "max", pa.int64()), ("v", "last_value", pa.float64()),
+           ("v__ts", "last_ts", pa.int64())]
+
+
+def _numeric(table: pa.Table) -> pa.Table:
+    """The partials with ``hi`` an integer column: every state column has a fixed width."""
+    his = [None if h is None else ord(h) for h in table.column("hi").to_pylist()]
+    return table.set_column(table.schema.get_field_index("hi"), "hi", pa.array(his, pa.int64()))
+
+
+def _edge_batches(rng: random.Random, key_type: pa.DataType, columns) -> list[pa.Table]:
+    """Batches over overlapping keys, the null key, key 0 and int64's ends."""
+    edges = [0, None, -1, 2**53 + 1, -2**63, 2**63 - 1] if key_type == pa.int64() else \
+        [None, "0", "-1", "a b", "é"]
+    out = []
+    for i in range(8):
+        keys = list(range(100 + 10 * i, 125 + 10 * i)) + (edges if i in (0, 5) else [])
+        t = partials(rng, len(keys), len(keys))
+        t = t.set_column(0, KG_COLUMN, pa.array([0 if k is None else hash(str(k)) % 7
+                                                 if isinstance(k, str) else k % 7
+                                                 for k in keys], pa.int32()))
+        if key_type != pa.int64():
+            keys = [None if k is None else str(k) for k in keys]
+        t = t.set_column(1, "k", pa.array(keys, key_type))
+        out.append(_numeric(t) if columns is NUMERIC else t)
+    return out
+
+
+@pytest.mark.parametrize("key_type", [pa.int64(), pa.string()], ids=["int64", "string"])
+@pytest.mark.parametrize("columns", [NUMERIC, COLUMNS], ids=["packed", "json-rows"])
+def test_rocksdb_encodings_merge_snapshot_and_restore_like_memory(key_type, columns, tmp_path):
+    """Packed rows (every column fixed-width) and JSON rows (a string column), integer and
+    other keys: updates give the changelogs the memory backend gives; a chain of changelogs
+    restored into an empty copy (sorted and ingested as one SST file when the key is one
+    integer column) holds what the memory backend holds; the copy reopens at its token and
+    takes more updates alike."""
+    from spark_ckpt.state.backends import FORMAT_KEY
+
+    rng = random.Random(17)
+    batches = _edge_batches(rng, key_type, columns)
+    memory = MemoryAggState(["k"], [key_type], columns, max_rows=10_000)
+    rocks = RocksAggState(str(tmp_path / "db"), ["k"], [key_type], columns, fresh=True)
+    chain = []
+    for batch in batches:
+        got_m, got_r = memory.apply(batch), rocks.apply(batch, token="t")
+        assert as_dict(got_r) == as_dict(got_m)
+        chain.append(got_r)
+    assert rocks.rows == memory.rows
+    assert as_dict(rocks.snapshot()) == as_dict(memory.snapshot())
+    packed = columns is NUMERIC
+    assert (b"rows=packed" in rocks.db.get(FORMAT_KEY)) == packed
+    assert (b"keys=int64" in rocks.db.get(FORMAT_KEY)) == (key_type == pa.int64())
+    rocks.close()
+    restored = RocksAggState(str(tmp_path / "restored"), ["k"], [key_type], columns,
+                             fresh=True)
+    # a snapshot first (the memory backend's, in another key order) and then the changelogs
+    restored.restore([memory.snapshot().slice(0, 7), *chain[3:], chain[0].slice(0, 0)])
+    partial = MemoryAggState(["k"], [key_type], columns, max_rows=10_000)
+    partial.load(memory.snapshot().slice(0, 7))
+    for t in chain[3:]:
+        partial.apply(t, replace=True)
+    assert restored.rows == partial.rows
+    assert as_dict(restored.snapshot()) == as_dict(partial.snapshot())
+    restored.set_token("r")
+    restored.close()
+    again = RocksAggState(str(tmp_path / "restored"), ["k"], [key_type], columns, fresh=False)
+    assert again.token == "r" and again.rows == partial.rows
+    more = batches[1]
+    assert as_dict(again.apply(more)) == as_dict(partial.apply(more))
+    assert as_dict(again.snapshot()) == as_dict(partial.snapshot())
+    again.close()
+
+
+def _write_format_1(path: str, table: pa.Table, columns, token: str) -> None:
+    """A local copy as spark_ckpt wrote it before format 2 (up to commit 7fad7f7): the key
+    group as 2 big-endian bytes and the key as JSON (an integer key as its str) -> the row's
+    state values as a JSON list, the count and the token beside them."""
+    import json
+    import struct
+
+    from spark_ckpt.state.backends import ROWS_KEY, TOKEN_KEY
+    from spark_ckpt.state.store import open_rocks
+
+    db = open_rocks(path, fresh=True)
+    names = [c[0] for c in columns]
+    for row in table.to_pylist():
+        key = "null" if row["k"] is None else json.dumps(row["k"], separators=(",", ":"))
+        db.put(struct.pack(">H", row[KG_COLUMN]) + key.encode(),
+               json.dumps([row[n] for n in names], separators=(",", ":")).encode())
+    db.put(ROWS_KEY, str(table.num_rows).encode())
+    db.put(TOKEN_KEY, token.encode())
+    db.close()
+
+
+@pytest.mark.parametrize("columns", [NUMERIC, COLUMNS], ids=["packed", "json-rows"])
+def test_a_copy_in_the_first_encoding_still_reads_and_takes_updates(columns, tmp_path):
+    """A copy an earlier version left on an executor (format 1: JSON keys and rows) opens at
+    its token, snapshots, and takes updates in its own encoding (never mixing two); a rebuilt
+    copy is written in format 2."""
+    from spark_ckpt.state.backends import FORMAT_KEY
+
+    rng = random.Random(23)
+    batches = _edge_batches(rng, pa.int64(), columns)
+    memory = MemoryAggState(["k"], [pa.int64()], columns, max_rows=10_000)
+    for batch in batches[:4]:
+        memory.apply(batch)
+    path = str(tmp_path / "old")
+    _write_format_1(path, memory.snapshot(), columns, "v1")
+    old = RocksAggState(path, ["k"], [pa.int64()], columns, fresh=False)
+    assert old.token == "v1" and old.format == b"1" and old.rows == memory.rows
+    assert as_dict(old.snapshot()) == as_dict(memory.snapshot())
+    for batch in batches[4:]:
+        assert as_dict(old.apply(batch, token="v2")) == as_dict(memory.apply(batch))
+    old.close()
+    again = RocksAggState(path, ["k"], [pa.int64()], columns, fresh=False)
+    assert again.format == b"1" and again.token == "v2"
+    assert as_dict(again.snapshot()) == as_dict(memory.snapshot())
+    again.close()
+    rebuilt = RocksAggState(path, ["k"], [pa.int64()], columns, fresh=True)
+    rebuilt.restore([memory.snapshot()])
+    assert rebuilt.db.get(FORMAT_KEY).startswith(b"2;keys=int64")
+    assert as_dict(rebuilt.snapshot()) == as_dict(memory.snapshot())
+    rebuilt.close()
+
+
+def test_a_copy_of_another_layout_is_never_read(tmp_path):
+    """A copy whose format names other state columns is not taken at its token (the task
+    rebuilds the range from the durable chain)."""
+    path = str(tmp_path / "db")
+    state = RocksAggState(path, ["k"], [pa.int64()], NUMERIC, fresh=True)
+    state.apply(_numeric(partials(random.Random(1), 100, 10)), token="v1")
+    state.close()
+    other = [*NUMERIC[:3], ("hi", "max", pa.float64()), *NUMERIC[4:]]
+    again = RocksAggState(path, ["k"], [pa.int64()], other, fresh=False)
+    assert again.token is None
+    again.close()
+
+
+def test_integer_keys_outside_their_groups_bounds_are_not_looked_up(tmp_path):
+    """Format 2 keeps each key group's smallest and largest key: keys that grow past them (as
+    ids do) are new without a lookup, keys inside them are looked up, and the bounds reopen
+    with the copy and come with a restore."""
+    class Counting:
+        def __init__(self, db):
+            self.db, self.asked = db, []
+
+        def get(self, keys, *args, **kwargs):
+            if isinstance(keys, list):
+                self.asked.extend(keys)
+            return self.db.get(keys, *args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.db, name)
+
+    def ones(keys):
+        return pa.table({KG_COLUMN: pa.array([0 if k is None else k % 7 for k in keys],
+                                             pa.int32()),
+                         "k": pa.array(keys, pa.int64()), "n": pa.array([1] * len(keys))})
+
+    columns = [("n", "add", pa.int64())]
+    path = str(tmp_path / "db")
+    state = RocksAggState(path, ["k"], [pa.int64()], columns, fresh=True)
+    state.db = Counting(state.db)
+    state.apply(ones(list(range(100))))
+    state.apply(ones(list(range(100, 200))))
+    state.apply(ones([-5, 250, 10**12]))
+    assert state.db.asked == []  # every key past its group's bounds
+    state.apply(ones([50, 150, 300, None]))
+    assert len(state.db.asked) == 3  # 50 and 150 inside, the null key always; 300 new
+    state.apply(ones([None, 0]))
+    got = {r["k"]: r["n"] for r in state.snapshot().to_pylist()}
+    assert got[50] == got[150] == 2 and got[None] == 2 and got[0] == 2 and got[300] == 1
+    assert state.rows == 205
+    state.db = state.db.db
+    state.close()
+    again = RocksAggState(path, ["k"], [pa.int64()], columns, fresh=False)
+    again.db = Counting(again.db)
+    again.apply(ones([1000, 199]))
+    assert len(again.db.asked) == 1  # 199: the bounds came back with the copy
+    restored = RocksAggState(str(tmp_path / "r"), ["k"], [pa.int64()], columns, fresh=True)
+    restored.restore([again.snapshot()])
+    restored.db = Counting(restored.db)
+    restored.apply(ones([2000, 3]))
+    assert len(restored.db.asked) == 1
+    assert {r["k"]: r["n"] for r in restored.snapshot().to_pylist()}[3] == 2
+    again.close()
+    restored.db = restored.db.db
+    restored.close()

@@ -35,7 +35,7 @@ from spark_ckpt.errors import StateTooLargeError
 from spark_ckpt.state.schema import TIMERS_COLUMN, json_safe, json_unsafe
 
 __all__ = ["MemoryStore", "RocksStore", "empty_rows", "int_values", "integer_key", "key_tuples",
-           "next_timers", "open_rocks", "user_key"]
+           "next_timers", "open_rocks", "rocks_options", "user_key"]
 
 NO_TIMER = np.iinfo(np.int64).max
 _NAN = ("spark_ckpt", "NaN")  # NaN keys are one key, as in Spark's grouping
@@ -138,16 +138,36 @@ def int_values(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarr
     return values, nulls
 
 
-def open_rocks(path: str, *, fresh: bool) -> Any:
-    """A RocksDB on the executor's local disk (``fresh``: emptied first)."""
-    from rocksdict import Options, Rdict
+def rocks_options() -> Any:
+    """The options of every local RocksDB copy (also those of the SST files a restore writes
+    for it): raw bytes, Bloom filters, large write buffers."""
+    from rocksdict import BlockBasedOptions, Options
+
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)  # a key new to the state is mostly told by the filter
+    options.set_block_based_table_factory(table)
+    options.set_write_buffer_size(128 << 20)
+    options.set_max_write_buffer_number(3)
+    options.set_target_file_size_base(128 << 20)
+    return options
+
+
+def open_rocks(path: str, *, fresh: bool, wal: bool = True) -> Any:
+    """A RocksDB on the executor's local disk (``fresh``: emptied first; ``wal=False``: writes
+    skip the write-ahead log, for a copy whose every version carries its own token)."""
+    from rocksdict import Rdict, WriteOptions
 
     if fresh and os.path.exists(path):
         shutil.rmtree(path, ignore_errors=True)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    options = Options(raw_mode=True)
-    options.create_if_missing(True)
-    return Rdict(path, options=options)
+    db = Rdict(path, options=rocks_options())
+    if not wal:
+        writes = WriteOptions()
+        setattr(writes, "disable_wal", True)  # a property (the stub says a method)  # noqa: B010
+        db.set_write_options(writes)
+    return db
 
 
 class MemoryStore:

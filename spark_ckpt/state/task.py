@@ -25,15 +25,17 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spark_ckpt.faults import fault_point
 from spark_ckpt.state.aggregates import from_internal, to_internal
 from spark_ckpt.state.chain import StateFile, StateHandle
 from spark_ckpt.state.keygroups import KG_COLUMN, PID_COLUMN, KeyGroupRange
@@ -52,6 +54,30 @@ def meta_schema() -> Any:
 
     return StructType([StructField("pid", IntegerType()), StructField("meta", StringType())])
 
+class _Materialization:
+    """A snapshot being written by a thread of this worker from the chain ``covered``."""
+
+    def __init__(self, covered: tuple[StateFile, ...], work: Callable[[], StateFile]) -> None:
+        self.covered = covered
+        self.result: StateFile | None = None
+        self.error: str | None = None
+        self.ms = 0
+        self._work = work
+        self.thread = threading.Thread(target=self._run, name="spark-ckpt-materialize",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.result = self._work()
+        except Exception as exc:  # noqa: BLE001 - reported by the task that finds it
+            self.error = f"{type(exc).__name__}: {exc}"
+        self.ms = int((time.perf_counter() - t0) * 1000)
+
+
+# (pipeline id, operator, range, schema id) -> the snapshot a thread of this worker writes
+_MATERIALIZING: dict[tuple[str, ...], _Materialization] = {}
 # (pipeline id, operator, range, schema id) -> backend, per Python worker process, and the
 # batch whose task left it there
 _CACHE: dict[tuple[str, ...], Any] = {}
@@ -162,6 +188,25 @@ def _dead(pid: str) -> bool:
     return False
 
 
+#: a spilled delta's parent version (Arrow schema metadata)
+SPILL_PARENT = b"spark_ckpt.spill.parent"
+SPILL_MAX_DELTAS = 32
+SPILL_REWRITE_FACTOR = 1.0  # deltas up to this many times the full spill's rows
+
+
+def _read_ipc(path: str) -> pa.Table:
+    with pa.memory_map(path) as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def _write_ipc(table: pa.Table, path: str) -> None:
+    """An Arrow file written whole or not at all (a temporary file renamed)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.replace(tmp, path)
+
+
 def _local_dir(params: dict[str, Any]) -> str:
     base = params.get("local_dir") or os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] \
         or tempfile.gettempdir()
@@ -228,35 +273,71 @@ class _Run:
     def spill_path(self, token: str) -> str:
         return os.path.join(_local_dir(self.params), f"{self.range.label}-{token}.arrow")
 
+    def delta_path(self, token: str) -> str:
+        return os.path.join(_local_dir(self.params), f"{self.range.label}-{token}.delta.arrow")
+
     def load_spill(self, make: Any) -> Any | None:
-        """The memory backend's range as another worker of this executor left it."""
+        """The memory backend's range as another worker of this executor left it: a full
+        spill at the plan's version, or one at an earlier version and the deltas since (each
+        delta names the version it follows)."""
         token = self.plan["token"]
-        if not self.params.get("local_spill", True):
+        if not self.params.get("local_spill", True) or not token:
             return None
-        path = self.spill_path(token) if token else None
-        if path is None or not os.path.exists(path):
-            return None
+        deltas: list[pa.Table] = []
+        version = token
         try:
-            with pa.memory_map(path) as source:
-                table = pa.ipc.open_file(source).read_all()
-        except (OSError, pa.ArrowInvalid):
+            for _ in range(SPILL_MAX_DELTAS + 1):
+                if os.path.exists(self.spill_path(version)):
+                    base = _read_ipc(self.spill_path(version))
+                    break
+                delta = _read_ipc(self.delta_path(version))  # OSError: no spill of it
+                parent = (delta.schema.metadata or {}).get(SPILL_PARENT)
+                if parent is None:
+                    return None
+                deltas.append(delta.replace_schema_metadata(None))
+                version = parent.decode()
+            else:
+                return None
+        except (OSError, pa.ArrowInvalid):  # none, or another worker removed it meanwhile
             return None
         state = make()
-        state.load(table)
+        deltas.reverse()
+        if hasattr(state, "apply"):  # an aggregation: a delta's rows replace its keys'
+            state.load(base)
+            for delta in deltas:
+                state.apply(delta, replace=True)
+        else:  # a processor's store: later rows win, empty rows delete
+            state.load([base, *deltas])
         state.token = token
+        state.spilled = (token, len(deltas), sum(d.num_rows for d in deltas), base.num_rows)
         self.metrics["cache"] = "local"
         return state
 
-    def spill(self, state: Any) -> None:
-        """Leave the range on local disk for whichever worker runs it next (memory backend)."""
+    def spill(self, state: Any, changelog: pa.Table | None = None) -> None:
+        """Leave the range on local disk for whichever worker runs it next (memory backend).
+
+        When the state's spilled form is at the version this batch started from, only the
+        batch's changelog is written (a delta naming that version); the whole range is
+        written again when the deltas since the last full spill would hold more rows than it
+        (``SPILL_REWRITE_FACTOR``) or number ``SPILL_MAX_DELTAS``."""
         directory = _local_dir(self.params)
         os.makedirs(directory, exist_ok=True)
+        parent = self.plan["token"]
+        spilled = getattr(state, "spilled", None)
+        if changelog is not None and parent and spilled is not None and \
+                spilled[0] == parent and spilled[1] < SPILL_MAX_DELTAS and \
+                spilled[2] + changelog.num_rows <= SPILL_REWRITE_FACTOR * spilled[3] and \
+                (os.path.exists(self.spill_path(parent)) or
+                 os.path.exists(self.delta_path(parent))):
+            path = self.delta_path(state.token)
+            _write_ipc(changelog.replace_schema_metadata({SPILL_PARENT: parent.encode()}), path)
+            state.spilled = (state.token, spilled[1] + 1, spilled[2] + changelog.num_rows,
+                             spilled[3])
+            return
         table = state.snapshot()
         path = self.spill_path(state.token)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        os.replace(tmp, path)
+        _write_ipc(table, path)
+        state.spilled = (state.token, 0, 0, table.num_rows)
         for name in os.listdir(directory):  # older versions of this range
             if not name.startswith(self.range.label + "-") or path.endswith(name):
                 continue
@@ -264,6 +345,39 @@ class _Run:
                 continue  # another worker writing it now
             with contextlib.suppress(OSError):  # a directory (a RocksDB copy) is not unlinked
                 os.unlink(os.path.join(directory, name))
+
+    def _adopt_materialized(self, files: list[StateFile]) -> list[StateFile]:
+        """``files`` with a snapshot this worker's thread finished in place of the files it
+        covers (when they still begin the chain)."""
+        job = _MATERIALIZING.get(self.key)
+        if job is None or job.thread.is_alive():
+            return files
+        del _MATERIALIZING[self.key]
+        n = len(job.covered)
+        if job.error is not None:
+            self.metrics["materialize_error"] = job.error
+            return files
+        if job.result is None or tuple(files[:n]) != job.covered:
+            return files  # another chain since (a retried batch, a restore): not this one's
+        self.metrics["materialized"] = {"batch": job.result.batch, "rows": job.result.rows,
+                                        "bytes": job.result.bytes, "ms": job.ms}
+        return [job.result, *files[n:]]
+
+    def _materialize_later(self, files: list[StateFile],
+                           compact: Callable[[list[StateFile]], pa.Table], fmt: bytes) -> None:
+        if self.key in _MATERIALIZING:  # one at a time per range (adopted or dropped first)
+            return
+        directory, label = self.dir, self.range.label
+        name = f"b{files[-1].batch:012d}-snapshot-{self.token}.parquet"
+        batch = files[-1].batch
+
+        def work() -> StateFile:
+            table = compact(list(files))
+            fault_point("state.materialize.compacted")
+            uri, size = _write(table, directory, name, fmt=fmt)
+            return StateFile(uri, "snapshot", batch, table.num_rows, size, label)
+
+        _MATERIALIZING[self.key] = _Materialization(tuple(files), work)
 
     def rocks_path(self) -> str:
         return os.path.join(_local_dir(self.params), self.range.label)
@@ -307,8 +421,17 @@ class _Run:
 
     def finish(self, state: Any, changelog: pa.Table | None, snapshot: Any,
                file_schema: pa.Schema, extra: dict[str, Any],
-               fmt: bytes = STATE_FORMAT) -> Iterator[pa.RecordBatch]:
-        """Write the changelog (and a snapshot when due), return the metadata row."""
+               fmt: bytes = STATE_FORMAT,
+               compact: Callable[[list[StateFile]], pa.Table] | None = None,
+               ) -> Iterator[pa.RecordBatch]:
+        """Write the changelog (and a snapshot when due), return the metadata row.
+
+        With ``compact`` (the rows of a chain, a key's newest row each, in the file schema),
+        a due snapshot is materialized off the batch's path: a thread of this worker compacts
+        the chain as it stands after this batch into a snapshot file, and a later task of the
+        range in this worker puts it in place of the files it covers once it is written
+        whole. Until then the chain only grows; a snapshot whose writer died is never named
+        (an orphan, deleted by the next driver's clean-up)."""
         t0 = time.perf_counter()
         files = list(self.chain)
         written = 0
@@ -325,7 +448,14 @@ class _Run:
         # after a state schema change, no restored file outlives the first batch (a restore
         # from the next checkpoint must not need the old schema, or the rename mapping)
         rewrite = bool(self.params.get("rewrite")) and bool(self.chain)
-        if mixed or rewrite or changelogs >= int(self.params["materialize_every"]):
+        due = changelogs >= int(self.params["materialize_every"])
+        if compact is not None and not mixed and not rewrite:
+            files = self._adopt_materialized(files)
+            if sum(1 for f in files if f.kind == "changelog") >= \
+                    int(self.params["materialize_every"]):
+                self._materialize_later(files, compact, fmt)
+            due = False
+        if mixed or rewrite or due:
             table = snapshot()
             uri, size = _write(_external(table, file_schema), self.dir,
                                f"b{self.batch:012d}-snapshot-{self.token}.parquet", fmt=fmt)
@@ -335,8 +465,8 @@ class _Run:
         async_ms = int((time.perf_counter() - t0) * 1000)
         rows = state.rows
         token = self.token if (changelog_file or files != self.chain) else self.plan["token"]
-        if token != self.token:  # nothing changed: keep the version the driver knows
-            state.token = token
+        if state.token != token:  # nothing changed: keep the version the driver knows (or
+            state.token = token   # only the files did: the copy is at the new version)
             if hasattr(state, "set_token") and token:
                 state.set_token(token)
         handle = StateHandle(self.range.label, token, tuple(files), rows)
@@ -351,9 +481,10 @@ class _Run:
                 shutil.rmtree(state.path, ignore_errors=True)
         elif getattr(state, "load", None) is not None and state.token and \
                 self.params.get("local_spill", True) and \
-                not os.path.exists(self.spill_path(state.token)):  # unchanged: spilled already
+                not os.path.exists(self.spill_path(state.token)) and \
+                not os.path.exists(self.delta_path(state.token)):  # unchanged: spilled already
             t1 = time.perf_counter()
-            self.spill(state)
+            self.spill(state, changelog)
             self.metrics["spill_ms"] = int((time.perf_counter() - t1) * 1000)
         meta = {
             "handle": handle.to_json(),
@@ -419,8 +550,7 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
                                                   fresh=fresh))
             if not ready:
                 t0 = time.perf_counter()
-                for f in task.chain:
-                    state.apply(_internal(restored(f, task.range)), replace=True)
+                state.restore([_internal(restored(f, task.range)) for f in task.chain])
                 state.set_token(task.plan["token"] or "")
                 task.metrics.update(restored=bool(task.chain),
                                     restore_ms=int((time.perf_counter() - t0) * 1000))
@@ -457,12 +587,17 @@ def agg_task(params: dict[str, Any], plans: dict[int, dict[str, Any]]) -> Any:
             changelog = changes[0] if len(changes) == 1 else _newest(changes, key_names)
         apply_ms = int((time.perf_counter() - t0) * 1000)
         chained = _write_chained(params, task, changelog, file_schema)
+        def compact(files: list[StateFile]) -> pa.Table:
+            """A chain's rows, each key's newest, read back from durable storage."""
+            return _newest([restored(f, task.range) for f in files], [KG_COLUMN, *key_names])
+
         yield from task.finish(state, changelog, state.snapshot, file_schema,
                                {"sinks": chained,
                                 "input_rows": table.num_rows if table is not None else 0,
                                 "changed": changelog.num_rows if changelog is not None else 0,
                                 "apply_ms": apply_ms, "sync_ms": 0, "alignment_ms": align,
-                                "channels": channels})
+                                "channels": channels},
+                               compact=compact if params["backend"] == "rocksdb" else None)
 
     return run
 
@@ -498,7 +633,10 @@ def _write_chained(params: dict[str, Any], task: _Run, changelog: pa.Table | Non
 
 
 def _newest(tables: list[pa.Table], keys: list[str]) -> pa.Table:
-    """The rows of several changelogs of one batch, the last row of each key only."""
+    """The rows of several changelogs (of one batch, or a chain), the last row of each key
+    only."""
+    if len(tables) == 1:
+        return tables[0]
     rows = pa.concat_tables(tables)
     rows = rows.append_column("__seq", pa.array(range(rows.num_rows), pa.int64()))
     last = rows.group_by(keys).aggregate([("__seq", "max")])

@@ -457,6 +457,10 @@ class StatefulStream(Stream):
             "tasks": {str(m["pid"]): {"executor": m["executor"], "worker": m["worker"],
                                       "restored": m["restored"], "cache": m.get("cache"),
                                       "ms": m["total_ms"], "restore_ms": m.get("restore_ms"),
+                                      "apply_ms": m.get("apply_ms"),
+                                      "async_ms": m.get("async_ms"),
+                                      "input_rows": m.get("input_rows"),
+                                      "materialized": m.get("materialized"),
                                       "rows": m["handle"].get("rows")} for m in metas},
         }
         run.operators.publish(self.operator)  # type: ignore[union-attr]  # _state checked it

@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from spark_ckpt.errors import EnvironmentError_
+
 __all__ = ["LOCALITY_CLASS", "build", "jar_path"]
 
 LOCALITY_CLASS = "io.sparkckpt.locality.PreferredLocationsRDD"
@@ -46,7 +48,7 @@ def jar_path() -> Path | None:
 def _pom() -> Path:
     pom = Path(__file__).resolve().parent.parent / "jvm" / "locality" / "pom.xml"
     if not pom.is_file():
-        raise RuntimeError(f"expected the jar's Maven module at {pom} (a source checkout), "
+        raise EnvironmentError_(f"expected the jar's Maven module at {pom} (a source checkout), "
                            "found none")
     return pom
 
@@ -59,7 +61,7 @@ def _pyspark_jars() -> tuple[Path, str, str, str]:
     cores = sorted(jars.glob("spark-core_*.jar"))
     scalas = sorted(jars.glob("scala-library-*.jar"))
     if not cores or not scalas:
-        raise RuntimeError(f"expected spark-core_*.jar and scala-library-*.jar in {jars}")
+        raise EnvironmentError_(f"expected spark-core_*.jar and scala-library-*.jar in {jars}")
     binary, spark = cores[0].stem.removeprefix("spark-core_").split("-", 1)
     scala = scalas[0].stem.removeprefix("scala-library-")
     return jars, spark, binary, scala
@@ -75,7 +77,8 @@ def build(*, target: Path | None = None, quiet: bool = True) -> Path:
     """
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise RuntimeError("expected Maven (mvn) on PATH to build the locality jar, found none")
+        raise EnvironmentError_(
+            "expected Maven (mvn) on PATH to build the locality jar, found none")
     pom = _pom()
     jars, spark, binary, scala = _pyspark_jars()
     out = target or _PACKAGE_JAR
@@ -88,7 +91,7 @@ def build(*, target: Path | None = None, quiet: bool = True) -> Path:
         run = subprocess.run(command, capture_output=True, text=True, timeout=900)
         built = Path(build_dir) / JAR_NAME
         if run.returncode != 0 or not built.is_file():
-            raise RuntimeError(f"building {pom} failed: {(run.stdout + run.stderr)[-3000:]}")
+            raise EnvironmentError_(f"building {pom} failed: {(run.stdout + run.stderr)[-3000:]}")
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_name(out.name + f".partial-{os.getpid()}")
         shutil.copyfile(built, partial)

@@ -86,12 +86,12 @@ def durable(work_dir) -> int:
 
 
 # Scenarios of the driver's own protocol (event log, sinks, recovery planning) that do not
-# depend on how the driver's JVM dies: in CI they run with Spark Connect clients
-# (tests/test_connect.py), which start in seconds on a warm server; on classic drivers with
-# SPARK_CKPT_LONG_FAULTS=1 (every other test here kills classic drivers, JVM and all).
+# depend on how the driver's JVM dies, and cases the ones CI runs cover (a kill mid-vertex, a
+# Parquet and a Delta commit, a deleted file): SPARK_CKPT_LONG_FAULTS=1 runs them on classic
+# drivers and, with Spark Connect clients, in tests/test_connect.py's batch-client-killed groups.
 ON_CONNECT_IN_CI = pytest.mark.skipif(
     not (LONG_FAULTS or os.environ.get("SPARK_CKPT_TEST_REMOTE")),
-    reason="runs on Spark Connect in CI; on classic with SPARK_CKPT_LONG_FAULTS=1")
+    reason="SPARK_CKPT_LONG_FAULTS=1 runs it, on classic and on Connect")
 
 
 @pytest.mark.parametrize("fault, expected_ran", [
@@ -100,7 +100,8 @@ ON_CONNECT_IN_CI = pytest.mark.skipif(
     pytest.param("vertex.initialized", TOTAL_PARTITIONS,  # vertices recorded, nothing finished
                  marks=ON_CONNECT_IN_CI),
     ("partition.written:7", None),  # a task's file is in place, its event is not logged yet
-    ("partition.finished:2", None),  # right after finished events became durable
+    pytest.param("partition.finished:2", None,  # right after finished events became durable
+                 marks=ON_CONNECT_IN_CI),
     pytest.param("vertex.finished:1", TOTAL_PARTITIONS - 4, marks=ON_CONNECT_IN_CI),  # enriched
     pytest.param("vertex.finished:3", 2, marks=ON_CONNECT_IN_CI),  # all but daily done
     pytest.param("vertex.finished:4", 0, marks=ON_CONNECT_IN_CI),  # all done, none committed
@@ -125,9 +126,9 @@ def test_kill_before_and_after_each_kind_of_event(
 @pytest.mark.parametrize("fault", [
     "sink.commit.started",  # SinkCommitStarted durable, Parquet marker not yet created
     pytest.param("sink.commit.files", marks=ON_CONNECT_IN_CI),  # marker made, a file moved
-    "sink.committed:1",  # Parquet sink committed, not logged
+    pytest.param("sink.committed:1", marks=ON_CONNECT_IN_CI),  # Parquet committed, not logged
     pytest.param("sink.commit.started:2", marks=ON_CONNECT_IN_CI),  # Delta: logged, untouched
-    pytest.param("sink.committed:2", marks=ON_CONNECT_IN_CI),  # Delta committed, not logged
+    "sink.committed:2",  # Delta committed, not logged
 ])
 def test_kill_during_a_sink_commit_commits_exactly_once(
         spark, orders_input, expected_daily, tmp_path, fault):
@@ -208,6 +209,7 @@ def test_deleted_result_file_reruns_its_partition_and_everything_that_read_it(
     assert_outputs_equal(spark, str(tmp_path / "out"), expected_daily)
 
 
+@ON_CONNECT_IN_CI
 def test_deleted_file_of_a_consumed_partition_invalidates_its_consumers(
         spark, orders_input, expected_daily, tmp_path):
     crash(orders_input, tmp_path, "vertex.finished:4")  # all finished, nothing committed

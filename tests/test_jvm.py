@@ -52,6 +52,28 @@ def test_one_executor_or_spark_connect_runs_the_frame_as_it_is(spark):
     assert spark_api(spark).prefer_locations(df, 2, {0: ("host", "1")}) is None
 
 
+def test_ranges_keep_their_executor_and_new_ones_spread_evenly():
+    from spark_ckpt.sparkapi.classic import spread_ranges
+
+    three = [("1", "10.0.0.1"), ("2", "10.0.0.2"), ("10", "10.0.0.3")]
+    # the first batch: nothing known, six ranges two to each executor (not by string order)
+    first = spread_ranges(6, {}, three)
+    assert sorted(first.values()) == sorted(
+        [f"executor_10.0.0.{h}_{e}" for h, e in ((1, "1"), (2, "2"), (3, "10"))] * 2)
+    # known ranges stay; a new range goes where fewest are
+    known = {0: ("10.0.0.1", "1"), 1: ("10.0.0.1", "1"), 2: ("10.0.0.2", "2")}
+    placed = spread_ranges(4, known, three)
+    assert placed == {0: "executor_10.0.0.1_1", 1: "executor_10.0.0.1_1",
+                      2: "executor_10.0.0.2_2", 3: "executor_10.0.0.3_10"}
+    # executor 2 lost, its host gone: its range goes to the least loaded; a lost executor
+    # whose host still runs one keeps the host
+    lost = {0: ("10.0.0.1", "1"), 1: ("10.0.0.2", "2"), 2: ("10.0.0.3", "9")}
+    assert spread_ranges(3, lost, [("1", "10.0.0.1"), ("10", "10.0.0.3")]) == {
+        0: "executor_10.0.0.1_1", 2: "10.0.0.3", 1: "executor_10.0.0.1_1"}
+    # ranges past the parallelism are ignored; no executors known: no preferences
+    assert spread_ranges(1, {5: ("h", "1")}, []) == {}
+
+
 def test_the_build_needs_maven_and_says_so(monkeypatch):
     monkeypatch.setattr(jvm.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="Maven"):

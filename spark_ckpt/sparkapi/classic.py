@@ -346,6 +346,56 @@ def _check_locality_wait(sc: Any) -> None:
               "(3s) for state locality (docs/checkpointing.md, \"Where state lives\")", raw)
 
 
+def _executors(context: Any) -> list[tuple[str, str]]:
+    """The application's live executors as (executor id, host), from the block manager
+    master's registry (the driver's own block manager left out)."""
+    alive = {str(e) for e in _seq(context.getExecutorIds())}
+    status = context.env().blockManager().master().getMemoryStatus()
+    found = {}
+    iterator = status.keysIterator()
+    while iterator.hasNext():
+        block_manager = iterator.next()
+        executor = str(block_manager.executorId())
+        if executor in alive:
+            found[executor] = str(block_manager.host())
+    return sorted(found.items())
+
+
+def spread_ranges(partitions: int, locations: Mapping[int, tuple[str, str]],
+                  executors: list[tuple[str, str]]) -> dict[int, str]:
+    """Each key-group range's preferred location (Spark's names: ``executor_<host>_<id>`` or
+    a host): the executor it last ran on while that executor lives; for a lost executor, its
+    host if another executor runs there (its local disk may hold the range); and a range with
+    neither (the first batch, a rescale, a host lost) goes to the live executor with the
+    fewest ranges so far, so the first placement, which later batches keep, is even (without
+    it Spark's first offers put most ranges on whichever executor offered first)."""
+    by_id = dict(executors)
+    hosts = set(by_id.values())
+    load = {executor: 0 for executor in by_id}
+    out: dict[int, str] = {}
+    for pid, (host, executor) in sorted(locations.items()):
+        if not 0 <= pid < partitions:
+            continue
+        if executor in by_id:
+            out[pid] = f"executor_{by_id[executor]}_{executor}"
+            load[executor] += 1
+        elif host in hosts:
+            out[pid] = host  # counted against the host's least loaded executor
+            load[min((e for e, at in by_id.items() if at == host),
+                     key=lambda e: (load[e], _executor_order(e)))] += 1
+    for pid in range(partitions):
+        if pid in out or not load:
+            continue
+        executor = min(load, key=lambda e: (load[e], _executor_order(e)))
+        out[pid] = f"executor_{by_id[executor]}_{executor}"
+        load[executor] += 1
+    return out
+
+
+def _executor_order(executor: str) -> tuple[int, str]:
+    return (int(executor), "") if executor.isdigit() else (1 << 30, executor)
+
+
 class ClassicSpark:
     """:class:`spark_ckpt.sparkapi.SparkApi` over a classic session's JVM."""
 
@@ -547,21 +597,11 @@ class ClassicSpark:
                   "tasks run without preferred locations", found, partitions)
             return None
         context = self._sc._jsc.sc()
-        alive = {str(e) for e in _seq(context.getExecutorIds())}
-        hosts: set[str] | None = None
+        executors = _executors(context)
+        preferred = spread_ranges(partitions, locations, executors)
         wanted = gateway.new_array(jvm.java.lang.String, partitions)
-        for pid, (host, executor) in locations.items():
-            if not 0 <= pid < partitions:
-                continue
-            if executor in alive:
-                wanted[pid] = f"executor_{host}_{executor}"
-                continue
-            # a lost executor: its host, if another executor runs there (its local disk may
-            # hold the range), else anywhere at once
-            if hosts is None:
-                hosts = {str(i.host()) for i in context.statusTracker().getExecutorInfos()}
-            if host in hosts:
-                wanted[pid] = host
+        for pid, where in preferred.items():
+            wanted[pid] = where
         wrapped = rdd_class(rows, wanted)
         jdf = self.spark._jsparkSession.internalCreateDataFrame(wrapped, df._jdf.schema(), False)
 

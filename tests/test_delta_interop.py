@@ -320,26 +320,27 @@ def test_delta_spark_parses_the_sinks_statistics_and_each_one_holds(delta_spark,
 
 
 @LONG
-@pytest.mark.xfail(strict=True, reason="Delta Spark scanned 2 files where the "
-                   "test expects 1 (2026-11-29 first full run): which side is wrong is open")
 def test_delta_spark_reads_only_the_files_the_statistics_admit(delta_spark, sink_tables):
     path = str(sink_tables / "all_types")
     files = len(DeltaTable(path).file_uris())
     scans = delta_spark.run(
         "df = spark.read.format('delta').load(args['p'])\n"
         "result = {p: scan_metrics(df.where(p)).get('numFiles') for p in args['predicates']}",
-        p=path, predicates=["id = 3", "id >= 100", "ntz = TIMESTAMP_NTZ '2026-03-08 01:30:00"
-                            ".123456'", "day = DATE '2026-01-19'", "dec = -1000.00BD",
-                            "text = 'name-00'", "st.a = 13", "ts < TIMESTAMP '2026-03-08'",
-                            "id >= 0"])
+        p=path, predicates=["id = 0", "id = 4", "id = 3", "id >= 100",
+                            "ntz = TIMESTAMP_NTZ '2026-03-08 01:30:00.123456'",
+                            "day = DATE '2026-01-01'", "dec = -1000.00BD", "text = 'name-00'",
+                            "st.a = 0", "ts < TIMESTAMP '2026-03-08'", "id >= 0"])
     assert scans["id >= 0"] == files == 2 * FILES
-    # one file holds id 3 (part 1, the first batch) ...
-    assert scans["id = 3"] == 1
+    # A batch's file of part 0 holds ids 5k, 5k+2, 5k+4 and its file of part 1 ids 5k+1 and
+    # 5k+3: their ranges interleave, so id 3 (part 1's) is inside part 0's [0, 4] too and both
+    # files are read; ids 0 and 4, the ends of part 0's range, are in one file's range only
+    assert scans["id = 3"] == 2
+    assert scans["id = 0"] == scans["id = 4"] == 1
     assert scans["id >= 100"] == 0
-    # ... and each other value, through its column's statistics (decimals, dates, strings,
-    # timestamp_ntz, a nested struct's field)
+    # ... and so is row 0's value of each other column, through its column's statistics
+    # (decimals, dates, strings, timestamp_ntz, a nested struct's field)
     for predicate in ("ntz = TIMESTAMP_NTZ '2026-03-08 01:30:00.123456'",
-                      "day = DATE '2026-01-19'", "dec = -1000.00BD", "st.a = 13"):
+                      "day = DATE '2026-01-01'", "dec = -1000.00BD", "st.a = 0"):
         assert scans[predicate] == 1, (predicate, scans)
     # the file of i = 5 has no string statistics (a value longer than 32 characters): read
     assert scans["text = 'name-00'"] == 2
@@ -347,8 +348,6 @@ def test_delta_spark_reads_only_the_files_the_statistics_admit(delta_spark, sink
 
 
 @LONG
-@pytest.mark.xfail(strict=True, reason="Delta Spark scanned 2 files where the "
-                   "test expects 1 (2026-11-29 first full run): which side is wrong is open")
 def test_delta_spark_reads_a_sink_table_through_a_delta_rs_checkpoint(delta_spark, tmp_path,
                                                                     sink_tables):
     """delta-rs's log checkpoint (Parquet, with the add actions' statistics) as Delta Spark's
@@ -363,8 +362,8 @@ def test_delta_spark_reads_a_sink_table_through_a_delta_rs_checkpoint(delta_spar
     assert delta_rows(delta_spark, str(path), SCHEMA.names) == want
     scans = delta_spark.run(
         "df = spark.read.format('delta').load(args['p'])\n"
-        "result = scan_metrics(df.where('id = 3')).get('numFiles')", p=str(path))
-    assert scans == 1
+        "result = scan_metrics(df.where('id = 0')).get('numFiles')", p=str(path))
+    assert scans == 1  # (the one file whose range holds id 0: see the test above)
 
 
 @LONG

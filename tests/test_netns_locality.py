@@ -50,6 +50,9 @@ TARGET = 0.95
 # for a measurement: SPARK_CKPT_LOCALITY_UNPLACED=1 adds the arms with the preference off (as
 # the long form does); SPARK_CKPT_LOCALITY_ONLY=memory,loss runs only those arms
 UNPLACED = os.environ.get("SPARK_CKPT_LOCALITY_UNPLACED") == "1"
+# and SPARK_CKPT_LOCALITY_REPS=N repeats each pair of arms N times, alternating which runs
+# first (the per-batch cost of the preference, docs/benchmarks.md "State locality")
+REPS = int(os.environ.get("SPARK_CKPT_LOCALITY_REPS", "1"))
 ONLY = {a for a in os.environ.get("SPARK_CKPT_LOCALITY_ONLY", "").split(",") if a}
 
 CHILD = f"""
@@ -123,7 +126,13 @@ def _arms() -> list[dict]:
             {"name": "rocksdb", "kind": "processor", "backend": "rocksdb", "prefer": True,
              "batches": BATCHES}]
     if LONG_FAULTS or UNPLACED:  # the pure-Python path (Connect's): no preferred locations
-        arms += [dict(a, name=f"{a['name']}-unplaced", prefer=False) for a in arms]
+        pairs = [(a, dict(a, name=f"{a['name']}-unplaced", prefer=False)) for a in arms]
+        arms = []
+        for rep in range(REPS):
+            for on, off in pairs:
+                tag = f"-r{rep}" if rep else ""
+                pair = [dict(on, name=on["name"] + tag), dict(off, name=off["name"] + tag)]
+                arms += pair if rep % 2 == 0 else pair[::-1]
     arms.append({"name": "loss", "kind": "aggregation", "backend": "memory", "prefer": True,
                  "batches": 3, "lose": AFTER_LOSS})
     return [a for a in arms if not ONLY or a["name"].split("-")[0] in ONLY]
@@ -255,10 +264,17 @@ def test_ranges_find_their_state_locally_on_three_hosts(runs, arm):
     record = runs[arm]
     assert record["batches"] == BATCHES
     summary = _summary(arm, record)
-    if f"{arm}-unplaced" in runs:
-        _summary(f"{arm}-unplaced", runs[f"{arm}-unplaced"])
+    for rep in range(REPS):
+        tag = f"-r{rep}" if rep else ""
+        for name in (f"{arm}{tag}", f"{arm}-unplaced{tag}"):
+            if name in runs and name != arm:
+                _summary(name, runs[name])
     hosts = {h for b in record["tasks"] for h in b["hosts"].values()}
     assert len(hosts) >= 2, record["tasks"]  # the ranges spread over the hosts
+    if len(record["executors"]) == HOSTS:
+        # the first batch's ranges (none with a place yet) spread evenly, and stayed
+        first = list(record["tasks"][0]["hosts"].values())
+        assert max(first.count(h) for h in set(first)) == RANGES // HOSTS, record["tasks"][0]
     local, total = _local_share(record["tasks"])
     assert total == RANGES * (BATCHES - 1), record["tasks"]
     assert local >= TARGET * total, summary

@@ -514,11 +514,15 @@ def child_floor(args: argparse.Namespace, spark) -> dict:
         yield pa.RecordBatch.from_pydict({"rows": pa.array([n], pa.int64())})
 
     files = sorted(str(p) for p in Path(args.input).glob("*.parquet"))
+    if args.scenario == "big":  # as the pipeline's batch: the file's splits, two ranges
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
     batch_ms = []
     for f in files:
         t0 = time.perf_counter()
-        spark.read.schema(SCHEMA).parquet(f).coalesce(1).groupBy("key") \
-            .agg(F.count(F.lit(1)).alias("n"), F.sum("value").alias("total")) \
+        df = spark.read.schema(SCHEMA).parquet(f)
+        if args.scenario != "big":
+            df = df.coalesce(1)
+        df.groupBy("key").agg(F.count(F.lit(1)).alias("n"), F.sum("value").alias("total")) \
             .mapInArrow(passthrough, "rows LONG").collect()
         batch_ms.append(int(round((time.perf_counter() - t0) * 1000)))
     return {"batches": len(files), "batch_ms": batch_ms}
@@ -1056,6 +1060,20 @@ class Bench:
                 if (held / f.name).exists():
                     os.replace(held / f.name, f)
         check_digests("big", {"restart_durable": runs["restart_durable"]}, self.errors)
+        # the floor: per load file, the least Spark job a batch could be (read, partial
+        # aggregation, shuffle into the two ranges, a Python task that passes the partials
+        # through), no state, in a fresh driver like the load's
+        floor_input = self.base / "floor-big"
+        shutil.rmtree(floor_input, ignore_errors=True)
+        floor_input.mkdir()
+        for f in files[:-2]:
+            os.symlink(f, floor_input / f.name)
+        proc = subprocess.run(child_cmd("big", "floor", work=work, input=floor_input),
+                              env=child_env(), capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0 or "RESULT " not in proc.stdout:
+            raise ChildFailed(f"big/floor failed: {proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+        runs["floor"] = [parse_result(proc.stdout)]
+        self.report("big floor", runs["floor"][0])
         return self._big_summary(runs)
 
     def _big_runs(self, work: Path, held: Path, files: list[Path], opts: dict[str, Any],
@@ -1103,7 +1121,12 @@ class Bench:
             "restart_durable_batch_ms": runs["restart_durable"][0]["batch_ms"],
             "restart_durable_restore_ms": runs["restart_durable"][0]["restore_ms"],
             "restart_durable_tasks": runs["restart_durable"][0]["state_tasks"],
-            "restart_durable_seconds": runs["restart_durable"][0]["seconds"]}}
+            "restart_durable_seconds": runs["restart_durable"][0]["seconds"],
+            "floor_batch_ms": runs["floor"][0]["batch_ms"],
+            # the load's rows over the floor's jobs' time: the most a pipeline could load
+            "floor_rows_per_s": load["rows"] * 1000 / max(sum(runs["floor"][0]["batch_ms"]), 1),
+            "load_batch_ms_over_floor": (sum(load["batch_ms"][:len(runs["floor"][0]["batch_ms"])])
+                                         / max(sum(runs["floor"][0]["batch_ms"]), 1))}}
 
     def restart(self) -> dict:
         runs: dict[str, list[dict]] = {"ss": [], "ckpt": []}

@@ -27,6 +27,8 @@ PARITY = {
         "test_operations_a_killed_client_left_running_are_interrupted_by_the_next",
         "tests/test_seam.py::"
         "test_an_aggregation_is_split_and_replaced_in_its_plan_on_this_kind_of_session",
+    ],
+    "seam-long": [
         # the split of an aggregation, from the Connect client's plan tree
         "tests/test_batch_cuts.py::test_split_aggregate_gives_plain_sparks_answer",
         "tests/test_batch_cuts.py::"
@@ -120,11 +122,12 @@ PARITY = {
 # The batch client kills run from test_connect_clients.py: a test file runs on one xdist worker,
 # so the parity run is split in two files the two workers take at the start of the run.
 CLIENT_KILLS = ("batch-client-killed", "batch-client-killed-long")
-# More of the classic suite on Connect, run with SPARK_CKPT_LONG_FAULTS=1: what they check
-# on Connect, the groups above check there too (a batch job's output, keyed state, restores,
-# a killed batch client of each kind)
-LONG_ONLY_GROUPS = ("batch-long", "keyed-state-long", "batch-client-killed",
-                    "batch-client-killed-long", "event-time-long", "kafka-long")
+# CI runs the seam on Connect and a killed stream client (test_options.py and test_notebook.py
+# run a batch job and keyed pipelines on Connect sessions too); with SPARK_CKPT_LONG_FAULTS=1
+# every group runs
+LONG_ONLY_GROUPS = ("seam-long", "batch", "batch-long", "keyed-state", "keyed-state-long",
+                    "event-time", "event-time-long", "kafka", "kafka-long",
+                    "batch-client-killed", "batch-client-killed-long")
 
 
 def run_parity(connect_url: str, groups: list[str]) -> None:

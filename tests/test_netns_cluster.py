@@ -335,6 +335,7 @@ def test_keyed_processor_on_rocksdb_across_three_hosts_equals_plain_spark(
     pd.testing.assert_frame_equal(events[list(want.columns)], want, check_dtype=False)
 
 
+@pytest.mark.skipif(not LONG_FAULTS, reason=LONG_ONLY)  # the short form's kill is a host's
 def test_batch_driver_killed_mid_run_recovers_on_three_hosts(
         spark, cluster, cluster_defaults, orders_input, expected_daily, tmp_path):
     out, work = str(tmp_path / "out"), str(tmp_path / "work")

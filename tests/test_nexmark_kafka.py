@@ -11,7 +11,7 @@ import sys
 
 import pandas as pd
 import pytest
-from helpers import ROOT
+from helpers import LONG_FAULTS, LONG_ONLY, ROOT
 from kafka_cluster import kafka_cluster
 from pyspark.sql import functions as F
 
@@ -34,6 +34,7 @@ def kafka(tmp_path_factory):
         yield cluster
 
 
+@pytest.mark.skipif(not LONG_FAULTS, reason=LONG_ONLY)  # test_nexmark.py's queries, from files
 def test_queries_read_from_kafka_equal_batch_spark_sql(spark, kafka, tmp_path):
     assert nexmark_gen.produce(kafka.bootstrap, "nexmark", EVENTS, PARTITIONS,
                                events_per_second=RATE) == EVENTS

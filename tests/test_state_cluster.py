@@ -14,7 +14,7 @@ import sys
 
 import pandas as pd
 import pytest
-from helpers import ROOT, child_env, plain_sequenced
+from helpers import LONG_FAULTS, LONG_ONLY, ROOT, child_env, plain_sequenced
 from helpers import test_java_options as java_options  # not collected as a test
 
 pytestmark = pytest.mark.slow
@@ -137,6 +137,7 @@ def _placed_tasks(event_logs) -> list[dict]:
     return tasks
 
 
+@pytest.mark.skipif(not LONG_FAULTS, reason=LONG_ONLY)  # in CI on three hosts: test_netns_locality
 def test_each_range_runs_where_it_ran_last_as_spark_reports_it(tmp_path):
     events = tmp_path / "events"
     events.mkdir()

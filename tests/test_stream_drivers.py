@@ -343,7 +343,8 @@ def test_second_driver_starting_mid_batch_fences_the_first(spark, orders_input, 
     ("orders", "stream.output.committed:3"),  # batch 1: Delta committed, Parquet not
     pytest.param("stateful", "stream.batch.staged:2", marks=LONG),  # staged into the open txn
     pytest.param("stateful", "checkpoint.barrier:1", marks=LONG),  # barrier, no pre-commit
-    ("stateful", "checkpoint.completed:1"),  # metadata durable, sinks not committed
+    pytest.param("stateful", "checkpoint.completed:1",  # metadata durable, sinks not committed
+                 marks=LONG),
 ])
 def test_stale_driver_waking_after_a_long_pause_commits_nothing(
         spark, orders_input, orders_expected, tmp_path, drivers, pipeline, point):

@@ -347,17 +347,17 @@ def _check_locality_wait(sc: Any) -> None:
 
 
 def _executors(context: Any) -> list[tuple[str, str]]:
-    """The application's live executors as (executor id, host), from the block manager
-    master's registry (the driver's own block manager left out)."""
+    """The application's live executors as (executor id, host), from Spark's status store
+    (what its UI lists; the driver left out). (Not the block manager master's registry: py4j's
+    reflection over ``BlockManager`` loads classes the driver's class path may lack.)"""
     alive = {str(e) for e in _seq(context.getExecutorIds())}
-    status = context.env().blockManager().master().getMemoryStatus()
+    listed = context.statusStore().executorList(True)
     found = {}
-    iterator = status.keysIterator()
-    while iterator.hasNext():
-        block_manager = iterator.next()
-        executor = str(block_manager.executorId())
+    for i in range(listed.size()):
+        summary = listed.apply(i)
+        executor = str(summary.id())
         if executor in alive:
-            found[executor] = str(block_manager.host())
+            found[executor] = str(summary.hostPort()).rsplit(":", 1)[0]
     return sorted(found.items())
 
 
@@ -377,7 +377,7 @@ def spread_ranges(partitions: int, locations: Mapping[int, tuple[str, str]],
         if not 0 <= pid < partitions:
             continue
         if executor in by_id:
-            out[pid] = f"executor_{by_id[executor]}_{executor}"
+            out[pid] = f"executor_{host}_{executor}"  # (the host its task reported)
             load[executor] += 1
         elif host in hosts:
             out[pid] = host  # counted against the host's least loaded executor

@@ -19,8 +19,9 @@ rotated between repetitions:
   ``foreachBatch`` appending to Parquet; checkpoint and output on local disk / on S3.
 
 Each arm reports the time from its first batch's start to the end of its last (the session's
-start is not counted), and the time per batch. Printed: per arm the raw figures and median,
-and the ratios S3 / local of each system and spark_ckpt on S3 / Structured Streaming on S3.
+start is not counted), and the time per batch; and its output is checked: the final count of
+every key adds up to the rows the arm read. Printed: per arm the raw figures and median, and
+the ratios S3 / local of each system and spark_ckpt on S3 / Structured Streaming on S3.
 """
 
 from __future__ import annotations
@@ -66,9 +67,18 @@ def _arm_ckpt(spark, base: str, args: argparse.Namespace) -> dict[str, float]:
     start = time.perf_counter()
     progress = ctx.process_available()
     elapsed = time.perf_counter() - start
+    from deltalake import DeltaTable
+
+    from spark_ckpt.storage import delta_options
+
+    uri = f"{base}/totals"
+    totals = DeltaTable(uri, storage_options=delta_options(uri)).to_pyarrow_table().to_pandas()
     return {"seconds": elapsed, "batches": len(progress),
             "checkpoints": len(checkpoints),
-            "checkpoint_ms_median": statistics.median(checkpoints) if checkpoints else -1}
+            "checkpoint_ms_median": statistics.median(checkpoints) if checkpoints else -1,
+            # every input row counted once: the final totals' counts add up to the input
+            "rows": sum(p["num_input_rows"] or 0 for p in progress),
+            "counted": int(totals.n.sum()), "keys": len(totals)}
 
 
 def _arm_ss(spark, base: str, args: argparse.Namespace) -> dict[str, float]:
@@ -100,10 +110,17 @@ def _arm_ss(spark, base: str, args: argparse.Namespace) -> dict[str, float]:
         time.sleep(0.05)
     elapsed = time.perf_counter() - start
     query.stop()
+    ran = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    # update mode appends each batch's changed keys with their running counts: a key's
+    # largest count is its final one
+    final = spark.read.parquet(f"{base}/totals").groupBy("key").agg(F.max("n").alias("n"))
+    counted = final.agg(F.sum("n"), F.count("*")).first()
     return {"seconds": elapsed, "batches": len(done), "checkpoints": len(done),
             "checkpoint_ms_median": statistics.median(
                 p["durationMs"].get("commitOffsets", 0) + p["durationMs"].get("walCommit", 0)
-                for p in done)}
+                for p in done),
+            "rows": sum(p["numInputRows"] for p in ran), "counted": int(counted[0]),
+            "keys": int(counted[1])}
 
 
 def run_arm(arm: str, base: str, args: argparse.Namespace) -> None:
@@ -157,6 +174,11 @@ def main() -> None:
                     raise SystemExit(f"{arm} failed ({run.returncode}): "
                                      f"{(run.stdout + run.stderr)[-4000:]}")
                 figures = json.loads(line.removeprefix("FIGURES "))
+                if figures["counted"] != figures["rows"] or \
+                        figures["rows"] < args.batches * args.rows_per_batch or \
+                        not 0 < figures["keys"] <= args.keys:
+                    raise SystemExit(f"{arm}: its output does not count every input row once:"
+                                     f" {figures}")
                 results[arm].append(figures)
                 print(f"rep {rep} {arm}: {figures['seconds']:.2f} s, {figures['batches']} "
                       f"batches, checkpoint median {figures['checkpoint_ms_median']:.0f} ms",

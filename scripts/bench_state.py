@@ -502,8 +502,10 @@ def code_version() -> str:
 
 def child_floor(args: argparse.Namespace, spark) -> dict:
     """What one Spark job with a Python task costs on this machine now: per input file, the
-    smallest job a stateful batch could be (one stage: read, pre-aggregate by key, one
-    ``mapInArrow`` task that passes the partials through, collect), with no state at all."""
+    smallest job a stateful batch could be (read, aggregate by key, a ``mapInArrow`` task
+    that counts the aggregated rows it is given, collect), with no state at all. ``--big``:
+    the file's own splits, the aggregation's shuffle into the pipeline's two ranges (not
+    coalesced by AQE, as the pipeline's ``repartitionById`` is not), two Python tasks."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 
@@ -516,6 +518,7 @@ def child_floor(args: argparse.Namespace, spark) -> dict:
     files = sorted(str(p) for p in Path(args.input).glob("*.parquet"))
     if args.scenario == "big":  # as the pipeline's batch: the file's splits, two ranges
         spark.conf.set("spark.sql.shuffle.partitions", "2")
+        spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
     batch_ms = []
     for f in files:
         t0 = time.perf_counter()

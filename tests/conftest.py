@@ -112,12 +112,14 @@ def _children_pipes_closed(monkeypatch):
 
 
 # The test files in the order of their time in a full run (2026-11-29, two workers on 2 cores,
-# the long tests left out), longest first; the others after them. xdist's loadfile mode hands
+# the long tests left out; test_connect_clients.py, all long, first for the long runs), longest
+# first; the others after them. xdist's loadfile mode hands
 # each worker a file at a time in collection order (setup.cfg turns off its reordering by test
 # count, which ran the one-test Connect files last, alone): longest first is how a greedy
 # scheduler packs two workers best, and the long files overlap the rest instead of ending the
 # run alone.
-LONGEST_FIRST = ["test_kafka.py", "test_netns_cluster.py", "test_windows.py",
+LONGEST_FIRST = ["test_connect_clients.py", "test_kafka.py", "test_netns_cluster.py",
+                 "test_windows.py",
                  "test_recovery_faults.py", "test_batch_cuts.py", "test_storage_faults.py",
                  "test_stream_drivers.py", "test_connect.py", "test_read_state_operators.py",
                  "test_keyed_state.py", "test_demo.py", "test_cluster_faults.py",
@@ -128,7 +130,8 @@ LONGEST_FIRST = ["test_kafka.py", "test_netns_cluster.py", "test_windows.py",
                  "test_recipes.py", "test_options.py", "test_stream_joins.py",
                  "test_restored_copy.py", "test_state_cluster.py", "test_hostile_input.py",
                  "test_batch_input_identity.py", "test_state_evolution.py",
-                 "test_delta_source_maintenance.py", "test_streaming.py"]
+                 "test_delta_source_maintenance.py", "test_streaming.py",
+                 "test_nexmark_kafka.py"]
 
 
 def pytest_collection_modifyitems(items):

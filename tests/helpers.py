@@ -23,8 +23,9 @@ AGG_PARALLELISM = 2
 # payments into settled's join), settled (4 each), daily (2); sources are read in place.
 TOTAL_PARTITIONS = 3 * PARALLELISM + AGG_PARALLELISM
 # The long versions of the fault tests (many more SIGKILLs at random wall-clock moments, each
-# kill point in its own test): SPARK_CKPT_LONG_FAULTS=1 python -m pytest -m slow. CI runs the
-# short, deterministic versions, which hit every kill point at least once.
+# kill point in its own test, the parity runs in full): SPARK_CKPT_LONG_FAULTS=1 python -m
+# pytest -m slow. CI runs the short, deterministic versions, which kill at least once at each
+# kind of point (an event log's, a sink's commit, a checkpoint's, a batch's), not at each point.
 LONG_FAULTS = os.environ.get("SPARK_CKPT_LONG_FAULTS", "") not in ("", "0")
 LONG_ONLY = "a long fault run: set SPARK_CKPT_LONG_FAULTS=1"
 

@@ -331,9 +331,9 @@ def test_delta_spark_reads_only_the_files_the_statistics_admit(delta_spark, sink
                             "day = DATE '2026-01-01'", "dec = -1000.00BD", "text = 'name-00'",
                             "st.a = 0", "ts < TIMESTAMP '2026-03-08'", "id >= 0"])
     assert scans["id >= 0"] == files == 2 * FILES
-    # A batch's file of part 0 holds ids 5k, 5k+2, 5k+4 and its file of part 1 ids 5k+1 and
-    # 5k+3: their ranges interleave, so id 3 (part 1's) is inside part 0's [0, 4] too and both
-    # files are read; ids 0 and 4, the ends of part 0's range, are in one file's range only
+    # A batch's two files (part = id % 2) hold alternating ids: the first batch's ids 0, 2, 4
+    # and 1, 3; their ranges interleave, so id 3 (part 1's) is inside part 0's [0, 4] too and
+    # both files are read; ids 0 and 4, the ends of part 0's range, are in one file's range only
     assert scans["id = 3"] == 2
     assert scans["id = 0"] == scans["id = 4"] == 1
     assert scans["id >= 100"] == 0

@@ -72,6 +72,20 @@ def test_ranges_keep_their_executor_and_new_ones_spread_evenly():
         0: "executor_10.0.0.1_1", 2: "10.0.0.3", 1: "executor_10.0.0.1_1"}
     # ranges past the parallelism are ignored; no executors known: no preferences
     assert spread_ranges(1, {5: ("h", "1")}, []) == {}
+    # an executor the scheduler has but the status store does not list yet keeps its range
+    # (the host its task reported) and gets no new one
+    assert spread_ranges(2, {0: ("10.0.0.1", "1")}, [("1", None), ("2", "10.0.0.2")]) == {
+        0: "executor_10.0.0.1_1", 1: "executor_10.0.0.2_2"}
+
+
+def test_hosts_are_read_from_sparks_host_port():
+    from spark_ckpt.sparkapi.classic import _host_of
+
+    assert _host_of("10.0.0.1:4040") == "10.0.0.1"
+    assert _host_of("worker-3.example:35000") == "worker-3.example"
+    assert _host_of("[fe80::1]:35000") == "fe80::1"
+    assert _host_of("fe80::1") == "fe80::1"  # a bare IPv6 address, not a port
+    assert _host_of("worker-3") == "worker-3"
 
 
 def test_the_build_needs_maven_and_says_so(monkeypatch):

@@ -346,39 +346,58 @@ def _check_locality_wait(sc: Any) -> None:
               "(3s) for state locality (docs/checkpointing.md, \"Where state lives\")", raw)
 
 
-def _executors(context: Any) -> list[tuple[str, str]]:
-    """The application's live executors as (executor id, host), from Spark's status store
-    (what its UI lists; the driver left out). (Not the block manager master's registry: py4j's
-    reflection over ``BlockManager`` loads classes the driver's class path may lack.)"""
+def _executors(context: Any) -> list[tuple[str, str | None]]:
+    """The application's live executors (the scheduler's, ``getExecutorIds``) as (executor
+    id, host), the host from Spark's status store (what its UI lists), None where the store
+    does not list it yet (it is filled through the listener bus) or cannot be read (it is
+    Spark's internal API: logged once, and then no new range gets a preference). (Not the
+    block manager master's registry: py4j's reflection over ``BlockManager`` loads classes the
+    driver's class path may lack, which killed the gateway.)"""
     alive = {str(e) for e in _seq(context.getExecutorIds())}
-    listed = context.statusStore().executorList(True)
-    found = {}
-    for i in range(listed.size()):
-        summary = listed.apply(i)
-        executor = str(summary.id())
-        if executor in alive:
-            found[executor] = str(summary.hostPort()).rsplit(":", 1)[0]
-    return sorted(found.items())
+    hosts: dict[str, str] = {}
+    try:
+        listed = context.statusStore().executorList(True)
+        for i in range(listed.size()):
+            summary = listed.apply(i)
+            hosts[str(summary.id())] = _host_of(str(summary.hostPort()))
+    except Exception as exc:  # noqa: BLE001 - a preference is an optimization, never a failure
+        _once("status-store", logging.WARNING,
+              "Spark's status store did not list the executors (%s): stateful ranges with no "
+              "place yet run wherever Spark puts them", exc)
+    return sorted((executor, hosts.get(executor)) for executor in alive)
+
+
+def _host_of(host_port: str) -> str:
+    """The host of Spark's ``host:port`` (``[v6]:port`` for IPv6; a bare host before the
+    executor's block manager registered)."""
+    if host_port.startswith("["):
+        return host_port[1:host_port.index("]")] if "]" in host_port else host_port
+    host, _, port = host_port.rpartition(":")
+    return host if host and port.isdigit() and ":" not in host else host_port
 
 
 def spread_ranges(partitions: int, locations: Mapping[int, tuple[str, str]],
-                  executors: list[tuple[str, str]]) -> dict[int, str]:
+                  executors: list[tuple[str, str | None]]) -> dict[int, str]:
     """Each key-group range's preferred location (Spark's names: ``executor_<host>_<id>`` or
-    a host): the executor it last ran on while that executor lives; for a lost executor, its
-    host if another executor runs there (its local disk may hold the range); and a range with
-    neither (the first batch, a rescale, a host lost) goes to the live executor with the
-    fewest ranges so far, so the first placement, which later batches keep, is even (without
-    it Spark's first offers put most ranges on whichever executor offered first)."""
-    by_id = dict(executors)
+    a host): the executor it last ran on while that executor lives (with the host its task
+    reported); for a lost executor, its host if another executor runs there (its local disk
+    may hold the range); and a range with neither (the first batch, a rescale, a host lost)
+    goes to the live executor with the fewest ranges so far, among those whose host is known,
+    so the first placement, which later batches keep, is even (without it Spark's first
+    offers put most ranges on whichever executor offered first). Counted per operator, per
+    call: ranges placed before an executor joined stay where they are."""
+    live = {executor for executor, _host in executors}
+    by_id = {executor: host for executor, host in executors if host is not None}
     hosts = set(by_id.values())
     load = {executor: 0 for executor in by_id}
     out: dict[int, str] = {}
     for pid, (host, executor) in sorted(locations.items()):
         if not 0 <= pid < partitions:
             continue
-        if executor in by_id:
+        if executor in live:
             out[pid] = f"executor_{host}_{executor}"  # (the host its task reported)
-            load[executor] += 1
+            if executor in load:
+                load[executor] += 1
         elif host in hosts:
             out[pid] = host  # counted against the host's least loaded executor
             load[min((e for e, at in by_id.items() if at == host),

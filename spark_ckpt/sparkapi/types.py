@@ -156,7 +156,8 @@ class SparkApi(Protocol):
         for it, ``(host, executor id)``, while that executor is alive (Spark's
         ExecutorCacheTaskLocation, as Structured Streaming's state stores get; Spark's delay
         scheduling waits ``spark.locality.wait.process`` for it), else its host while another
-        executor runs there, else none. Returns the frame and a
+        executor runs there, else (no place yet, or a host lost) the live executor with the
+        fewest ranges so far. Returns the frame and a
         function that, once a job over it has ended, tells where each partition's successful
         task ran, ``(host, executor id)``. None where this cannot be done: Spark Connect, a
         classic session without spark_ckpt's jar, one executor (``local[*]``), or ``df`` not

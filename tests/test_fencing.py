@@ -90,3 +90,30 @@ def test_two_drivers_that_both_got_run_one_as_on_an_object_store_the_older_is_fe
     finally:
         first.stop(graceful=False, timeout=60)
 
+
+
+def test_runs_whose_fence_claims_land_in_the_other_order_leave_exactly_one_owner(tmp_path):
+    """Run 1 and run 2 numbered in that order, their fence claims committed in the other:
+    the fence decides (run 1 owns) and only run 2 is fenced. Before, a newer run marker
+    fenced run 1 too, and neither driver ran (test_stream_drivers' two drivers at once)."""
+    import types
+
+    import pytest
+
+    from spark_ckpt.clock import ManualClock
+    from spark_ckpt.errors import JobFencedError
+    from spark_ckpt.streaming.runtime.run_claim import RunClaim
+
+    storage = Storage(str(tmp_path))
+    definition = types.SimpleNamespace(storage=storage, root=storage.root, name="p",
+                                       clock=ManualClock(start_ms=0))
+    first, second = RunClaim(definition, [], 1.0), RunClaim(definition, [], 1.0)
+    storage.makedirs(f"{storage.root}/runs")
+    for claim, number in ((first, 1), (second, 2)):
+        assert storage.create_exclusive(f"{storage.root}/runs/{number:08d}.json", b"{}")
+        claim.run = number
+    second._fence.claim("run 2")
+    first._fence.claim("run 1")
+    first.check_fenced()  # the newest claim owns
+    with pytest.raises(JobFencedError, match="run 2"):
+        second.check_fenced()

@@ -275,10 +275,10 @@ class JobRunner:
         return self._owner_tag(self.attempt)
 
     def _is_fenced(self) -> bool:
-        # The fence decides (a Delta commit, a CAS where Delta's is); the marker of attempt
-        # n+1 is checked too, which is exact on local disks and costs nothing more.
-        return self.fence.is_fenced() or \
-            self.storage.exists(self._attempt_marker(self.attempt + 1))
+        # The fence alone decides (a Delta commit, a CAS where Delta's is): two drivers
+        # started at once can commit their claims in the other order than they numbered
+        # their attempts, and a second rule (attempt n+1's marker exists) fenced both.
+        return self.fence.is_fenced()
 
     def _check_fenced(self) -> None:
         if self._is_fenced():

@@ -78,6 +78,10 @@ def test_fresh_run_archives_the_old_log_and_appends_again(spark, orders_input, t
     old_job = build(spark, orders_input, tmp_path)
     old_driver = JobRunner(old_job.graph, old_job.run_id, spark, settings)
     old_driver.attempt = 1
+    # the first attempt's claim is older than the fence's newest, the second attempt's
+    from deltalake import DeltaTable
+
+    old_driver.fence.version = DeltaTable(str(job_dir / "fence")).version() - 1
     assert old_driver._is_fenced()
 
 
